@@ -1,0 +1,23 @@
+"""Text tasks as PettingZoo parallel environments, their registry and the conformance check."""
+
+from textzoo.envs.base import TEXT_CHARSET, StepResult, TextParallelEnv, clean_text
+from textzoo.envs.checks import check_env
+from textzoo.envs.registry import EnvSpec, make, register, registry, spec
+
+__all__ = [
+    "TEXT_CHARSET",
+    "EnvSpec",
+    "StepResult",
+    "TextParallelEnv",
+    "check_env",
+    "clean_text",
+    "make",
+    "register",
+    "registry",
+    "spec",
+]
+
+register("textzoo/Writing-v0", "textzoo.envs.writing_v0:parallel_env")
+register("textzoo/Code-v0", "textzoo.envs.code_v0:parallel_env")
+register("textzoo/Relay-v0", "textzoo.envs.relay_v0:parallel_env")
+register("textzoo/Team-v0", "textzoo.envs.team_v0:parallel_env")

@@ -1,0 +1,98 @@
+"""Task registry: `make("textzoo/Name-vN", **kwargs)`, `register(...)`, `registry()`.
+
+Ids follow Gymnasium/PettingZoo: `namespace/Name-vN`; bump N when a change alters learning results.
+Built-in tasks are also registered with PettingZoo's own registry where the installed PettingZoo
+has one, so `pettingzoo.make("parallel", "textzoo/Writing-v0")` works too.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from textzoo.errors import EnvError
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """How to build one registered task: an entry point (callable or "module:attr") and defaults."""
+
+    id: str
+    entry_point: Callable[..., Any] | str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def load(self) -> Callable[..., Any]:
+        if callable(self.entry_point):
+            return self.entry_point
+        module, _, attr = self.entry_point.partition(":")
+        try:
+            return getattr(importlib.import_module(module), attr or "parallel_env")
+        except (ImportError, AttributeError) as e:
+            raise EnvError(f"cannot load entry point {self.entry_point!r} of {self.id!r}: {e}") from e
+
+
+_REGISTRY: dict[str, EnvSpec] = {}
+
+
+def register(id: str, entry_point: Callable[..., Any] | str, **kwargs: Any) -> None:
+    """Register a task under `id` (e.g. "me/MyTask-v0"); `kwargs` become its default arguments."""
+    if not isinstance(id, str) or not id:
+        raise EnvError(f"env id must be a non-empty string, got {id!r}")
+    _REGISTRY[id] = EnvSpec(id, entry_point, dict(kwargs))
+    _register_with_pettingzoo(id, entry_point, kwargs)
+
+
+def registry() -> list[str]:
+    """Ids of every registered task, sorted."""
+    return sorted(_REGISTRY)
+
+
+def spec(id: str) -> EnvSpec:
+    """The `EnvSpec` of `id`; an `EnvError` naming close matches when unknown."""
+    try:
+        return _REGISTRY[id]
+    except KeyError:
+        close = difflib.get_close_matches(id, list(_REGISTRY), n=3)
+        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise EnvError(f"unknown env id {id!r}.{hint} Registered: {', '.join(registry())}.") from None
+
+
+def make(id: str, **kwargs: Any):
+    """Build the task registered as `id`, with `kwargs` overriding its defaults."""
+    s = spec(id)
+    fn = s.load()
+    merged = {**s.kwargs, **kwargs}
+    _check_kwargs(id, fn, merged)
+    return fn(**merged)
+
+
+def _check_kwargs(id: str, fn: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = sorted(set(kwargs) - set(params))
+    if unknown:
+        raise EnvError(
+            f"{id!r} got unknown argument(s) {unknown}; it accepts: {', '.join(sorted(params)) or 'none'}."
+        )
+
+
+def _register_with_pettingzoo(id: str, entry_point: Callable[..., Any] | str, kwargs: dict[str, Any]) -> None:
+    try:
+        from pettingzoo import register as pz_register
+    except ImportError:  # older PettingZoo without a registry
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # re-registering after a reload is fine
+        try:
+            pz_register("parallel", id, entry_point=entry_point, kwargs=dict(kwargs))
+        except Exception:  # PettingZoo's id rules may differ; our registry still works
+            pass

@@ -1,0 +1,21 @@
+"""The one exception family users see: every error a user can cause is a `TextzooError`."""
+
+
+class TextzooError(Exception):
+    """A problem the user can fix; the message says what went wrong and what to do."""
+
+
+class ConfigError(TextzooError, ValueError):
+    """A configuration value is invalid; the message names the field."""
+
+
+class EnvError(TextzooError):
+    """An environment id, its arguments or its data are invalid."""
+
+
+class ModelError(TextzooError):
+    """A model or tokenizer cannot be loaded or built."""
+
+
+class CheckpointError(TextzooError):
+    """A checkpoint is missing, corrupt, or does not match the run."""
