@@ -1,0 +1,508 @@
+"""`Policy`: a causal LM + tokenizer that samples completions and scores them, token in / token out.
+
+Sampling and scoring use one distribution: ``log_softmax(logits / temperature)`` restricted to
+``allowed_tokens`` (when set). ``Generation.logprobs`` are log-probs under that distribution, and
+``Policy.score`` recomputes exactly them (in eval mode, up to float error). top-k / top-p only
+truncate the distribution that the next token is *drawn* from; they do not change the recorded
+log-probs, so the importance ratio of a fresh sample is 1 and the scored sequence is the sampled one.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DynamicCache,
+    GPT2Config,
+    LlamaConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
+
+from textzoo.agents.tokenizer import byte_tokenizer
+from textzoo.errors import ConfigError, ModelError
+
+
+@dataclass
+class GenerationConfig:
+    """How a policy samples completions."""
+
+    max_new_tokens: int = 32
+    """Token budget of one completion; a sample that reaches it ends there (its last token is scored)."""
+    temperature: float = 1.0
+    """Logits are divided by this for sampling and scoring alike."""
+    top_p: float = 1.0
+    """Nucleus sampling: draw from the smallest set of tokens with this much mass (1.0 = off)."""
+    top_k: int = 0
+    """Draw from the k most likely tokens only (0 = off)."""
+    stop_strings: tuple[str, ...] = ()
+    """A sample ends once its text contains one of these; the text keeps the stop string."""
+    allowed_tokens: tuple[int, ...] | None = None
+    """Restrict sampling and scoring to these token ids (EOS is always allowed); None = all."""
+    max_prompt_tokens: int = 384
+    """Longer prompts keep their last tokens."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop_strings, str):
+            raise ConfigError("generation.stop_strings must be a sequence of strings, not one string; wrap it in a tuple")
+        self.stop_strings = tuple(self.stop_strings)
+        if self.allowed_tokens is not None:
+            self.allowed_tokens = tuple(int(t) for t in self.allowed_tokens)
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"generation.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.temperature > 0:
+            raise ConfigError(f"generation.temperature must be > 0 (use greedy=True for argmax), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"generation.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"generation.top_k must be >= 0 (0 = off), got {self.top_k}")
+        if any(not isinstance(s, str) or not s for s in self.stop_strings):
+            raise ConfigError(f"generation.stop_strings must be non-empty strings, got {self.stop_strings!r}")
+        if self.allowed_tokens is not None and (not self.allowed_tokens or min(self.allowed_tokens) < 0):
+            raise ConfigError(
+                f"generation.allowed_tokens must be a non-empty list of token ids >= 0 (or None), got {self.allowed_tokens!r}"
+            )
+        if self.max_prompt_tokens < 1:
+            raise ConfigError(f"generation.max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+
+
+@dataclass
+class Generation:
+    """A batch of S sampled completions; all tensors on the policy's device.
+
+    ``completion_mask`` is 1 on every sampled token up to and including the one that ended the
+    sample (EOS, the token that completed a stop string, or the last token of the budget).
+    ``texts`` are the decoded completions without the EOS; a stop string is kept and anything the
+    final token added after it is cut.
+    """
+
+    prompt_ids: torch.Tensor  # [S, P] left-padded
+    prompt_mask: torch.Tensor  # [S, P] 1 on real prompt tokens
+    completion_ids: torch.Tensor  # [S, C] right-padded
+    completion_mask: torch.Tensor  # [S, C] 1 on scored tokens
+    logprobs: torch.Tensor  # [S, C] sampling log-probs, 0 where the mask is 0
+    texts: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def select(self, index: Sequence[int] | torch.Tensor) -> Generation:
+        """The sub-batch at ``index`` (padding columns that became all-pad are dropped)."""
+        idx = torch.as_tensor(index, dtype=torch.long, device=self.prompt_ids.device).reshape(-1)  # [S']
+        prompt_mask = self.prompt_mask[idx]  # [S', P]
+        completion_mask = self.completion_mask[idx]  # [S', C]
+        first = _first_used_column(prompt_mask)
+        last = _last_used_column(completion_mask)
+        return Generation(
+            prompt_ids=self.prompt_ids[idx, first:],
+            prompt_mask=prompt_mask[:, first:],
+            completion_ids=self.completion_ids[idx, :last],
+            completion_mask=completion_mask[:, :last],
+            logprobs=self.logprobs[idx, :last],
+            texts=[self.texts[i] for i in idx.tolist()],
+        )
+
+    def to(self, device: torch.device | str) -> Generation:
+        """A copy with every tensor on ``device``."""
+        return Generation(
+            *(getattr(self, f.name).to(device) for f in fields(self) if f.name != "texts"), texts=list(self.texts)
+        )
+
+    @staticmethod
+    def cat(items: list[Generation], pad_id: int) -> Generation:
+        """Concatenate batches: prompts re-padded on the left, completions on the right."""
+        if not items:
+            raise ValueError("Generation.cat needs at least one batch")
+        P = max(g.prompt_ids.shape[1] for g in items)
+        C = max(g.completion_ids.shape[1] for g in items)
+
+        def left(t: torch.Tensor, value: float) -> torch.Tensor:
+            return F.pad(t, (P - t.shape[1], 0), value=value)
+
+        def right(t: torch.Tensor, value: float) -> torch.Tensor:
+            return F.pad(t, (0, C - t.shape[1]), value=value)
+
+        return Generation(
+            prompt_ids=torch.cat([left(g.prompt_ids, pad_id) for g in items]),  # [S, P]
+            prompt_mask=torch.cat([left(g.prompt_mask, 0) for g in items]),  # [S, P]
+            completion_ids=torch.cat([right(g.completion_ids, pad_id) for g in items]),  # [S, C]
+            completion_mask=torch.cat([right(g.completion_mask, 0) for g in items]),  # [S, C]
+            logprobs=torch.cat([right(g.logprobs, 0.0) for g in items]),  # [S, C]
+            texts=[t for g in items for t in g.texts],
+        )
+
+
+def _first_used_column(mask: torch.Tensor) -> int:
+    """Index of the first column of a left-padded mask with any 1 (its width when none)."""
+    used = mask.any(0).nonzero()
+    return int(used[0]) if len(used) else mask.shape[1]
+
+
+def _last_used_column(mask: torch.Tensor) -> int:
+    """One past the last column of a right-padded mask with any 1 (0 when none)."""
+    used = mask.any(0).nonzero()
+    return int(used[-1]) + 1 if len(used) else 0
+
+
+class Policy:
+    """A causal LM + tokenizer + generation settings on one device."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerFast,
+        generation: GenerationConfig | None = None,
+        name: str = "policy",
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.generation = generation if generation is not None else GenerationConfig()
+        self.name = name
+        if tokenizer.eos_token_id is None:
+            raise ModelError(f"tokenizer of policy {name!r} has no EOS token; set tokenizer.eos_token before building a Policy")
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.padding_side = "left"
+        self.pad_id: int = tokenizer.pad_token_id
+        self.eos_id: int = tokenizer.eos_token_id
+        # Chat models may end a turn with any of several ids (e.g. <|im_end|> and <|endoftext|>).
+        model_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        model_eos = [] if model_eos is None else [model_eos] if isinstance(model_eos, int) else list(model_eos)
+        self.eos_ids: tuple[int, ...] = tuple(dict.fromkeys([self.eos_id, *model_eos]))
+        # transformers renamed `past_key_values` to `cache`; read the forward signature once.
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        params = inspect.signature(base.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._has_logits_to_keep = "logits_to_keep" in params
+        self._bias_key: tuple | None = None
+        self._bias: torch.Tensor | None = None
+
+    # ----------------------------------------------------------------------------------- building
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | os.PathLike,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype | str | None = None,
+        generation: GenerationConfig | None = None,
+        trust_remote_code: bool = False,
+        local_files_only: bool | None = None,
+    ) -> Policy:
+        """Load a hub id or a local folder (e.g. one written by `save_pretrained`)."""
+        source = str(name_or_path)
+        local = Path(source).expanduser()
+        looks_like_path = source.startswith((".", "/", "~")) or os.sep in source.strip("/").replace("/", "", 1) or (
+            "/" not in source and local.suffix != ""
+        )
+        if local.is_dir():
+            source = str(local)
+        elif local.exists() or looks_like_path:
+            raise ModelError(
+                f"model folder {source!r} does not exist (or is not a folder); pass a folder written by "
+                "Policy.save_pretrained / transformers save_pretrained, or a hub id such as 'Qwen/Qwen2.5-0.5B'"
+            )
+        kwargs: dict = {"trust_remote_code": trust_remote_code}
+        if local_files_only is not None:
+            kwargs["local_files_only"] = local_files_only
+        try:
+            model = AutoModelForCausalLM.from_pretrained(source, **kwargs, **({} if dtype is None else {"dtype": dtype}))
+            if local.is_dir() and (local / "tokenizer.json").exists():
+                # AutoTokenizer may swap the pre-tokenizer of locally built folders (DESIGN, sharp edges).
+                tokenizer = PreTrainedTokenizerFast.from_pretrained(source, **kwargs)
+            else:
+                tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        except (OSError, ValueError, KeyError) as err:
+            raise ModelError(
+                f"could not load model {source!r}: {err}. Check the hub id (and network access or the local "
+                "Hugging Face cache; set local_files_only=True offline) or pass a folder written by save_pretrained"
+            ) from err
+        tokenizer.padding_side = "left"
+        return cls(model.to(device), tokenizer, generation, name=source)
+
+    @classmethod
+    def tiny(
+        cls,
+        arch: str = "gpt2",
+        *,
+        n_layer: int = 2,
+        n_embd: int = 64,
+        n_head: int = 2,
+        n_positions: int = 512,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+        generation: GenerationConfig | None = None,
+        dropout: float = 0.0,
+    ) -> Policy:
+        """A randomly initialised tiny model ("gpt2", "llama" or "qwen2") with `byte_tokenizer`.
+
+        Deterministic given ``seed``; the global RNG is left untouched.
+        """
+        tokenizer = byte_tokenizer(model_max_length=n_positions)
+        ids = dict(
+            vocab_size=len(tokenizer),
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        if arch == "gpt2":
+            config = GPT2Config(
+                n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_positions=n_positions,
+                resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, **ids,
+            )  # fmt: skip
+        elif arch in ("llama", "qwen2"):
+            config_cls = LlamaConfig if arch == "llama" else Qwen2Config
+            config = config_cls(
+                hidden_size=n_embd, intermediate_size=4 * n_embd, num_hidden_layers=n_layer,
+                num_attention_heads=n_head, num_key_value_heads=n_head, max_position_embeddings=n_positions,
+                attention_dropout=dropout, tie_word_embeddings=True, **ids,
+            )  # fmt: skip
+        else:
+            raise ConfigError(f"arch must be 'gpt2', 'llama' or 'qwen2', got {arch!r}")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(config)
+        return cls(model.to(device), tokenizer, generation, name=f"tiny-{arch}")
+
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        """Write model and tokenizer so that `Policy.from_pretrained(path)` reloads them."""
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ---------------------------------------------------------------------------------- encoding
+    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded prompt ids and mask ([S, P]); a long prompt keeps its last tokens."""
+        rows = self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"]
+        keep = self.generation.max_prompt_tokens
+        rows = [r[-keep:] for r in rows]
+        P = max((len(r) for r in rows), default=0)
+        ids = torch.full((len(rows), P), self.pad_id, dtype=torch.long)  # [S, P]
+        mask = torch.zeros((len(rows), P), dtype=torch.long)  # [S, P]
+        for i, r in enumerate(rows):
+            if r:
+                ids[i, P - len(r) :] = torch.tensor(r)
+                mask[i, P - len(r) :] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    def _prepare_prompts(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-align the prompts, drop all-pad columns, and give an empty prompt one start token."""
+        ids, mask = ids.to(self.device), mask.to(self.device).long()
+        if mask.shape[1] and not bool(mask[:, -1].all()):
+            # Not left-padded (or some row is empty): move real tokens right, keeping their order.
+            order = torch.argsort(mask, dim=1, stable=True)  # [S, P]
+            ids, mask = ids.gather(1, order), mask.gather(1, order)
+        first = _first_used_column(mask)
+        ids, mask = ids[:, first:], mask[:, first:]
+        empty = mask.sum(1) == 0  # [S]
+        if bool(empty.any()):
+            # The first token is predicted from something: condition an empty prompt on BOS (or EOS).
+            # After left-alignment an empty row's last column is free; add one if there is none.
+            if mask.shape[1] == 0:
+                ids, mask = F.pad(ids, (0, 1), value=self.pad_id), F.pad(mask, (0, 1), value=0)
+            start = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.eos_id
+            ids[empty, -1] = start
+            mask[empty, -1] = 1
+        return ids, mask
+
+    # ---------------------------------------------------------------------------------- sampling
+    def _allowed_bias(self, vocab: int) -> torch.Tensor | None:
+        """0 on allowed ids (and EOS), -inf elsewhere; None when every token is allowed."""
+        allowed = self.generation.allowed_tokens
+        if allowed is None:
+            return None
+        key = (allowed, vocab, self.device, self.eos_ids)
+        if key != self._bias_key:
+            ids = sorted({*allowed, *self.eos_ids})
+            if ids[-1] >= vocab:
+                raise ConfigError(
+                    f"generation.allowed_tokens contains id {ids[-1]}, but policy {self.name!r} has {vocab} logits"
+                )
+            bias = torch.full((vocab,), float("-inf"), device=self.device)  # [V]
+            bias[ids] = 0.0
+            self._bias_key, self._bias = key, bias
+        return self._bias
+
+    def _log_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The sampling/scoring distribution: log_softmax(logits / T), restricted to allowed ids."""
+        logits = logits.float() / self.generation.temperature  # [..., V]
+        bias = self._allowed_bias(logits.shape[-1])
+        if bias is not None:
+            logits = logits + bias
+        return torch.log_softmax(logits, dim=-1)  # [..., V]
+
+    def _draw(self, logp: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """Sample one token per row from ``logp`` after top-k / top-p truncation."""
+        cfg = self.generation
+        if cfg.top_k > 0 and cfg.top_k < logp.shape[-1]:
+            kth = logp.topk(cfg.top_k, dim=-1).values[:, -1:]  # [S, 1]
+            logp = logp.masked_fill(logp < kth, float("-inf"))
+        if cfg.top_p < 1.0:
+            sorted_logp, order = logp.sort(dim=-1, descending=True)  # [S, V]
+            sorted_p = sorted_logp.exp()  # [S, V]
+            # Keep a token while the mass ranked above it is below top_p (so the top token is kept).
+            drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= cfg.top_p  # [S, V]
+            drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)  # [S, V] in vocab order
+            logp = logp.masked_fill(drop, float("-inf"))
+        probs = torch.softmax(logp, dim=-1)  # [S, V]
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)  # [S]
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: list[str], *, greedy: bool = False, generator: torch.Generator | None = None
+    ) -> Generation:
+        """Sample one completion per prompt (argmax when ``greedy``)."""
+        ids, mask = self.encode(prompts)
+        return self.generate_ids(ids, mask, greedy=greedy, generator=generator)
+
+    @torch.no_grad()
+    def generate_ids(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        *,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Generation:
+        """Sample one completion per prompt given as ids ([S, P]) and mask; see `generate`.
+
+        ``generator`` (on the policy's device) makes sampling reproducible without touching the
+        global RNG; without it, the global RNG is used (runners checkpoint it).
+        """
+        cfg = self.generation
+        prompt_ids, prompt_mask = self._prepare_prompts(prompt_ids, prompt_mask)
+        S, P = prompt_ids.shape
+        N = cfg.max_new_tokens
+        device = prompt_ids.device
+        eos = torch.tensor(self.eos_ids, device=device)  # [E]
+        completion = torch.full((S, N), self.pad_id, dtype=torch.long, device=device)  # [S, N]
+        completion_mask = torch.zeros((S, N), dtype=torch.long, device=device)  # [S, N]
+        logprobs = torch.zeros((S, N), device=device)  # [S, N]
+        attention = torch.cat([prompt_mask, torch.ones((S, N), dtype=torch.long, device=device)], 1)  # [S, P+N]
+        position = (prompt_mask.cumsum(1) - 1).clamp(min=0)  # [S, P]
+        done = torch.zeros(S, dtype=torch.bool, device=device)  # [S]
+        by_stop = torch.zeros(S, dtype=torch.bool, device=device)  # [S]
+        stop_window = 4 * max((len(s) for s in cfg.stop_strings), default=0) + 4
+        cache = DynamicCache(config=self.model.config)
+        step_ids = prompt_ids
+        next_position = position[:, -1:]  # [S, 1]
+
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for t in range(N):
+                logits = self._forward(step_ids, attention[:, : P + t], position, cache, keep=1)[:, -1]  # [S, V]
+                logp = self._log_probs(logits)  # [S, V]
+                token = logp.argmax(-1) if greedy else self._draw(logp, generator)  # [S]
+                token = token.masked_fill(done, self.pad_id)
+                live = ~done  # [S]
+                completion[:, t] = token
+                completion_mask[:, t] = live
+                logprobs[:, t] = logp.gather(1, token[:, None]).squeeze(1).masked_fill(done, 0.0)
+                done = done | torch.isin(token, eos)
+                if cfg.stop_strings:
+                    hit = self._stop_hits(completion[:, max(0, t + 1 - stop_window) : t + 1], ~done)  # [S]
+                    by_stop |= hit
+                    done |= hit
+                if bool(done.all()):
+                    break
+                step_ids = token[:, None]  # [S, 1]
+                next_position = next_position + 1
+                position = next_position
+        finally:
+            self.model.train(was_training)
+
+        C = _last_used_column(completion_mask)
+        completion, completion_mask, logprobs = completion[:, :C], completion_mask[:, :C], logprobs[:, :C]
+        texts = self._texts(completion, completion_mask, by_stop)
+        return Generation(prompt_ids, prompt_mask, completion, completion_mask, logprobs, texts)
+
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        attention: torch.Tensor,
+        position: torch.Tensor,
+        cache: DynamicCache | None,
+        keep: int,
+    ) -> torch.Tensor:
+        """Logits ([S, keep, V]) at the last ``keep`` positions of one model forward."""
+        kwargs = {"input_ids": ids, "attention_mask": attention, "position_ids": position}
+        if cache is not None:
+            kwargs.update({self._cache_kwarg: cache, "use_cache": True})
+        else:
+            kwargs["use_cache"] = False
+        if self._has_logits_to_keep:
+            return self.model(**kwargs, logits_to_keep=keep).logits
+        return self.model(**kwargs).logits[:, -keep:]
+
+    def _stop_hits(self, tail: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+        """Rows (among ``live``) whose recent tokens ``tail`` ([S, W]) contain a stop string."""
+        hit = torch.zeros_like(live)
+        rows = live.nonzero().squeeze(1).tolist()
+        if rows:
+            texts = self.tokenizer.batch_decode(tail[rows].tolist(), skip_special_tokens=True)
+            for row, text in zip(rows, texts):
+                hit[row] = any(s in text for s in self.generation.stop_strings)
+        return hit
+
+    def _texts(self, completion: torch.Tensor, mask: torch.Tensor, by_stop: torch.Tensor) -> list[str]:
+        """Decode the scored tokens of each row, dropping the final EOS and cutting after a stop string."""
+        lengths = mask.sum(1)  # [S]
+        last = completion.gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1)  # [S]
+        ends_eos = torch.isin(last, torch.tensor(self.eos_ids, device=completion.device)) & (lengths > 0)  # [S]
+        keep = (lengths - ends_eos.long()).tolist()
+        rows = [row[:n] for row, n in zip(completion.tolist(), keep)]
+        texts = self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+        for i in by_stop.nonzero().squeeze(1).tolist():
+            ends = [texts[i].find(s) + len(s) for s in self.generation.stop_strings if s in texts[i]]
+            if ends:
+                texts[i] = texts[i][: min(ends)]
+        return texts
+
+    # ----------------------------------------------------------------------------------- scoring
+    def score(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        completion_ids: torch.Tensor,
+        completion_mask: torch.Tensor,
+        *,
+        return_entropy: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs ([S, C]) of the completion tokens under the sampling distribution, 0 where masked.
+
+        Every completion column is attended (tokens after the end sit after all real ones, so they
+        change nothing), so ``completion_mask`` only selects which tokens are scored. Gradients flow;
+        wrap in ``torch.no_grad()`` for old / reference log-probs. With ``return_entropy``, also the
+        entropy ([S, C]) of that distribution at each completion position.
+        """
+        device = self.device
+        prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device).long()
+        completion_ids, completion_mask = completion_ids.to(device), completion_mask.to(device)
+        C = completion_ids.shape[1]
+        ids = torch.cat([prompt_ids, completion_ids], 1)  # [S, P+C]
+        attention = torch.cat([prompt_mask, torch.ones_like(completion_ids)], 1)  # [S, P+C]
+        position = (attention.cumsum(1) - 1).clamp(min=0)  # [S, P+C]
+        # Logits at the last prompt position and each completion position but the last predict
+        # completion tokens 0..C-1; logits at earlier prompt positions are never computed.
+        logits = self._forward(ids, attention, position, None, keep=C + 1)[:, :C]  # [S, C, V]
+        logp = self._log_probs(logits)  # [S, C, V]
+        token_logp = logp.gather(2, completion_ids[..., None]).squeeze(2)  # [S, C]
+        scored = completion_mask.bool()
+        token_logp = token_logp.masked_fill(~scored, 0.0)
+        if not return_entropy:
+            return token_logp
+        entropy = torch.special.entr(logp.exp()).sum(-1).masked_fill(~scored, 0.0)  # [S, C]
+        return token_logp, entropy
