@@ -1,0 +1,47 @@
+"""Actors: who answers for which roles of an env.
+
+A decentralized team has one `AgentActor` per role. A centralized team has one joint actor that
+answers for every role. Runners only see the `Actor` protocol, so both modes share every loop.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from textzoo.agents.policy import Policy
+
+
+class Actor(Protocol):
+    """Turns the observations of its roles into one prompt, and one completion into actions."""
+
+    id: str
+    roles: tuple[str, ...]
+    policy: Policy
+    trainable: bool
+
+    def build_prompt(self, observations: dict[str, str]) -> str:
+        """One prompt from the observations of this actor's active roles."""
+        ...
+
+    def parse(self, completion: str, roles: tuple[str, ...]) -> tuple[dict[str, str], bool]:
+        """Actions for `roles` from a completion, and whether parsing failed."""
+        ...
+
+
+class AgentActor:
+    """A decentralized agent: one policy playing one role, prompt in, completion out."""
+
+    def __init__(self, role: str, policy: Policy, trainable: bool = True):
+        self.id = role
+        self.roles = (role,)
+        self.policy = policy
+        self.trainable = trainable
+
+    def build_prompt(self, observations: dict[str, str]) -> str:
+        return observations[self.id]
+
+    def parse(self, completion: str, roles: tuple[str, ...]) -> tuple[dict[str, str], bool]:
+        return {self.id: completion}, False
+
+    def __repr__(self) -> str:
+        return f"AgentActor({self.id!r}, trainable={self.trainable})"

@@ -1,0 +1,156 @@
+"""Builders: turn a `TrainConfig` into envs, policies, actors, learners and an algorithm family.
+
+Everything that can fail on bad input (unknown env or algo, missing model, agents that do not match
+the env) fails here, before any training work starts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from textzoo.agents.policy import GenerationConfig, Policy
+from textzoo.agents.reinforce import ReinforceFamily
+from textzoo.agents.team import Actor, AgentActor
+from textzoo.envs import make as make_env
+from textzoo.errors import ConfigError, EnvError
+from textzoo.runners.config import AgentConfig, TrainConfig, resolve_algorithm
+from textzoo.runners.update import Learner
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(spec: str) -> torch.device:
+    """"auto" -> the first GPU when there is one, else CPU; anything else is passed to torch."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(spec)
+    except RuntimeError as e:
+        raise ConfigError(f"bad device {spec!r}: {e}") from e
+
+
+def env_factory(cfg: TrainConfig, eval: bool = False):
+    """A zero-argument constructor of the configured env (validated once here)."""
+    kwargs = dict(cfg.env_kwargs)
+    if eval:
+        kwargs.update(cfg.eval_env_kwargs)
+
+    def build():
+        return make_env(cfg.env, **kwargs)
+
+    try:
+        build().close()
+    except EnvError:
+        raise
+    except TypeError as e:
+        raise EnvError(f"cannot build {cfg.env!r} with {kwargs}: {e}") from e
+    return build
+
+
+def build_policy(agent: AgentConfig, seed: int, device: torch.device) -> Policy:
+    """A policy from an agent config: a tiny model built locally, or a pretrained one."""
+    gen = GenerationConfig(
+        max_new_tokens=agent.max_new_tokens, temperature=agent.temperature, top_p=agent.top_p,
+        top_k=agent.top_k, stop_strings=tuple(agent.stop_strings),
+    )
+    if agent.model in ("tiny", "tiny-gpt2", "tiny-llama"):
+        arch = "llama" if agent.model == "tiny-llama" else "gpt2"
+        policy = Policy.tiny(arch, n_layer=agent.n_layer, n_embd=agent.n_embd, n_head=agent.n_head,
+                             seed=seed, device=device, generation=gen)
+    else:
+        policy = Policy.from_pretrained(agent.model, device=device, dtype=_DTYPES[agent.dtype], generation=gen)
+    if agent.allowed_outputs:
+        policy.generation = GenerationConfig(**{**vars(policy.generation),
+                                               "allowed_tokens": allowed_token_ids(policy, agent.allowed_outputs)})
+    return policy
+
+
+def allowed_token_ids(policy: Policy, outputs: tuple[str, ...]) -> tuple[int, ...]:
+    """Every token id used to spell any of `outputs` (EOS is added by the policy)."""
+    ids: set[int] = set()
+    for text in outputs:
+        ids.update(policy.tokenizer.encode(text, add_special_tokens=False))
+    if not ids:
+        raise ConfigError(f"allowed_outputs {outputs!r} produce no tokens")
+    return tuple(sorted(ids))
+
+
+def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
+    """One actor per role (decentralized) or one joint actor for all roles (centralized)."""
+    unknown = sorted(set(cfg.agent_overrides) - set(roles))
+    if unknown:
+        raise ConfigError(f"agent_overrides names {unknown}, which the env {cfg.env!r} does not have; its agents: {roles}")
+    if cfg.collaboration == "centralized":
+        from textzoo.agents.joint import JointActor
+
+        agent = cfg.agent
+        policy = build_policy(agent, cfg.seed, resolve_device(agent.device))
+        return [JointActor(roles, policy, trainable=agent.trainable)]
+    actors: list[Actor] = []
+    for i, role in enumerate(roles):
+        agent = cfg.agent_config(role)
+        policy = build_policy(agent, cfg.seed * 1000 + i, resolve_device(agent.device))
+        actors.append(AgentActor(role, policy, trainable=agent.trainable))
+    return actors
+
+
+def build_learner(model: torch.nn.Module, agent: AgentConfig, total_steps: int) -> Learner:
+    """AdamW with the agent's learning rate, schedule and clip target."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=agent.lr, weight_decay=agent.weight_decay)
+    warmup, total = agent.warmup_steps, max(total_steps, 1)
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if agent.lr_schedule == "constant":
+            return 1.0
+        progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+        return 1.0 - progress if agent.lr_schedule == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return Learner(model, optimizer, scheduler, agent.max_grad_norm or None, params=params)
+
+
+def build_family(cfg: TrainConfig, actors: list[Actor]):
+    """The algorithm family named by `cfg.algo`, over `actors`."""
+    family, extra = resolve_algorithm(cfg.algo)
+    if family == "reinforce":
+        return ReinforceFamily(cfg.reinforce, actors, extra["estimator"], cfg.gamma, cfg.credit, cfg.group_size)
+    raise ConfigError(f"algorithm family {family!r} is not available")
+
+
+@dataclass
+class ItemSampler:
+    """Shuffled passes over the training items; (epoch, position) is the data cursor."""
+
+    num_items: int
+    seed: int
+    epoch: int = 0
+    position: int = 0
+
+    def _order(self) -> np.ndarray:
+        return np.random.default_rng([self.seed, self.epoch]).permutation(self.num_items)
+
+    def next(self, n: int) -> list[int]:
+        out: list[int] = []
+        order = self._order()
+        while len(out) < n:
+            if self.position >= self.num_items:
+                self.epoch, self.position = self.epoch + 1, 0
+                order = self._order()
+            take = min(n - len(out), self.num_items - self.position)
+            out.extend(int(i) for i in order[self.position:self.position + take])
+            self.position += take
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])

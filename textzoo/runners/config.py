@@ -1,0 +1,242 @@
+"""Run configuration: dataclasses shared by the Python API and the CLI (tyro maps them 1:1).
+
+A config can be written to / read from JSON or TOML; fields missing from a file keep their
+defaults (so a config saved before a field existed still loads), unknown fields are an error that
+names them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import tyro
+
+from textzoo.agents.reinforce import ReinforceConfig
+from textzoo.errors import ConfigError
+from textzoo.runners.update import UpdateConfig
+
+JsonDict = Annotated[
+    dict[str, Any],
+    tyro.constructors.PrimitiveConstructorSpec(
+        nargs=1,
+        metavar="JSON",
+        instance_from_str=lambda args: _parse_json(args[0]),
+        is_instance=lambda x: isinstance(x, dict),
+        str_from_instance=lambda x: [json.dumps(x)],
+    ),
+]
+
+
+def _parse_json(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"expected a JSON object, got {text!r} ({e})") from e
+    if not isinstance(value, dict):
+        raise ConfigError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+@dataclass
+class AgentConfig:
+    """One agent's model, generation and optimisation settings."""
+
+    model: str = "tiny"
+    """"tiny" (GPT-2 shape built locally), "tiny-llama", a hub id, or a local model folder."""
+    n_layer: int = 2
+    """Layers of a built tiny model."""
+    n_embd: int = 64
+    """Width of a built tiny model."""
+    n_head: int = 2
+    """Attention heads of a built tiny model."""
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    lr_schedule: str = "constant"
+    """constant | linear | cosine (decay to 0 over the run, after warmup_steps)."""
+    warmup_steps: int = 0
+    """Linear warm-up optimizer steps."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping target (0 disables)."""
+    max_new_tokens: int = 32
+    """Completion token budget per turn."""
+    temperature: float = 1.0
+    """Sampling temperature (log-probs are of the temperature-scaled distribution)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold."""
+    top_k: int = 0
+    """Top-k sampling (0 = off)."""
+    stop_strings: tuple[str, ...] = ()
+    """Strings that end a completion."""
+    allowed_outputs: tuple[str, ...] = ()
+    """Restrict generation (and scoring) to the tokens of these strings plus EOS; empty = no restriction."""
+    trainable: bool = True
+    """False freezes the agent: it acts but never updates."""
+    device: str = "auto"
+    """"auto" or a torch device string."""
+    dtype: str = "float32"
+    """float32 | bfloat16 | float16 for loaded models."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"agent.lr must be > 0, got {self.lr}")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"agent.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.lr_schedule not in ("constant", "linear", "cosine"):
+            raise ConfigError(f"agent.lr_schedule must be constant, linear or cosine, got {self.lr_schedule!r}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"agent.dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.temperature <= 0:
+            raise ConfigError(f"agent.temperature must be > 0, got {self.temperature}")
+
+
+ALGORITHMS: dict[str, tuple[str, dict[str, Any]]] = {
+    "magrpo": ("reinforce", {"estimator": "grpo"}),
+    "marloo": ("reinforce", {"estimator": "rloo"}),
+    "maremax": ("reinforce", {"estimator": "remax"}),
+    "mareinforce": ("reinforce", {"estimator": "reinforce"}),
+}
+"""Algorithm name -> (family, family arguments). Aliases without the "ma" prefix are accepted."""
+
+
+def resolve_algorithm(name: str) -> tuple[str, dict[str, Any]]:
+    key = name.lower()
+    if key not in ALGORITHMS and f"ma{key}" in ALGORITHMS:
+        key = f"ma{key}"
+    if key not in ALGORITHMS:
+        raise ConfigError(f"unknown algo {name!r}; choose one of {', '.join(sorted(ALGORITHMS))}")
+    return ALGORITHMS[key]
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run needs. `textzoo train` with no arguments runs these defaults."""
+
+    env: str = "textzoo/Writing-v0"
+    """Registered env id (see textzoo.envs.registry())."""
+    env_kwargs: JsonDict = field(default_factory=lambda: {"terms": {"length_ratio": 1.0}})
+    """Keyword arguments of the env (JSON on the command line)."""
+    eval_env_kwargs: JsonDict = field(default_factory=lambda: {"split": "eval"})
+    """Extra env arguments for held-out evaluation (merged over env_kwargs)."""
+    algo: str = "magrpo"
+    """magrpo | marloo | maremax | mareinforce."""
+    collaboration: str = "decentralized"
+    """decentralized (one model per role) | centralized (one joint actor answers for every role)."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """Settings shared by every agent."""
+    agent_overrides: JsonDict = field(default_factory=dict)
+    """Per-agent overrides of `agent` fields, e.g. {"summary": {"lr": 1e-4, "model": "path"}}."""
+    steps: int = 80
+    """Training steps (one batch of rollouts and its update each)."""
+    batch_prompts: int = 8
+    """Prompts per step (B)."""
+    group_size: int = 4
+    """Samples per prompt (G)."""
+    gamma: float = 1.0
+    """Discount over turns."""
+    credit: str = "shared"
+    """shared (team reward) | per_agent (each agent's own reward)."""
+    seed: int = 0
+    """Seed of models, data order and sampling."""
+    run_dir: str = ""
+    """Output folder; empty = runs/<env>-<algo>-<seed>-<timestamp>."""
+    eval_every: int = 0
+    """Evaluate on held-out items every k steps (0 = only at the start and the end)."""
+    eval_prompts: int = 16
+    """Held-out prompts per evaluation."""
+    env_workers: int = 1
+    """Threads stepping env copies (raise for code tasks whose reward runs programs)."""
+    threads: int = 0
+    """torch intra-op threads (0 = leave torch's default)."""
+    progress: bool = True
+    """Show a progress bar on the console."""
+    plot: bool = True
+    """Draw the learning curve PNG at the end of the run."""
+    reinforce: ReinforceConfig = field(default_factory=ReinforceConfig)
+    """REINFORCE-family settings."""
+    update: UpdateConfig = field(default_factory=UpdateConfig)
+    """Update execution (micro-batches, per-sample backward)."""
+
+    def __post_init__(self) -> None:
+        family, extra = resolve_algorithm(self.algo)
+        for name in ("steps", "batch_prompts", "group_size", "eval_prompts", "env_workers"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if extra.get("estimator") in ("grpo", "rloo") and self.group_size < 2:
+            raise ConfigError(f"{self.algo} compares samples of a group: set group_size >= 2 (got {self.group_size})")
+        if self.credit not in ("shared", "per_agent"):
+            raise ConfigError(f"credit must be 'shared' or 'per_agent', got {self.credit!r}")
+        if self.collaboration not in ("decentralized", "centralized"):
+            raise ConfigError(f"collaboration must be 'decentralized' or 'centralized', got {self.collaboration!r}")
+        if not 0 <= self.gamma <= 1:
+            raise ConfigError(f"gamma must be in [0, 1], got {self.gamma}")
+        if self.eval_every < 0:
+            raise ConfigError(f"eval_every must be >= 0, got {self.eval_every}")
+        for agent_id, overrides in self.agent_overrides.items():
+            if not isinstance(overrides, dict):
+                raise ConfigError(f"agent_overrides[{agent_id!r}] must be an object of AgentConfig fields")
+            self.agent_config(agent_id)  # validates field names and values
+
+    def agent_config(self, agent_id: str) -> AgentConfig:
+        """The `agent` settings with `agent_overrides[agent_id]` applied."""
+        overrides = self.agent_overrides.get(agent_id, {})
+        names = {f.name for f in dataclasses.fields(AgentConfig)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise ConfigError(f"agent_overrides[{agent_id!r}] has unknown field(s) {unknown}; valid: {sorted(names)}")
+        values = dict(overrides)
+        for key in ("stop_strings", "allowed_outputs"):
+            if key in values:
+                values[key] = tuple(values[key])
+        return dataclasses.replace(self.agent, **values)
+
+
+# ---- (de)serialisation ---------------------------------------------------------------------------
+def to_dict(config: Any) -> dict[str, Any]:
+    """A JSON-ready dict of a (nested) config dataclass."""
+    return json.loads(json.dumps(dataclasses.asdict(config)))
+
+
+def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
+    """Build `cls` from a dict; missing fields keep defaults, unknown ones raise `ConfigError`."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown config field(s) {[where + u for u in unknown]}; valid: {sorted(fields)}")
+    kwargs = {}
+    for name, value in data.items():
+        f = fields[name]
+        sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if sub is not None and dataclasses.is_dataclass(sub) and isinstance(value, dict):
+            kwargs[name] = from_dict(sub, value, f"{where}{name}.")
+        elif isinstance(value, list):
+            kwargs[name] = tuple(value)
+        else:
+            kwargs[name] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ConfigError(f"bad config for {cls.__name__}: {e}") from e
+
+
+def load_config(path: str | Path, cls: type = TrainConfig) -> Any:
+    """Read a JSON or TOML config file into `cls`."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    text = path.read_text()
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"cannot parse config file {str(path)!r}: {e}") from e
+    return from_dict(cls, data)
+
+
+def save_config(config: Any, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(to_dict(config), indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,74 @@
+"""Learning-curve PNGs from one or more run directories' `metrics.jsonl`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from textzoo.errors import TextzooError
+
+PANELS = (
+    ("reward", lambda k: k in ("reward/mean", "eval/greedy/reward/mean")),
+    ("loss", lambda k: k.startswith("agent/") and k.endswith("/loss")),
+    ("KL", lambda k: k.startswith("agent/") and k.endswith("/kl")),
+    ("completion length", lambda k: k.endswith("/completion_len")),
+)
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Rows of `RUN_DIR/metrics.jsonl` (a truncated last line, from a killed run, is ignored)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise TextzooError(f"{str(path)!r} does not exist: pass a run directory written by `textzoo train`")
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1) -> Path:
+    """Draw reward, loss, KL and length panels, one line per run and metric; return the PNG path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {Path(d).name: read_metrics(d) for d in run_dirs}
+    panels = [(title, match) for title, match in PANELS
+              if any(match(k) for rows in runs.values() for row in rows for k in row)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
+    for ax, (title, match) in zip(axes[0], panels):
+        for name, rows in runs.items():
+            keys = sorted({k for row in rows for k in row if match(k)})
+            for key in keys:
+                pts = [(row["step"], row[key]) for row in rows if key in row and row[key] is not None]
+                if not pts:
+                    continue
+                xs, ys = zip(*pts)
+                ys = _smooth(list(ys), smooth)
+                label = key if len(runs) == 1 else f"{name}: {key}"
+                ax.plot(xs, ys, label=label, marker="o" if len(xs) < 4 else None)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _smooth(values: list[float], window: int) -> list[float]:
+    if window <= 1:
+        return values
+    out = []
+    for i in range(len(values)):
+        chunk = values[max(0, i - window + 1):i + 1]
+        out.append(sum(chunk) / len(chunk))
+    return out

@@ -1,0 +1,176 @@
+"""Rollout collection: B prompts x G samples as B*G env copies played in lock-step.
+
+Each turn, each actor makes **one** batched generate call over every live env copy where one of its
+roles is active; the envs then step (in a thread pool when `env_workers` > 1, so code-running tasks
+score many samples at once). The G copies of a prompt are reset with the same seed and item, so
+they pose the same task.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from textzoo.agents.batch import ActorStep, Rollout
+from textzoo.agents.team import Actor
+from textzoo.errors import EnvError
+
+
+def prompt_seed(base_seed: int, step: int, prompt: int) -> int:
+    """Env seed of prompt `prompt` at training step `step` (step -1 = evaluation); resume-safe."""
+    return int(np.random.SeedSequence([base_seed, step + 1, prompt]).generate_state(1)[0])
+
+
+class Collector:
+    """Plays actors in a pool of env copies built by `env_fn`."""
+
+    def __init__(self, env_fn: Callable[[], Any], actors: Sequence[Actor], env_workers: int = 1):
+        self.env_fn = env_fn
+        self.actors = list(actors)
+        self.envs: list[Any] = []
+        self.env_workers = env_workers
+        self._pool = ThreadPoolExecutor(env_workers) if env_workers > 1 else None
+        probe = self._env(0)
+        self.roles: list[str] = list(probe.possible_agents)
+        covered = [r for a in self.actors for r in a.roles]
+        if sorted(covered) != sorted(self.roles):
+            raise EnvError(
+                f"the team's roles {sorted(covered)} do not match the env's agents {sorted(self.roles)}: "
+                "configure one agent per env agent (or a joint actor over all of them)"
+            )
+
+    def _env(self, i: int) -> Any:
+        while len(self.envs) <= i:
+            self.envs.append(self.env_fn())
+        return self.envs[i]
+
+    def _map(self, fn: Callable[[int], Any], indices: Sequence[int]) -> list[Any]:
+        if self._pool is None or len(indices) < 2:
+            return [fn(i) for i in indices]
+        return list(self._pool.map(fn, indices))
+
+    def collect(
+        self,
+        items: Sequence[int],
+        seeds: Sequence[int],
+        group_size: int,
+        *,
+        greedy: bool = False,
+        cross: bool = False,
+    ) -> Rollout:
+        """Play every prompt `items[b]` (env seed `seeds[b]`) `group_size` times."""
+        B, G = len(items), group_size
+        E = B * G
+        R, A = len(self.roles), len(self.actors)
+        role_index = {r: i for i, r in enumerate(self.roles)}
+        envs = [self._env(e) for e in range(E)]
+        resets = [envs[e].reset(seed=int(seeds[e // G]), options={"index": int(items[e // G])}) for e in range(E)]
+        obs = [r[0] for r in resets]
+        infos = [r[1] for r in resets]
+        live = list(range(E))
+        steps: list[ActorStep] = []
+        rewards: list[torch.Tensor] = []  # per turn [E, R]
+        active: list[torch.Tensor] = []  # per turn [E, A]
+        states: list[list[str]] = []
+        terms: dict[str, torch.Tensor] = {}
+        parse_failures = 0
+        time_generate = time_env = 0.0
+        t = 0
+        while live:
+            live_set = set(live)
+            states.append([envs[e].state() if e in live_set else "" for e in range(E)])
+            actions: dict[int, dict[str, str]] = {e: {} for e in live}
+            act_t = torch.zeros(E, A, dtype=torch.bool)
+            for ai, actor in enumerate(self.actors):
+                rows, prompts, row_roles = [], [], []
+                for e in live:
+                    roles = tuple(r for r in actor.roles if r in obs[e] and infos[e].get(r, {}).get("active", True))
+                    if roles:
+                        rows.append(e)
+                        row_roles.append(roles)
+                        prompts.append(actor.build_prompt({r: obs[e][r] for r in roles}))
+                if not rows:
+                    continue
+                start = time.perf_counter()
+                gen = actor.policy.generate(prompts, greedy=greedy)
+                time_generate += time.perf_counter() - start
+                for e, roles, text in zip(rows, row_roles, gen.texts):
+                    acts, failed = actor.parse(text, roles)
+                    parse_failures += int(failed)
+                    actions[e].update(acts)
+                act_t[rows, ai] = True
+                steps.append(ActorStep(actor.id, t, torch.tensor(rows, dtype=torch.long), gen, greedy))
+            start = time.perf_counter()
+            results = self._map(lambda e: envs[e].step(actions[e]), live)
+            time_env += time.perf_counter() - start
+            rew_t = torch.zeros(E, R)
+            still = []
+            for e, (o, rew, term, trunc, info) in zip(live, results):
+                for r, v in rew.items():
+                    rew_t[e, role_index[r]] = float(v)
+                for r, inf in info.items():
+                    for k, v in (inf.get("reward_terms") or {}).items():
+                        terms.setdefault(k, torch.zeros(E, R))[e, role_index[r]] += float(v)
+                obs[e], infos[e] = o, info
+                if not all(term.get(r, False) or trunc.get(r, False) for r in rew):
+                    still.append(e)
+            rewards.append(rew_t)
+            active.append(act_t)
+            live = still
+            t += 1
+        rewards_t = torch.stack(rewards, dim=-1)  # [E, R, T]
+        actor_rewards = torch.stack(
+            [rewards_t[:, [role_index[r] for r in a.roles], :].mean(1) for a in self.actors], dim=1
+        )  # [E, A, T]
+        rollout = Rollout(
+            num_prompts=B, group_size=G, roles=self.roles, actors=[a.id for a in self.actors], items=list(items),
+            steps=steps, rewards=rewards_t, actor_rewards=actor_rewards, active=torch.stack(active, dim=-1),
+            states=states, reward_terms=terms, infos={"parse_failures": parse_failures, "time_generate": time_generate, "time_env": time_env},
+        )
+        if cross:
+            rollout.cross_rewards = self._cross(rollout, items, seeds)
+        return rollout
+
+    def _cross(self, rollout: Rollout, items: Sequence[int], seeds: Sequence[int]) -> torch.Tensor:
+        """Credited reward of every combination of the actors' samples, per prompt: [B, G**A, A]."""
+        if rollout.rewards.shape[-1] != 1:
+            raise EnvError("joint_mode='cross' needs a single-turn env")
+        B, G, A = rollout.num_prompts, rollout.group_size, len(self.actors)
+        texts = {}  # (actor index, env copy) -> actions
+        for s in rollout.steps:
+            ai = rollout.actors.index(s.actor)
+            actor = self.actors[ai]
+            for e, text in zip(s.env_ids.tolist(), s.gen.texts):
+                texts[(ai, e)] = actor.parse(text, actor.roles)[0]
+        combos = list(itertools.product(range(G), repeat=A))
+        jobs = [(b, c) for b in range(B) for c in range(len(combos))]
+        role_index = {r: i for i, r in enumerate(self.roles)}
+        base = rollout.num_envs
+        for i in range(len(jobs)):
+            self._env(base + i)
+
+        def play(i: int) -> torch.Tensor:
+            b, c = jobs[i]
+            env = self.envs[base + i]
+            env.reset(seed=int(seeds[b]), options={"index": int(items[b])})
+            actions: dict[str, str] = {}
+            for ai, g in enumerate(combos[c]):
+                actions.update(texts.get((ai, b * G + g), {}))
+            rew = env.step(actions)[1]
+            per_role = torch.tensor([float(rew.get(r, 0.0)) for r in self.roles])
+            return torch.stack([per_role[[role_index[r] for r in a.roles]].mean() for a in self.actors])
+
+        out = torch.stack(self._map(play, list(range(len(jobs)))))  # [B*G**A, A]
+        return out.view(B, len(combos), A)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+        for env in self.envs:
+            env.close()

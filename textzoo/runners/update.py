@@ -1,0 +1,119 @@
+"""Update scheduling: one optimizer per trainable model, micro-batches and per-sample backward.
+
+`run_job` executes a family's `Job`: for each optimizer step it back-propagates the per-sample loss
+contributions of one micro-batch at a time (one sample at a time with `per_sample_backward`), so
+peak activation memory is one micro-batch's while the gradient equals the batched one; clips the
+gradient; skips the step when every gradient is exactly zero; and skips non-finite samples.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from textzoo.agents.batch import Job
+from textzoo.agents.losses import BatchNorm
+
+
+@dataclass
+class Learner:
+    """A trainable model with its optimizer, schedule, clip target and weight version."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+    max_grad_norm: float | None = 1.0
+    version: int = 0
+    params: list[torch.nn.Parameter] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.params:
+            self.params = [p for p in self.model.parameters() if p.requires_grad]
+
+    def state_dict(self) -> dict:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+            "version": self.version,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.version = int(state["version"])
+
+
+@dataclass
+class UpdateConfig:
+    """How updates are executed (the same for every family)."""
+
+    micro_batch_size: int = 8
+    """Samples per forward/backward; ignored when per_sample_backward is set."""
+    per_sample_backward: bool = False
+    """Back-propagate one sample at a time: one sample's activations in memory, same gradient."""
+    skip_zero_grad_steps: bool = True
+    """Skip the optimizer step when every gradient is exactly zero (no signal in the batch)."""
+
+    def __post_init__(self) -> None:
+        from textzoo.errors import ConfigError
+
+        if self.micro_batch_size < 1:
+            raise ConfigError(f"update.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+
+
+def run_job(job: Job, learner: Learner, cfg: UpdateConfig, generator: torch.Generator | None = None) -> dict[str, float]:
+    """Train `learner` on `job`; return averaged statistics (loss, grad norm, skips)."""
+    batch = job.batch
+    n = len(batch)
+    micro = 1 if cfg.per_sample_backward else cfg.micro_batch_size
+    learner.model.train()
+    totals: dict[str, float] = {"loss": 0.0, "grad_norm": 0.0, "steps": 0, "skipped_zero_grad": 0, "nonfinite": 0}
+    extra: dict[str, list[float]] = {}
+    for _ in range(job.epochs):
+        order = torch.randperm(n, generator=generator) if job.epochs > 1 or job.minibatches > 1 else torch.arange(n)
+        for mb in torch.tensor_split(order, min(job.minibatches, n)):
+            if len(mb) == 0:
+                continue
+            norm = BatchNorm.of(batch.gen.completion_mask[mb], job.max_new_tokens)
+            for p in learner.params:
+                p.grad = None
+            loss_sum = 0.0
+            for chunk in torch.split(mb, micro):
+                contrib, stats = job.loss(batch.select(chunk), norm)  # [m]
+                finite = torch.isfinite(contrib)
+                totals["nonfinite"] += int((~finite).sum())
+                if finite.any():
+                    loss = contrib[finite].sum()
+                    loss.backward()
+                    loss_sum += float(loss.detach())
+                for k, v in stats.items():
+                    extra.setdefault(k, []).append(float(v))
+            totals["loss"] += loss_sum
+            grads = [p.grad for p in learner.params if p.grad is not None]
+            if cfg.skip_zero_grad_steps and all(not bool(g.any()) for g in grads):
+                totals["skipped_zero_grad"] += 1
+                continue
+            max_norm = learner.max_grad_norm if learner.max_grad_norm else math.inf
+            grad_norm = torch.nn.utils.clip_grad_norm_(learner.params, max_norm)
+            if not torch.isfinite(grad_norm):
+                totals["nonfinite"] += 1
+                continue
+            totals["grad_norm"] += float(grad_norm)
+            learner.optimizer.step()
+            if learner.scheduler is not None:
+                learner.scheduler.step()
+            learner.version += 1
+            totals["steps"] += 1
+    passes = max(job.epochs * min(job.minibatches, max(n, 1)), 1)
+    out = {
+        "loss": totals["loss"] / passes,
+        "grad_norm": totals["grad_norm"] / max(totals["steps"], 1),
+        "optimizer_steps": totals["steps"],
+        "skipped_zero_grad": totals["skipped_zero_grad"],
+        "nonfinite_skipped": totals["nonfinite"],
+    }
+    out.update({k: sum(v) / len(v) for k, v in extra.items()})
+    return out
