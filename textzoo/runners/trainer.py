@@ -59,6 +59,9 @@ class Trainer:
             a.id: build_learner(a.policy.model, cfg.agent_config(a.id) if a.id in self.roles else cfg.agent, cfg.steps)
             for a in self.actors if a.trainable
         }
+        # models a family trains besides the actors (critics, reward models): name -> (module, AgentConfig)
+        for name, (module, settings) in getattr(self.family, "trainable_models", dict)().items():
+            self.learners[name] = build_learner(module, settings, cfg.steps)
         self.sampler = ItemSampler(num_items, cfg.seed)
         self.step = 0
         self.run_dir = Path(run_dir or cfg.run_dir or default_run_dir(cfg))
