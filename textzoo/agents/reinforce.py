@@ -197,7 +197,9 @@ class ReinforceFamily:
                     ref = copy.deepcopy(a.policy.model).eval().requires_grad_(False)
                     self.references[a.id] = Policy(ref, a.policy.tokenizer, a.policy.generation, name=f"{a.id}-ref")
 
-    # state beyond weights that a checkpoint must hold
+    def trainable_models(self) -> dict:
+        return {}
+
     def state_dict(self) -> dict:
         return {"running_mean": self.running_mean}
 
