@@ -194,8 +194,9 @@ class ReinforceFamily:
         if config.kl_coef > 0:
             for a in actors:
                 if a.trainable:
-                    ref = copy.deepcopy(a.policy.model).eval().requires_grad_(False)
-                    self.references[a.id] = Policy(ref, a.policy.tokenizer, a.policy.generation, name=f"{a.id}-ref")
+                    ref = copy.deepcopy(a.policy)
+                    ref.model.eval().requires_grad_(False)
+                    self.references[a.id] = ref
 
     def trainable_models(self) -> dict:
         return {}
