@@ -1,0 +1,128 @@
+"""Training throughput: joint actions/s, generated tokens/s, s/step and peak RSS.
+
+    OMP_NUM_THREADS=1 python benchmarks/throughput.py                       # 2 agents, tiny GPT-2, G=4, 32 tokens
+    OMP_NUM_THREADS=1 python benchmarks/throughput.py --agents 4
+    OMP_NUM_THREADS=1 python benchmarks/throughput.py --n-embd 128 --n-layer 4 --max-new-tokens 64   # ~883k params
+
+A joint action is one env copy's set of completions (one per agent); CoMLRL 1.4.3 needs 0.073 s per
+prompt of G=4 joint actions on this setup (one core), 0.155 s at 4 agents, 0.265 s at 883k params
+and 64 tokens; `--peer-s-per-prompt` sets the figure the ratio is computed against.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+import tyro
+
+from textzoo.envs import make
+from textzoo.runners.config import AgentConfig, TrainConfig, UpdateConfig
+from textzoo.runners.trainer import Trainer
+
+
+@dataclass
+class Args:
+    agents: int = 2
+    """Agents in the team (Team-v0 with a length-ratio reward when != 2, Writing-v0 otherwise)."""
+    algo: str = "magrpo"
+    n_layer: int = 2
+    n_embd: int = 64
+    n_head: int = 2
+    group_size: int = 4
+    batch_prompts: int = 32
+    """Prompts per step (B); CoMLRL trains one prompt per step."""
+    max_new_tokens: int = 32
+    steps: int = 6
+    warmup: int = 2
+    threads: int = 1
+    micro_batch_size: int = 32
+    per_sample_backward: bool = False
+    peer_s_per_prompt: float = 0.0
+    """CoMLRL seconds per prompt for the same settings (0 = pick the published figure for the preset)."""
+    extra: dict = field(default_factory=dict)
+
+
+def _peer_figure(a: Args) -> float:
+    if a.peer_s_per_prompt:
+        return a.peer_s_per_prompt
+    if a.algo in ("iac",):
+        return 0.120
+    if a.algo in ("maac",):
+        return 0.114
+    if a.agents == 4:
+        return 0.155
+    if a.n_embd >= 128 or a.max_new_tokens >= 64:
+        return 0.265
+    return 0.073
+
+
+def _length_reward(prompts, completions, **_):
+    return [min(len(c) / 60.0, 1.0) for c in completions]
+
+
+def config(a: Args) -> TrainConfig:
+    agent = AgentConfig(n_layer=a.n_layer, n_embd=a.n_embd, n_head=a.n_head, max_new_tokens=a.max_new_tokens)
+    if a.agents == 2:
+        env, env_kwargs = "textzoo/Writing-v0", {"terms": {"length_ratio": 1.0}}
+    else:
+        env, env_kwargs = "textzoo/Team-v0", {"agents": a.agents}
+    return TrainConfig(
+        env=env, env_kwargs=env_kwargs, algo=a.algo, agent=agent, steps=a.steps + a.warmup,
+        batch_prompts=a.batch_prompts, group_size=a.group_size, threads=a.threads, progress=False, plot=False,
+        run_dir="/tmp/textzoo-throughput", update=UpdateConfig(micro_batch_size=a.micro_batch_size,
+                                                               per_sample_backward=a.per_sample_backward),
+    )
+
+
+def main() -> None:
+    a = tyro.cli(Args)
+    torch.set_num_threads(a.threads)
+    cfg = config(a)
+    if a.agents != 2:
+        # Team-v0 needs a reward callable, which a config file cannot hold: build it directly
+        from textzoo.envs import registry  # noqa: F401  (registers built-ins)
+
+        make("textzoo/Team-v0", agents=a.agents, reward_fns=_length_reward)
+        cfg.env_kwargs = {"agents": a.agents, "reward_fns": _length_reward}
+    trainer = Trainer(cfg)
+    params = sum(p.numel() for p in trainer.actors[0].policy.model.parameters())
+    rows = []
+    for i in range(a.steps + a.warmup):
+        row = trainer.train_step()
+        if i >= a.warmup:
+            rows.append(row)
+    step_s = sum(r["time/step"] for r in rows) / len(rows)
+    joint = a.batch_prompts * a.group_size / step_s
+    tokens = sum(r["time/tokens_per_s"] for r in rows) / len(rows)
+    peer = _peer_figure(a)
+    peer_joint = a.group_size / peer
+    out = {
+        "params_per_agent": params,
+        "agents": a.agents,
+        "algo": a.algo,
+        "B": a.batch_prompts,
+        "G": a.group_size,
+        "max_new_tokens": a.max_new_tokens,
+        "threads": a.threads,
+        "s_per_step": round(step_s, 4),
+        "s_generate": round(sum(r["time/generate"] for r in rows) / len(rows), 4),
+        "s_update": round(sum(r["time/update"] for r in rows) / len(rows), 4),
+        "joint_actions_per_s": round(joint, 1),
+        "tokens_per_s": round(tokens, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "reward_first": round(rows[0]["reward/mean"], 3),
+        "peer_joint_actions_per_s": round(peer_joint, 1),
+        "ratio_vs_peer": round(joint / peer_joint, 2),
+    }
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
