@@ -23,6 +23,7 @@ Subclasses implement `num_items`, `_reset_task(index)` and `_step_task(actions)`
 
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,32 @@ TEXT_CHARSET: frozenset[str] = _build_charset()
 _TRANSLATE = None
 
 
+class _TextSpace(spaces.Text):
+    """`spaces.Text` over `TEXT_CHARSET` whose charset tables are shared, not rebuilt or copied.
+
+    Building a `Text` space over ~63k characters takes ~60 ms and deep-copying one copies its
+    63k-entry index; every env holds 2N spaces and runners hold B*G env copies, so copies share
+    the (never mutated) tables and own only their RNG.
+    """
+
+    def __deepcopy__(self, memo: dict) -> _TextSpace:
+        new = copy.copy(self)
+        new._np_random = copy.deepcopy(self._np_random, memo)
+        return new
+
+
+@functools.lru_cache(maxsize=None)
+def _text_prototype(max_length: int) -> _TextSpace:
+    return _TextSpace(max_length, min_length=0, charset=TEXT_CHARSET)
+
+
+def text_space(max_length: int) -> spaces.Text:
+    """A new `Text` space of up to `max_length` characters of `TEXT_CHARSET`, with its own RNG."""
+    space = copy.copy(_text_prototype(max_length))
+    space._np_random = None  # seeded lazily, as in a freshly built space
+    return space
+
+
 def clean_text(text: Any, max_chars: int) -> tuple[str, list[str]]:
     """Coerce `text` to a `str` inside `TEXT_CHARSET` and `max_chars`; return it with notes on fixes."""
     global _TRANSLATE
@@ -73,8 +100,9 @@ def clean_text(text: Any, max_chars: int) -> tuple[str, list[str]]:
 class _Replacer(dict):
     """`str.translate` table mapping every character outside `TEXT_CHARSET` to '?'."""
 
-    def __missing__(self, code: int) -> int | None:
-        value = None if chr(code) in TEXT_CHARSET else ord("?")
+    def __missing__(self, code: int) -> int:
+        # Map allowed characters to themselves: a None value would make translate() delete them.
+        value = code if chr(code) in TEXT_CHARSET else ord("?")
         self[code] = value
         return value
 
@@ -122,8 +150,12 @@ class TextParallelEnv(ParallelEnv):
         self.max_prompt_chars = max_prompt_chars
         self.max_action_chars = max_action_chars
         self.render_mode = render_mode
-        self._obs_spaces = {a: spaces.Text(max_prompt_chars, min_length=0, charset=TEXT_CHARSET) for a in agents}
-        self._act_spaces = {a: spaces.Text(max_action_chars, min_length=0, charset=TEXT_CHARSET) for a in agents}
+        if not isinstance(max_prompt_chars, int) or max_prompt_chars < 1:
+            raise EnvError(f"max_prompt_chars must be a positive int, got {max_prompt_chars!r}")
+        if not isinstance(max_action_chars, int) or max_action_chars < 1:
+            raise EnvError(f"max_action_chars must be a positive int, got {max_action_chars!r}")
+        self._obs_spaces = {a: text_space(max_prompt_chars) for a in agents}
+        self._act_spaces = {a: text_space(max_action_chars) for a in agents}
         self.np_random, self._seed = seeding.np_random(None)
         self.turn = 0
         self.item_index = -1
@@ -137,8 +169,10 @@ class TextParallelEnv(ParallelEnv):
         raise NotImplementedError
 
     def _reset_task(self, index: int) -> dict[str, str] | tuple[dict[str, str], set[str]]:
-        """Load item `index` (use `self.np_random` for any randomness); return turn-0 prompts,
-        optionally with the set of agents active in turn 0 (default: all)."""
+        """Load item `index`; return turn-0 prompts, optionally with the set of agents active in
+        turn 0 (default: all). The prompts must depend on `index` only, so that
+        `options={"index": i}` reproduces them (G copies of one prompt); keep `self.np_random`
+        for randomness later in the episode."""
         raise NotImplementedError
 
     def _step_task(self, actions: dict[str, str], notes: dict[str, list[str]]) -> StepResult:
@@ -146,11 +180,11 @@ class TextParallelEnv(ParallelEnv):
         raise NotImplementedError
 
     # ---- PettingZoo API ----------------------------------------------------------------------
-    @functools.lru_cache(maxsize=None)
+    # The spaces live in dicts built once, so each call returns the same object; no lru_cache,
+    # which would keep every env instance alive for the life of the process.
     def observation_space(self, agent: str) -> spaces.Text:
         return self._obs_spaces[agent]
 
-    @functools.lru_cache(maxsize=None)
     def action_space(self, agent: str) -> spaces.Text:
         return self._act_spaces[agent]
 
@@ -158,6 +192,8 @@ class TextParallelEnv(ParallelEnv):
         if seed is not None:
             self.np_random, self._seed = seeding.np_random(seed)
         n = self.num_items()
+        if n < 1:
+            raise EnvError(f"{type(self).__name__} has no items to serve (num_items() = {n})")
         index = (options or {}).get("index")
         if index is None:
             index = int(self.np_random.integers(n))

@@ -1,0 +1,152 @@
+"""TRL-style reward functions: validation, weighting, `None` handling, finiteness.
+
+A reward function has TRL's signature::
+
+    def reward_fn(prompts: list, completions: list[str], **kwargs) -> list[float | None]
+
+one value per completion; `None` means "not applicable" (scored 0 with a note). textzoo passes
+extra keyword arguments (`agent_id`, `other_completions`, dataset columns); a function without
+`**kwargs` receives only the ones it names. `RewardFunctions` combines several functions into a
+weighted sum, as TRL does (`sum_k w_k r_k`, `None` skipped), and returns the per-function terms.
+Tasks (Team-v0) and reward models reuse it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from textzoo.errors import EnvError
+
+RewardFn = Callable[..., Sequence[float | None]]
+
+
+def reward_name(fn: Callable[..., Any]) -> str:
+    """A readable name for a reward function: its `__name__`, or its class name."""
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+@dataclass(frozen=True)
+class _Signature:
+    takes_var_kwargs: bool
+    names: frozenset[str]
+    required: frozenset[str]
+
+
+def _inspect(fn: Callable[..., Any], what: str) -> _Signature:
+    if not callable(fn):
+        raise EnvError(f"{what} must be callable, got {type(fn).__name__}")
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature: trust the TRL convention
+        return _Signature(True, frozenset(), frozenset())
+    positional_only = [p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_ONLY]
+    if positional_only:
+        raise EnvError(
+            f"{what} {reward_name(fn)!r} has positional-only parameters {positional_only}; reward "
+            f"functions are called with keywords: def f(prompts, completions, **kwargs)"
+        )
+    keyword = [p for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    return _Signature(
+        takes_var_kwargs=any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params),
+        names=frozenset(p.name for p in keyword),
+        required=frozenset(p.name for p in keyword if p.default is inspect.Parameter.empty),
+    )
+
+
+class RewardFunctions:
+    """Several TRL-style reward functions with weights, called as one.
+
+    `provided` lists the keyword names every call will pass; a function that requires anything
+    else fails here, at construction, with an error that names it.
+    """
+
+    def __init__(
+        self,
+        reward_fns: RewardFn | Sequence[RewardFn],
+        weights: Sequence[float] | None = None,
+        provided: Sequence[str] = ("prompts", "completions"),
+        arg: str = "reward_fns",
+    ):
+        fns = [reward_fns] if callable(reward_fns) else list(reward_fns)
+        if not fns:
+            raise EnvError(f"{arg} must be a callable or a non-empty list of callables")
+        self.signatures = [_inspect(fn, f"{arg}[{i}]") for i, fn in enumerate(fns)]
+        for i, (fn, sig) in enumerate(zip(fns, self.signatures)):
+            missing = sorted(sig.required - set(provided))
+            if missing:
+                raise EnvError(
+                    f"{arg}[{i}] {reward_name(fn)!r} requires {missing}, which is not passed; it may "
+                    f"take any of {sorted(provided)} (TRL signature: def f(prompts, completions, **kwargs))"
+                )
+            if not sig.takes_var_kwargs and "completions" not in sig.names:
+                raise EnvError(
+                    f"{arg}[{i}] {reward_name(fn)!r} takes neither `completions` nor **kwargs; "
+                    f"use the TRL signature: def f(prompts, completions, **kwargs) -> list[float | None]"
+                )
+        if weights is None:
+            weights = [1.0] * len(fns)
+        weights = list(weights)
+        if len(weights) != len(fns) or not all(
+            isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in weights
+        ):
+            raise EnvError(f"reward weights must be {len(fns)} finite numbers (one per reward function), got {weights!r}")
+        self.fns = fns
+        self.weights = [float(w) for w in weights]
+        self.names = _unique_names([reward_name(fn) for fn in fns])
+
+    def __call__(
+        self, prompts: list[Any], completions: list[str], **kwargs: Any
+    ) -> tuple[list[float], list[dict[str, float]], list[list[str]]]:
+        """Score a batch: per sample the weighted sum, the per-function terms and notes."""
+        n = len(completions)
+        totals = [0.0] * n
+        terms: list[dict[str, float]] = [{} for _ in range(n)]
+        notes: list[list[str]] = [[] for _ in range(n)]
+        call_kwargs = {"prompts": prompts, "completions": completions, **kwargs}
+        for fn, sig, name, weight in zip(self.fns, self.signatures, self.names, self.weights):
+            passed = call_kwargs if sig.takes_var_kwargs else {k: v for k, v in call_kwargs.items() if k in sig.names}
+            values = check_reward_values(fn(**passed), n, name)
+            for i, value in enumerate(values):
+                if value is None:
+                    notes[i].append(f"reward {name!r} not applicable (None); scored 0")
+                    value = 0.0
+                elif not math.isfinite(value):
+                    notes[i].append(f"reward {name!r} returned {value}; scored 0")
+                    value = 0.0
+                terms[i][name] = value
+                totals[i] += weight * value
+        return totals, terms, notes
+
+
+def check_reward_values(values: Any, n: int, name: str) -> list[float | None]:
+    """Validate a reward function's output: `n` numbers or `None`s (programming errors raise)."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) and not hasattr(values, "tolist"):
+        raise EnvError(f"reward {name!r} must return a list of float | None, got {type(values).__name__}")
+    values = values.tolist() if hasattr(values, "tolist") else list(values)
+    if len(values) != n:
+        raise EnvError(f"reward {name!r} returned {len(values)} values for {n} completions; return one per completion")
+    out: list[float | None] = []
+    for v in values:
+        if v is None:
+            out.append(None)
+        elif isinstance(v, (int, float)) or hasattr(v, "__float__") and not isinstance(v, str):
+            out.append(float(v))
+        else:
+            raise EnvError(f"reward {name!r} returned {v!r}; each value must be a number or None")
+    return out
+
+
+def _unique_names(names: list[str]) -> list[str]:
+    used: set[str] = set()
+    out = []
+    for name in names:
+        candidate, k = name, 1
+        while candidate in used:  # the same function twice, or two lambdas
+            candidate, k = f"{name}_{k}", k + 1
+        used.add(candidate)
+        out.append(candidate)
+    return out

@@ -1,0 +1,191 @@
+"""textzoo/Team-v0: any prompt dataset plus TRL-style reward functions, as a team task.
+
+Three lines turn a dataset and a reward into a PettingZoo task::
+
+    from textzoo.envs import make
+    def brief(prompts, completions, **kwargs): return [1.0 if len(c.split()) <= 20 else 0.0 for c in completions]
+    env = make("textzoo/Team-v0", prompts=["Name a color.", "Describe rain."], agents=2, reward_fns=brief, split="all")
+
+Roles: N agents (`agents=N` gives `agent_0 .. agent_{N-1}`; or a list of names), N >= 1.
+Turns: one; every agent answers its prompt at once and the episode ends.
+
+Observations: the item's prompt (`prompt_field` of the row, or for each agent its own field when
+`prompt_field` is a dict agent -> field). A chat-style prompt (a list of `{"role", "content"}`
+messages) is shown as `role: content` lines. Prompts are cut to `max_prompt_chars`.
+
+Actions: any string (cleaned by `TextParallelEnv`).
+
+Rewards, for agent i with completion c_i:
+- own_i = sum_k w_k f_k(prompts=[p_i], completions=[c_i], agent_id=i,
+  other_completions={j: [c_j] for j != i}, **columns) over `reward_fns` f_k with `reward_weights`
+  w_k (default 1): TRL's weighted sum. `columns` are the row's other fields, each as a one-element
+  list (TRL passes dataset columns the same way). A `None` value counts 0 with a note.
+- team = `team_reward_fn(prompts=[p], completions=[{agent: c_agent, ...}], **columns)[0]`
+  (0 without a `team_reward_fn`); `p` is the shared prompt (the first agent's for per-agent prompts).
+- reward_i = own_i + team. With only a `team_reward_fn` every agent gets the team reward.
+`infos[i]["reward_terms"]` = {name of f_k: f_k value (unweighted), ..., "team": team (when set)}.
+`reward_fns` may also be a dict agent -> function(s) (with `reward_weights` a dict too) to give
+roles different rewards. Non-finite values score 0 with a note; wrong output shapes raise
+`EnvError` (a bug in the reward function, not a bad action).
+
+Items: the dataset rows (`prompts`: a list of str or dicts, a JSONL path or a `datasets.Dataset`).
+`split="train"|"eval"` keeps rows k with k % 5 != 4 | k % 5 == 4; `split="all"` keeps every row
+(for data that is already split). `options={"index": i}` picks row i of the split.
+
+Version history:
+- v0: first version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pettingzoo.utils.conversions import parallel_to_aec
+
+from textzoo.envs._sources import check_split, load_records, split_indices
+from textzoo.envs.base import StepResult, TextParallelEnv
+from textzoo.envs.rewards import RewardFunctions, RewardFn
+from textzoo.errors import EnvError
+
+RESERVED = ("prompts", "completions", "agent_id", "other_completions")
+
+
+def _agent_names(agents: Any) -> list[str]:
+    if isinstance(agents, int) and not isinstance(agents, bool):
+        if agents < 1:
+            raise EnvError(f"agents must be >= 1, got {agents}")
+        return [f"agent_{i}" for i in range(agents)]
+    if isinstance(agents, Sequence) and not isinstance(agents, str):
+        names = list(agents)
+        if names and all(isinstance(a, str) and a for a in names) and len(set(names)) == len(names):
+            return names
+    raise EnvError(f"agents must be a positive int or a list of distinct non-empty names, got {agents!r}")
+
+
+def render_prompt(prompt: Any) -> str:
+    """A dataset prompt as text: strings as is, chat messages as `role: content` lines."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, Sequence) and all(isinstance(m, Mapping) and "content" in m for m in prompt):
+        return "\n".join(f"{m.get('role', 'user')}: {m['content']}" for m in prompt)
+    return str(prompt)
+
+
+class TeamEnv(TextParallelEnv):
+    """Team-v0: a dataset of prompts answered by N agents, scored by TRL-style reward functions."""
+
+    metadata = {"name": "team_v0", "render_modes": ["ansi"], "is_parallelizable": True}
+
+    def __init__(
+        self,
+        prompts: Any = None,
+        agents: int | Sequence[str] = 2,
+        reward_fns: RewardFn | Sequence[RewardFn] | Mapping[str, RewardFn | Sequence[RewardFn]] | None = None,
+        reward_weights: Sequence[float] | Mapping[str, Sequence[float]] | None = None,
+        team_reward_fn: RewardFn | None = None,
+        prompt_field: str | Mapping[str, str] = "prompt",
+        split: str = "train",
+        max_prompt_chars: int = 2048,
+        max_action_chars: int = 4096,
+        render_mode: str | None = None,
+    ):
+        names = _agent_names(agents)
+        super().__init__(
+            names, num_turns=1, max_prompt_chars=max_prompt_chars, max_action_chars=max_action_chars, render_mode=render_mode
+        )
+        self.split = check_split(split)
+        if prompts is None:
+            raise EnvError("prompts is required: a list of str or dicts, a JSONL path or a datasets.Dataset")
+        if reward_fns is None and team_reward_fn is None:
+            raise EnvError("give reward_fns (per agent), team_reward_fn (one team reward), or both")
+
+        if isinstance(prompt_field, str):
+            self.prompt_fields = dict.fromkeys(names, prompt_field)
+        elif isinstance(prompt_field, Mapping) and set(prompt_field) == set(names):
+            self.prompt_fields = dict(prompt_field)
+        else:
+            raise EnvError(f"prompt_field must be a field name or a dict with one field per agent {names}, got {prompt_field!r}")
+        fields = list(dict.fromkeys(self.prompt_fields.values()))
+        rows = load_records(prompts, fields[0], "prompts")
+        for f in fields[1:]:
+            missing = [i for i, row in enumerate(rows) if f not in row]
+            if missing:
+                raise EnvError(f"row {missing[0]} of prompts has no field {f!r} named in prompt_field")
+        self._rows = [rows[k] for k in split_indices(len(rows), self.split)]
+        if not self._rows:
+            raise EnvError(f"split={self.split!r} of {len(rows)} prompts is empty; the eval split holds every 5th row, so give at least 5 rows (or split='all')")
+        clash = sorted(set(RESERVED) & {str(k) for row in self._rows for k in row if k not in fields})
+        if clash:
+            raise EnvError(f"prompts has column(s) {clash}, which clash with reward function arguments; rename them")
+
+        columns = sorted({k for row in self._rows for k in row if k not in fields}, key=str)
+        provided = (*RESERVED, *columns)
+        self.reward_fns: dict[str, RewardFunctions | None] = {}
+        if reward_fns is None:
+            self.reward_fns = dict.fromkeys(names)
+        elif isinstance(reward_fns, Mapping):
+            if set(reward_fns) != set(names):
+                raise EnvError(f"reward_fns as a dict needs one entry per agent {names}, got {sorted(reward_fns)}")
+            if reward_weights is not None and not (isinstance(reward_weights, Mapping) and set(reward_weights) <= set(names)):
+                raise EnvError("reward_weights must be a dict agent -> weights when reward_fns is a dict")
+            for a in names:
+                weights = None if reward_weights is None else reward_weights.get(a)
+                self.reward_fns[a] = RewardFunctions(reward_fns[a], weights, provided, arg=f"reward_fns[{a!r}]")
+        else:
+            if isinstance(reward_weights, Mapping):
+                raise EnvError("reward_weights must be a list (one weight per reward function) when reward_fns is not a dict")
+            shared = RewardFunctions(reward_fns, reward_weights, provided, arg="reward_fns")
+            self.reward_fns = dict.fromkeys(names, shared)
+        self.team_reward_fn = (
+            None
+            if team_reward_fn is None
+            else RewardFunctions([team_reward_fn], None, ("prompts", "completions", *columns), arg="team_reward_fn")
+        )
+        self.row: dict[str, Any] = {}
+
+    def num_items(self) -> int:
+        return len(self._rows)
+
+    def _reset_task(self, index: int) -> dict[str, str]:
+        self.row = self._rows[index]
+        return {a: render_prompt(self.row[f]) for a, f in self.prompt_fields.items()}
+
+    def _columns(self) -> dict[str, list[Any]]:
+        fields = set(self.prompt_fields.values())
+        return {k: [v] for k, v in self.row.items() if k not in fields}
+
+    def _step_task(self, actions: dict[str, str], notes: dict[str, list[str]]) -> StepResult:
+        columns = self._columns()
+        rewards: dict[str, float] = {}
+        terms: dict[str, dict[str, float]] = {}
+        extra: dict[str, list[str]] = {a: [] for a in self.possible_agents}
+        for a in self.possible_agents:
+            fns = self.reward_fns[a]
+            own, own_terms = 0.0, {}
+            if fns is not None:
+                others = {b: [actions[b]] for b in self.possible_agents if b != a}
+                prompt = self.row[self.prompt_fields[a]]
+                totals, per_fn, fn_notes = fns(
+                    [prompt], [actions[a]], agent_id=a, other_completions=others, **columns
+                )
+                own, own_terms = totals[0], per_fn[0]
+                extra[a] += fn_notes[0]
+            rewards[a], terms[a] = own, dict(own_terms)
+        if self.team_reward_fn is not None:
+            prompt = self.row[self.prompt_fields[self.possible_agents[0]]]
+            totals, _, team_notes = self.team_reward_fn([prompt], [dict(actions)], **columns)
+            for a in self.possible_agents:
+                rewards[a] += totals[0]
+                terms[a]["team"] = totals[0]
+                extra[a] += team_notes[0]
+        return StepResult(rewards=rewards, reward_terms=terms, notes=extra)
+
+
+parallel_env = TeamEnv
+"""PettingZoo entry point: `parallel_env(**kwargs)` builds a `TeamEnv`."""
+
+
+def env(**kwargs: Any):
+    """The AEC version (PettingZoo's `parallel_to_aec`), for tools that step agents in turn."""
+    return parallel_to_aec(TeamEnv(**kwargs))
