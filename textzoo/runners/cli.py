@@ -1,4 +1,4 @@
-"""`textzoo train | eval | plot`: the command line over the same dataclass configs as the Python API.
+"""`textzoo train | eval | plot | sft`: the command line over the same dataclass configs as the Python API.
 
 `textzoo train --config run.toml --steps 200` loads the file, then applies the flags on top.
 `textzoo train` with no arguments trains the embedded default (two tiny GPT-2 agents on
@@ -17,7 +17,7 @@ import tyro
 from textzoo.errors import TextzooError
 from textzoo.runners.config import JsonDict, TrainConfig, load_config
 
-COMMANDS = ("train", "eval", "plot")
+COMMANDS = ("train", "eval", "plot", "sft")
 
 
 def _split_config(argv: list[str]) -> tuple[str | None, list[str]]:
@@ -105,6 +105,16 @@ def plot(argv: list[str]) -> None:
     print(plot_runs(list(args.run_dirs), out, smooth=args.smooth))
 
 
+def sft(argv: list[str]) -> None:
+    """Warm up one agent on (prompt, completion) pairs and save it for `textzoo train`."""
+    from textzoo.runners.sft import SFTArgs, run_sft
+
+    args = tyro.cli(SFTArgs, args=argv, prog="textzoo sft")
+    losses = run_sft(args)
+    print(f"sft loss: {losses[0]:.4f} -> {losses[-1]:.4f} in {len(losses)} steps")
+    print(f"saved to {args.out}; train with --agent-overrides '{{\"ROLE\": {{\"model\": \"{args.out}\"}}}}'")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -114,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"usage: textzoo {{{','.join(COMMANDS)}}} [--help] ...\n\n{__doc__}")
             return 0
     command, rest = argv[0], argv[1:]
-    handlers = {"train": train, "eval": evaluate, "plot": plot}
+    handlers = {"train": train, "eval": evaluate, "plot": plot, "sft": sft}
     if command not in handlers:
         print(f"error: unknown command {command!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
