@@ -6,6 +6,7 @@ the env) fails here, before any training work starts.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from textzoo.agents.actor_critic import ActorCriticFamily, critic_name
+from textzoo.agents.critic import Critic
 from textzoo.agents.policy import GenerationConfig, Policy
 from textzoo.agents.reinforce import ReinforceFamily
 from textzoo.agents.team import Actor, AgentActor
@@ -122,7 +125,29 @@ def build_family(cfg: TrainConfig, actors: list[Actor]):
     family, extra = resolve_algorithm(cfg.algo)
     if family == "reinforce":
         return ReinforceFamily(cfg.reinforce, actors, extra["estimator"], cfg.gamma, cfg.credit, cfg.group_size)
+    if family == "actor_critic":
+        return build_actor_critic(cfg, actors, centralized=extra["centralized"])
     raise ConfigError(f"algorithm family {family!r} is not available")
+
+
+def build_actor_critic(cfg: TrainConfig, actors: list[Actor], centralized: bool) -> ActorCriticFamily:
+    """IAC / IPPO (a critic per trainable actor) or MAAC / MAPPO (one centralized critic)."""
+    ac = cfg.actor_critic
+
+    def critic(agent: AgentConfig, seed: int) -> tuple[Critic, AgentConfig]:
+        # the critic's model and learner settings: the agent's, with the critic's model and lr
+        settings = dataclasses.replace(agent, model=ac.critic_model or agent.model, lr=ac.critic_lr or agent.lr)
+        policy = build_policy(settings, seed, resolve_device(settings.device))
+        return Critic.from_policy(policy, hidden=ac.value_head_hidden, init_std=ac.value_head_init_std,
+                                  max_tokens=ac.critic_max_tokens, seed=seed), settings
+
+    if centralized:
+        built = {"critic": critic(cfg.agent, cfg.seed * 1000 + 999)}
+    else:
+        built = {critic_name(a.id): critic(cfg.agent_config(a.id), cfg.seed * 1000 + 500 + i)
+                 for i, a in enumerate(actors) if a.trainable}
+    return ActorCriticFamily(ac, actors, {k: v[0] for k, v in built.items()}, centralized, cfg.gamma, cfg.credit,
+                             critic_settings={k: v[1] for k, v in built.items()})
 
 
 @dataclass

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import tyro
 
+from textzoo.agents.actor_critic import ActorCriticConfig
 from textzoo.agents.reinforce import ReinforceConfig
 from textzoo.errors import ConfigError
 from textzoo.runners.update import UpdateConfig
@@ -101,6 +102,10 @@ ALGORITHMS: dict[str, tuple[str, dict[str, Any]]] = {
     "marloo": ("reinforce", {"estimator": "rloo"}),
     "maremax": ("reinforce", {"estimator": "remax"}),
     "mareinforce": ("reinforce", {"estimator": "reinforce"}),
+    "iac": ("actor_critic", {"centralized": False}),
+    "maac": ("actor_critic", {"centralized": True}),
+    "ippo": ("actor_critic", {"centralized": False, "clip_range": 0.2, "epochs": 2}),
+    "mappo": ("actor_critic", {"centralized": True, "clip_range": 0.2, "epochs": 2}),
 }
 """Algorithm name -> (family, family arguments). Aliases without the "ma" prefix are accepted."""
 
@@ -125,7 +130,8 @@ class TrainConfig:
     eval_env_kwargs: JsonDict = field(default_factory=lambda: {"split": "eval"})
     """Extra env arguments for held-out evaluation (merged over env_kwargs)."""
     algo: str = "magrpo"
-    """magrpo | marloo | maremax | mareinforce."""
+    """magrpo | marloo | maremax | mareinforce | iac | maac | ippo | mappo (ippo/mappo = iac/maac with
+    actor_critic.clip_range 0.2 and epochs 2 unless those are set)."""
     collaboration: str = "decentralized"
     """decentralized (one model per role) | centralized (one joint actor answers for every role)."""
     agent: AgentConfig = field(default_factory=AgentConfig)
@@ -160,6 +166,8 @@ class TrainConfig:
     """Draw the learning curve PNG at the end of the run."""
     reinforce: ReinforceConfig = field(default_factory=ReinforceConfig)
     """REINFORCE-family settings."""
+    actor_critic: ActorCriticConfig = field(default_factory=ActorCriticConfig)
+    """Actor-critic-family settings (iac, maac, ippo, mappo)."""
     update: UpdateConfig = field(default_factory=UpdateConfig)
     """Update execution (micro-batches, per-sample backward)."""
 
@@ -172,6 +180,8 @@ class TrainConfig:
             raise ConfigError(f"{self.algo} compares samples of a group: set group_size >= 2 (got {self.group_size})")
         if self.credit not in ("shared", "per_agent"):
             raise ConfigError(f"credit must be 'shared' or 'per_agent', got {self.credit!r}")
+        if family == "actor_critic":
+            self.actor_critic = self.actor_critic.for_algorithm(extra)
         if self.collaboration not in ("decentralized", "centralized"):
             raise ConfigError(f"collaboration must be 'decentralized' or 'centralized', got {self.collaboration!r}")
         if not 0 <= self.gamma <= 1:

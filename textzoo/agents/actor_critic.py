@@ -1,0 +1,387 @@
+"""Family `actor_critic`: IAC and MAAC with V or Q critics; IPPO and MAPPO with ratio clipping.
+
+Critics (`textzoo.agents.critic.Critic`): IAC gives every trainable actor its own critic reading the
+actor's prompt (V) or prompt + completion (Q); MAAC has one centralized critic reading `state()`
+before the turn (V), followed by every actor's completion of that turn (Q).
+
+Turn-level GAE (Schulman et al. 2016) over each actor's decision turns t (r̃ = the team reward with
+credit "shared", the actor's own reward with "per_agent"):
+    δ_t = r̃_t + γ V(s_{t+1}) − V(s_t),   V = 0 after the last turn (termination and truncation alike)
+    A_t = Σ_k (γλ)^k δ_{t+k},            y_t = A_t + V(s_t)   (λ = 1: Monte Carlo, λ = 0: TD(0))
+A turn where the actor does not act (Relay's receiver at turn 0) folds into the decision before it:
+its reward is discounted onto that decision and γ spans the gap. With a Q critic, V(s_t) above reads
+Q(s_t, a_t) (the SARSA(λ) form). Optional per-actor advantage standardisation over the batch.
+
+Losses: the actor's is `policy_gradient_loss` (the REINFORCE family's, PPO-clip with `clip_range`)
+minus an optional entropy bonus; the critic's is c_v·(V − y)², or with value clipping ε_v
+c_v·max((V − y)², (V_old + clip(V − V_old, −ε_v, ε_v) − y)²) (PPO2 value clipping).
+Values are computed once per sample under no_grad when the batch arrives (the old values of value
+clipping); MAAC's critic is one learner stepped once per batch over all its samples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+
+from textzoo.agents.batch import Job, Rollout, SampleBatch
+from textzoo.agents.critic import Critic
+from textzoo.agents.losses import AGGREGATIONS, BatchNorm, entropy_bonus, policy_gradient_loss
+from textzoo.agents.policy import Generation, Policy
+from textzoo.agents.team import Actor
+from textzoo.errors import ConfigError
+
+
+@dataclass
+class ActorCriticConfig:
+    """Settings of the actor-critic family (IAC, MAAC, IPPO, MAPPO)."""
+
+    critic_type: str = "v"
+    """"v": V(s) at the last prompt token; "q": Q(s, a) at the last completion token."""
+    critic_model: str = ""
+    """Critic trunk: "" = the same model as the actor (IAC) / as `agent.model` (MAAC), else a model spec."""
+    critic_lr: float | None = None
+    """AdamW learning rate of the critics; None = the agent's lr."""
+    value_head_hidden: int = 0
+    """Width of a hidden tanh layer in the value head (0 = a linear head)."""
+    value_head_init_std: float = 0.0
+    """Std of the value head's output weights at init (0 = zeros: every value starts at 0)."""
+    critic_max_tokens: int = 1024
+    """Longest critic input (the model's position limit caps it); longer inputs keep their last tokens."""
+    gae_lambda: float = 1.0
+    """GAE λ over turns: 1 = Monte Carlo returns minus V, 0 = one-step TD."""
+    normalize_advantages: bool = False
+    """Standardise each actor's advantages over the batch."""
+    value_coef: float = 1.0
+    """c_v, the weight of the critic's squared error."""
+    value_clip: float | None = None
+    """ε_v of PPO-style value clipping around the old value; None = no clipping."""
+    entropy_coef: float = 0.0
+    """Weight of the actor's entropy bonus (0 = off)."""
+    loss_aggregation: str = "seq_sum"
+    """seq_sum | seq_mean | token_mean | constant (see textzoo.agents.losses)."""
+    clip_range: float | None = None
+    """PPO ratio clip ε of the actor loss; None = on-policy gradient. ippo / mappo default it to 0.2."""
+    epochs: int = 1
+    """Passes over each batch, actors and critics alike (>1 needs clip_range). ippo / mappo default it to 2."""
+    minibatches: int = 1
+    """Optimizer steps per pass over a batch."""
+
+    def __post_init__(self) -> None:
+        if self.critic_type not in ("v", "q"):
+            raise ConfigError(f"actor_critic.critic_type must be 'v' or 'q', got {self.critic_type!r}")
+        if self.critic_lr is not None and self.critic_lr <= 0:
+            raise ConfigError(f"actor_critic.critic_lr must be > 0 (or None for the agent's lr), got {self.critic_lr}")
+        if self.value_head_hidden < 0:
+            raise ConfigError(f"actor_critic.value_head_hidden must be >= 0 (0 = linear head), got {self.value_head_hidden}")
+        if self.value_head_init_std < 0:
+            raise ConfigError(f"actor_critic.value_head_init_std must be >= 0, got {self.value_head_init_std}")
+        if self.critic_max_tokens < 1:
+            raise ConfigError(f"actor_critic.critic_max_tokens must be >= 1, got {self.critic_max_tokens}")
+        if not 0 <= self.gae_lambda <= 1:
+            raise ConfigError(f"actor_critic.gae_lambda must be in [0, 1], got {self.gae_lambda}")
+        if self.value_coef <= 0:
+            raise ConfigError(f"actor_critic.value_coef must be > 0, got {self.value_coef}")
+        if self.value_clip is not None and self.value_clip <= 0:
+            raise ConfigError(f"actor_critic.value_clip must be > 0 or None, got {self.value_clip}")
+        if self.entropy_coef < 0:
+            raise ConfigError(f"actor_critic.entropy_coef must be >= 0, got {self.entropy_coef}")
+        if self.loss_aggregation not in AGGREGATIONS:
+            raise ConfigError(
+                f"actor_critic.loss_aggregation must be one of {sorted(AGGREGATIONS)}, got {self.loss_aggregation!r}"
+            )
+        if self.clip_range is not None and not 0 < self.clip_range < 1:
+            raise ConfigError(f"actor_critic.clip_range must be in (0, 1) or None, got {self.clip_range}")
+        if self.epochs < 1 or self.minibatches < 1:
+            raise ConfigError("actor_critic.epochs and actor_critic.minibatches must be >= 1")
+
+    def for_algorithm(self, defaults: dict[str, Any]) -> "ActorCriticConfig":
+        """This config with an algorithm's defaults (ippo/mappo: clip_range, epochs) filled in where a
+        field still has its class default; then checks the cross-field rules."""
+        base = {f.name: f.default for f in dataclasses.fields(self)}
+        fill = {k: v for k, v in defaults.items() if k in base and getattr(self, k) == base[k]}
+        out = dataclasses.replace(self, **fill)
+        if out.epochs > 1 and out.clip_range is None:
+            raise ConfigError("actor_critic.epochs > 1 reuses samples off-policy: set actor_critic.clip_range (e.g. 0.2)")
+        return out
+
+
+# ---- GAE and losses: pure functions -------------------------------------------------------------
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, active: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Turn-level GAE advantages and value targets over the last (turn) axis.
+
+    `active` marks decision turns; rewards of other turns are credited to the decision before them
+    (discounted), and γ spans the gap to the next decision. After the last decision V = 0.
+    Shapes: rewards, values, active [..., T] -> advantages, targets [..., T] (0 off decisions).
+    """
+    active = active.bool()
+    adv = torch.zeros_like(rewards)
+    zero = torch.zeros_like(rewards[..., 0])  # [...]
+    reward_to_next = zero  # Σ γ^k r̃ from this turn up to the next decision
+    discount_to_next = zero  # γ^(gap to the next decision); 0 when there is none
+    next_value, next_adv = zero, zero
+    for t in range(rewards.shape[-1] - 1, -1, -1):  # T is a handful of turns
+        reward_to_next = rewards[..., t] + gamma * reward_to_next
+        discount_to_next = gamma * discount_to_next
+        delta = reward_to_next + discount_to_next * next_value - values[..., t]
+        a_t = delta + discount_to_next * lam * next_adv
+        here = active[..., t]
+        adv[..., t] = torch.where(here, a_t, zero)
+        next_value = torch.where(here, values[..., t], next_value)
+        next_adv = torch.where(here, a_t, next_adv)
+        reward_to_next = torch.where(here, zero, reward_to_next)
+        discount_to_next = torch.where(here, torch.ones_like(zero), discount_to_next)
+    targets = torch.where(active, adv + values, torch.zeros_like(adv))
+    return adv, targets
+
+
+def critic_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    targets: torch.Tensor,
+    norm: BatchNorm,
+    value_coef: float = 1.0,
+    value_clip: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-sample contributions of c_v·(V − y)², mean over the batch's samples.
+
+    With `value_clip` ε_v: c_v·max((V − y)², (V_clip − y)²), V_clip = V_old + clip(V − V_old, −ε_v, ε_v)
+    (the PPO2 / CleanRL form), so one batch cannot move a value far from the value that computed the
+    advantages. Shapes: values, old_values, targets [S] -> [S].
+    """
+    old_values, targets = old_values.detach().to(values.dtype), targets.detach().to(values.dtype)
+    error = (values - targets) ** 2  # [S]
+    clipped = torch.zeros_like(error)
+    if value_clip is not None:
+        v_clip = old_values + torch.clamp(values - old_values, -value_clip, value_clip)  # [S]
+        error_clip = (v_clip - targets) ** 2
+        clipped = (error_clip > error).to(error.dtype)
+        error = torch.maximum(error, error_clip)
+    contrib = value_coef * error / norm.num_samples  # [S]
+    stats = {
+        "value_error": ((values - targets) ** 2).mean().detach(),
+        "value_clipfrac": clipped.mean().detach(),
+    }
+    return contrib, stats
+
+
+def actor_loss(policy: Policy, cfg: ActorCriticConfig, batch: SampleBatch, norm: BatchNorm):
+    """Per-sample actor contributions: the shared policy-gradient loss, minus β_H·entropy when set."""
+    g = batch.gen
+    scored = policy.score(g.prompt_ids, g.prompt_mask, g.completion_ids, g.completion_mask,
+                          return_entropy=cfg.entropy_coef > 0)
+    logprobs, entropy = scored if cfg.entropy_coef > 0 else (scored, None)  # [S, C]
+    contrib, stats = policy_gradient_loss(
+        logprobs, g.logprobs, batch.advantages, g.completion_mask, norm, cfg.loss_aggregation, cfg.clip_range
+    )
+    if entropy is not None:
+        mask = g.completion_mask.to(entropy.dtype)
+        contrib = contrib + cfg.entropy_coef * entropy_bonus(entropy, mask, norm, cfg.loss_aggregation)
+        stats["entropy"] = ((entropy * mask).sum() / mask.sum().clamp(min=1)).detach()
+    return contrib, stats
+
+
+def value_job_loss(critic: Critic, cfg: ActorCriticConfig, at_completion: bool, batch: SampleBatch,
+                   norm: BatchNorm):
+    """Critic loss of one micro-batch: values with gradient against the stored targets and old values."""
+    g = batch.gen
+    values = critic(g.prompt_ids, g.prompt_mask, *((g.completion_ids, g.completion_mask) if at_completion else ()))
+    old = batch.extra["old_values"].to(values.device)
+    targets = batch.extra["targets"].to(values.device)
+    return critic_loss(values, old, targets, norm, cfg.value_coef, cfg.value_clip)
+
+
+def normalize_per_actor(adv: torch.Tensor) -> torch.Tensor:
+    """Standardise one actor's advantages over its samples ([S] -> [S])."""
+    if adv.numel() < 2:
+        return adv
+    return (adv - adv.mean()) / (adv.std(unbiased=False) + 1e-6)
+
+
+# ---- the family ---------------------------------------------------------------------------------
+@dataclass
+class CriticInput:
+    """What a critic reads for each of its samples, as a `Generation` (so `run_job` can split it)."""
+
+    gen: Generation
+    at_completion: bool  # read at the last completion token (Q on the actor's own tokens)
+
+
+class ActorCriticFamily:
+    """Actor jobs (policy gradient on GAE advantages) plus one job per critic.
+
+    `critics` maps a learner name to a critic: for IAC `"<actor id>.critic"` per trainable actor,
+    for MAAC the single `"critic"` (`centralized=True`). These names are stable, so checkpoints find
+    the critics and their optimizers again.
+    """
+
+    def __init__(self, config: ActorCriticConfig, actors: list[Actor], critics: dict[str, Critic],
+                 centralized: bool, gamma: float = 1.0, credit: str = "shared",
+                 critic_settings: dict[str, Any] | None = None):
+        config = config.for_algorithm({})
+        if centralized and credit != "shared":
+            raise ConfigError("maac/mappo's centralized critic estimates the team's return: use credit='shared' "
+                              "(or iac/ippo, whose per-agent critics follow credit='per_agent')")
+        self.config = config
+        self.actors = {a.id: a for a in actors}
+        self.centralized = centralized
+        self.gamma = gamma
+        self.credit = credit
+        self.critics = critics
+        self.critic_settings = critic_settings or {}
+        expected = ["critic"] if centralized else [critic_name(a.id) for a in actors if a.trainable]
+        if sorted(critics) != sorted(expected):
+            raise ConfigError(f"{'maac' if centralized else 'iac'} needs critics {expected}, got {sorted(critics)}")
+        # an IAC critic reads its actor's token ids when their vocabularies match (checked once)
+        self.reads_ids = {critic_name(a.id): _same_vocab(critics[critic_name(a.id)].tokenizer, a.policy.tokenizer)
+                          for a in actors if not centralized and a.trainable}
+        self.needs_greedy_baseline = False
+
+    def trainable_models(self) -> dict[str, tuple[torch.nn.Module, Any]]:
+        return {name: (critic, self.critic_settings.get(name)) for name, critic in self.critics.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # critics and their optimizers are learners: the trainer checkpoints them
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def credited_rewards(self, rollout: Rollout) -> torch.Tensor:
+        """r̃ [E, A, T]: the team reward for every actor (shared) or each actor's own reward."""
+        if self.credit == "shared":
+            return rollout.team_rewards.unsqueeze(1).expand(-1, len(rollout.actors), -1)
+        return rollout.actor_rewards
+
+    def jobs(self, rollout: Rollout) -> tuple[list[Job], dict[str, float]]:
+        cfg = self.config
+        rewards = self.credited_rewards(rollout)  # [E, A, T]
+        E, A, T = rewards.shape
+        stats: dict[str, float] = {}
+        # per actor: its samples (one Generation over all turns) and where each row played
+        samples: dict[str, tuple[Generation, torch.Tensor, torch.Tensor]] = {}
+        for actor_id in rollout.actors:
+            steps = rollout.steps_of(actor_id)
+            if steps:
+                gen = Generation.cat([s.gen for s in steps], pad_id=self.actors[actor_id].policy.pad_id)
+                env_ids = torch.cat([s.env_ids for s in steps]).cpu()  # [S]
+                turns = torch.cat([torch.full_like(s.env_ids, s.turn) for s in steps]).cpu()  # [S]
+                samples[actor_id] = (gen, env_ids, turns)
+
+        critic_jobs: list[Job] = []
+        if self.centralized:
+            decided = rollout.active.any(1)  # [E, T] some actor acted
+            where = decided.nonzero()  # [N, 2] (env, turn)
+            inputs = self._central_inputs(rollout, where)
+            old = self._values(self.critics["critic"], inputs)  # [N]
+            values = torch.zeros(E, T)
+            values[where[:, 0], where[:, 1]] = old.cpu()
+            team_adv, targets = gae(rollout.team_rewards, values, decided, self.gamma, cfg.gae_lambda)  # [E, T]
+            adv = team_adv.unsqueeze(1).expand(E, A, T)  # [E, A, T]
+            critic_jobs.append(self._critic_job("critic", inputs, old, targets[where[:, 0], where[:, 1]],
+                                                team_adv[where[:, 0], where[:, 1]]))
+            stats.update(self._value_stats("critic", old, targets[where[:, 0], where[:, 1]]))
+        else:
+            adv = torch.zeros(E, A, T)
+            for ai, actor_id in enumerate(rollout.actors):
+                name = critic_name(actor_id)
+                if name not in self.critics or actor_id not in samples:
+                    continue
+                gen, env_ids, turns = samples[actor_id]
+                inputs = self._own_inputs(name, self.actors[actor_id].policy, gen)
+                old = self._values(self.critics[name], inputs)  # [S]
+                values = torch.zeros(E, T)
+                values[env_ids, turns] = old.cpu()
+                a_adv, targets = gae(rewards[:, ai], values, rollout.active[:, ai], self.gamma, cfg.gae_lambda)
+                adv[:, ai] = a_adv
+                critic_jobs.append(self._critic_job(name, inputs, old, targets[env_ids, turns], a_adv[env_ids, turns]))
+                stats.update(self._value_stats(name, old, targets[env_ids, turns]))
+
+        jobs = []
+        for ai, actor_id in enumerate(rollout.actors):
+            actor = self.actors[actor_id]
+            if not actor.trainable or actor_id not in samples:
+                continue
+            gen, env_ids, turns = samples[actor_id]
+            sample_adv = adv[env_ids, ai, turns]  # [S]
+            if cfg.normalize_advantages:
+                sample_adv = normalize_per_actor(sample_adv)
+            stats[f"agent/{actor_id}/advantage_abs"] = float(sample_adv.abs().mean())
+            jobs.append(Job(actor_id, SampleBatch(gen, sample_adv.to(gen.logprobs.device)),
+                            partial(actor_loss, actor.policy, cfg), epochs=cfg.epochs, minibatches=cfg.minibatches,
+                            max_new_tokens=actor.policy.generation.max_new_tokens))
+        return jobs + critic_jobs, stats
+
+    # ---- critic inputs and values ------------------------------------------------------------
+    def _own_inputs(self, name: str, policy: Policy, gen: Generation) -> CriticInput:
+        """An IAC critic reads the actor's own tokens when it shares the actor's vocabulary, else text."""
+        q = self.config.critic_type == "q"
+        if self.reads_ids[name]:
+            return CriticInput(gen, at_completion=q)
+        prompts = policy.tokenizer.batch_decode(
+            [ids[m.bool()].tolist() for ids, m in zip(gen.prompt_ids, gen.prompt_mask)], skip_special_tokens=True)
+        texts = [p + c for p, c in zip(prompts, gen.texts)] if q else prompts
+        return CriticInput(_text_generation(self.critics[name], texts), at_completion=False)
+
+    def _central_inputs(self, rollout: Rollout, where: torch.Tensor) -> CriticInput:
+        """`state()` before each (env, turn) of `where` ([N, 2]); a Q critic also reads every actor's action."""
+        texts = [rollout.states[t][e] for e, t in where.tolist()]
+        if self.config.critic_type == "q":
+            row = {(int(e), int(t)): i for i, (e, t) in enumerate(where.tolist())}
+            for step in rollout.steps:  # in generation order: actors in team order within a turn
+                for e, text in zip(step.env_ids.tolist(), step.gen.texts):
+                    i = row[(e, step.turn)]
+                    texts[i] += f"\n<{step.actor} action>\n{text}"
+        critic = self.critics["critic"]
+        return CriticInput(_text_generation(critic, texts), at_completion=False)
+
+    @torch.no_grad()
+    def _values(self, critic: Critic, inputs: CriticInput, chunk: int = 64) -> torch.Tensor:
+        """Values [S] of every sample, once, in eval mode (no dropout): the old values of this batch."""
+        was_training = critic.training
+        critic.eval()
+        try:
+            g = inputs.gen
+            out = []
+            for i in range(0, len(g), chunk):
+                part = g.select(torch.arange(i, min(i + chunk, len(g))))
+                comp = (part.completion_ids, part.completion_mask) if inputs.at_completion else ()
+                out.append(critic(part.prompt_ids, part.prompt_mask, *comp).float().cpu())
+            return torch.cat(out) if out else torch.zeros(0)
+        finally:
+            critic.train(was_training)
+
+    def _critic_job(self, name: str, inputs: CriticInput, old: torch.Tensor, targets: torch.Tensor,
+                    advantages: torch.Tensor) -> Job:
+        cfg = self.config
+        batch = SampleBatch(inputs.gen, advantages, extra={"old_values": old, "targets": targets})
+        return Job(name, batch, partial(value_job_loss, self.critics[name], cfg, inputs.at_completion),
+                   epochs=cfg.epochs, minibatches=cfg.minibatches)
+
+    @staticmethod
+    def _value_stats(name: str, old: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+        var = float(targets.var(unbiased=False)) if targets.numel() > 1 else 0.0
+        explained = 1.0 - float((targets - old).var(unbiased=False)) / var if var > 0 else 0.0
+        return {f"agent/{name}/value": float(old.mean()), f"agent/{name}/return": float(targets.mean()),
+                f"agent/{name}/explained_variance": explained}
+
+
+def critic_name(actor_id: str) -> str:
+    """Learner name of an IAC actor's critic (stable: checkpoints key critics by it)."""
+    return f"{actor_id}.critic"
+
+
+def _same_vocab(a: Any, b: Any) -> bool:
+    return a is b or (a is not None and b is not None and a.get_vocab() == b.get_vocab())
+
+
+def _text_generation(critic: Critic, texts: list[str]) -> Generation:
+    """Texts encoded by the critic's tokenizer, as prompts of a `Generation` with empty completions."""
+    ids, mask = critic.encode(texts)  # [N, L]
+    empty = torch.zeros((len(texts), 0), dtype=torch.long)  # [N, 0]
+    return Generation(ids, mask, empty, empty.clone(), empty.float(), texts=list(texts))

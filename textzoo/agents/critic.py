@@ -1,0 +1,102 @@
+"""`Critic`: a causal-LM trunk with a scalar value head, for the actor-critic family.
+
+A V critic reads a state (a prompt) and answers V(s) at its last token; a Q critic reads the state
+followed by an action (a completion) and answers Q(s, a) at the action's last token. The trunk is
+the transformer without its LM head (`model.base_model`), so a critic can start from the same
+pretrained weights as an actor or be a tiny model built locally.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from textzoo.agents.policy import Policy
+
+
+class Critic(torch.nn.Module):
+    """An LM trunk + value head: one scalar per sequence, read at a chosen token."""
+
+    def __init__(
+        self,
+        trunk: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        hidden: int = 0,
+        init_std: float = 0.0,
+        max_tokens: int = 1024,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.trunk = trunk
+        self.tokenizer = tokenizer
+        config = trunk.config
+        width = getattr(config, "hidden_size", None) or config.n_embd
+        positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+        self.max_tokens = min(max_tokens, positions) if positions else max_tokens
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        device = next(trunk.parameters()).device
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            layers: list[torch.nn.Module] = []
+            if hidden:
+                layers += [torch.nn.Linear(width, hidden), torch.nn.Tanh()]
+            out = torch.nn.Linear(hidden or width, 1)
+            # init_std 0 starts every value at 0: the first advantages are the plain returns
+            torch.nn.init.normal_(out.weight, std=init_std) if init_std > 0 else torch.nn.init.zeros_(out.weight)
+            torch.nn.init.zeros_(out.bias)
+            self.head = torch.nn.Sequential(*layers, out).to(device)
+
+    @classmethod
+    def from_policy(cls, policy: Policy, **kwargs) -> "Critic":
+        """A critic on the trunk (and tokenizer) of `policy`'s model; the LM head is dropped."""
+        return cls(policy.model.base_model, policy.tokenizer, **kwargs)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.trunk.parameters()).device
+
+    def encode(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded ids and mask ([S, L]); a long text keeps its last `max_tokens` tokens."""
+        rows = [r[-self.max_tokens:] or [self.pad_id] for r in self.tokenizer(list(texts), verbose=False)["input_ids"]]
+        L = max((len(r) for r in rows), default=1)
+        ids = torch.full((len(rows), L), self.pad_id, dtype=torch.long)  # [S, L]
+        mask = torch.zeros((len(rows), L), dtype=torch.long)  # [S, L]
+        for i, r in enumerate(rows):
+            ids[i, L - len(r):] = torch.tensor(r)
+            mask[i, L - len(r):] = 1
+        return ids, mask
+
+    def forward(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        completion_ids: torch.Tensor | None = None,
+        completion_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Values [S]: at the last prompt token (V), or at the last completion token when given (Q).
+
+        Prompts are left-padded ([S, P]); completions right-padded ([S, C]) with at least one token.
+        """
+        device = self.device
+        ids, attention = prompt_ids.to(device), prompt_mask.to(device).long()  # [S, P]
+        last = torch.full((ids.shape[0],), ids.shape[1] - 1, dtype=torch.long, device=device)  # [S]
+        if completion_ids is not None:
+            completion_mask = completion_mask.to(device).long()
+            last = last + completion_mask.sum(1)  # [S] index of the last completion token
+            ids = torch.cat([ids, completion_ids.to(device)], 1)  # [S, P+C]
+            attention = torch.cat([attention, torch.ones_like(completion_mask)], 1)  # [S, P+C]
+        if ids.shape[1] > self.max_tokens:
+            # keep the last tokens (causal attention: the value token only sees what precedes it)
+            cut = ids.shape[1] - self.max_tokens
+            ids, attention, last = ids[:, cut:], attention[:, cut:], (last - cut).clamp(min=0)
+        position = (attention.cumsum(1) - 1).clamp(min=0)  # [S, L] explicit for left padding (GPT-2)
+        hidden = self.trunk(input_ids=ids, attention_mask=attention, position_ids=position,
+                            use_cache=False).last_hidden_state  # [S, L, D]
+        at = hidden[torch.arange(ids.shape[0], device=device), last]  # [S, D]
+        return self.head(at.to(self.head[-1].weight.dtype)).squeeze(-1)  # [S]
+
+    def values_of_texts(self, texts: list[str]) -> torch.Tensor:
+        """Values [S] of whole texts (read at each text's last token)."""
+        ids, mask = self.encode(texts)
+        return self(ids, mask)
