@@ -16,6 +16,7 @@ import torch
 
 from textzoo.agents.actor_critic import ActorCriticFamily, critic_name
 from textzoo.agents.critic import Critic
+from textzoo.agents.joint import JointActor
 from textzoo.agents.policy import GenerationConfig, Policy
 from textzoo.agents.reinforce import ReinforceFamily
 from textzoo.agents.team import Actor, AgentActor
@@ -89,9 +90,13 @@ def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
     if unknown:
         raise ConfigError(f"agent_overrides names {unknown}, which the env {cfg.env!r} does not have; its agents: {roles}")
     if cfg.collaboration == "centralized":
-        from textzoo.agents.joint import JointActor
-
-        agent = cfg.agent
+        if cfg.agent_overrides:
+            raise ConfigError(
+                "agent_overrides set per-role models, but collaboration='centralized' has one joint model: "
+                "put its settings in `agent` and drop agent_overrides"
+            )
+        budget = cfg.joint_max_new_tokens or len(roles) * cfg.agent.max_new_tokens
+        agent = dataclasses.replace(cfg.agent, max_new_tokens=budget)
         policy = build_policy(agent, cfg.seed, resolve_device(agent.device))
         return [JointActor(roles, policy, trainable=agent.trainable)]
     actors: list[Actor] = []

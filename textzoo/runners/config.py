@@ -134,6 +134,8 @@ class TrainConfig:
     actor_critic.clip_range 0.2 and epochs 2 unless those are set)."""
     collaboration: str = "decentralized"
     """decentralized (one model per role) | centralized (one joint actor answers for every role)."""
+    joint_max_new_tokens: int = 0
+    """Token budget of the joint actor's completion (centralized); 0 = N roles x agent.max_new_tokens."""
     agent: AgentConfig = field(default_factory=AgentConfig)
     """Settings shared by every agent."""
     agent_overrides: JsonDict = field(default_factory=dict)
@@ -184,6 +186,10 @@ class TrainConfig:
             self.actor_critic = self.actor_critic.for_algorithm(extra)
         if self.collaboration not in ("decentralized", "centralized"):
             raise ConfigError(f"collaboration must be 'decentralized' or 'centralized', got {self.collaboration!r}")
+        if self.joint_max_new_tokens < 0:
+            raise ConfigError(
+                f"joint_max_new_tokens must be >= 0 (0 = N roles x agent.max_new_tokens), got {self.joint_max_new_tokens}"
+            )
         if not 0 <= self.gamma <= 1:
             raise ConfigError(f"gamma must be in [0, 1], got {self.gamma}")
         if self.eval_every < 0:

@@ -80,6 +80,7 @@ class Collector:
         states: list[list[str]] = []
         terms: dict[str, torch.Tensor] = {}
         parse_failures = 0
+        role_tokens: dict[str, list[int]] = {}  # role -> token length of each of its actions
         time_generate = time_env = 0.0
         t = 0
         while live:
@@ -100,10 +101,17 @@ class Collector:
                 start = time.perf_counter()
                 gen = actor.policy.generate(prompts, greedy=greedy)
                 time_generate += time.perf_counter() - start
+                role_texts: dict[str, list[str]] = {}
                 for e, roles, text in zip(rows, row_roles, gen.texts):
                     acts, failed = actor.parse(text, roles)
                     parse_failures += int(failed)
                     actions[e].update(acts)
+                    for r in roles:
+                        role_texts.setdefault(r, []).append(acts.get(r, ""))
+                # per-role action lengths in the actor's tokens: the same measure in both modes
+                for r, texts in role_texts.items():
+                    ids = actor.policy.tokenizer(texts, add_special_tokens=False)["input_ids"]
+                    role_tokens.setdefault(r, []).extend(len(x) for x in ids)
                 act_t[rows, ai] = True
                 steps.append(ActorStep(actor.id, t, torch.tensor(rows, dtype=torch.long), gen, greedy))
             start = time.perf_counter()
@@ -131,7 +139,8 @@ class Collector:
         rollout = Rollout(
             num_prompts=B, group_size=G, roles=self.roles, actors=[a.id for a in self.actors], items=list(items),
             steps=steps, rewards=rewards_t, actor_rewards=actor_rewards, active=torch.stack(active, dim=-1),
-            states=states, reward_terms=terms, infos={"parse_failures": parse_failures, "time_generate": time_generate, "time_env": time_env},
+            states=states, reward_terms=terms, infos={"parse_failures": parse_failures, "role_tokens": role_tokens,
+                   "time_generate": time_generate, "time_env": time_env},
         )
         if cross:
             rollout.cross_rewards = self._cross(rollout, items, seeds)

@@ -88,7 +88,7 @@ class Trainer:
         for actor_id, learner in self.learners.items():
             row[f"agent/{actor_id}/weights_version"] = learner.version
         step_time = t_update - t0
-        tokens = sum(int(s.gen.completion_mask.sum()) for s in rollout.steps)
+        tokens = row["tokens_generated"]
         row.update({
             "time/step": step_time,
             "time/generate": rollout.infos["time_generate"],
@@ -113,7 +113,7 @@ class Trainer:
         for mode, greedy in (("greedy", True), ("sampled", False)):
             rollout = collector.collect(items, seeds, 1, greedy=greedy)
             for k, v in rollout_metrics(rollout).items():
-                if k.startswith("reward"):
+                if k.startswith(("reward", "role/", "parse_failure")):
                     out[f"eval/{mode}/{k}"] = v
         return out
 
@@ -147,7 +147,11 @@ class Trainer:
 
 
 def rollout_metrics(rollout: Rollout) -> dict[str, float]:
-    """Reward mean/std (episode team return), per-term means, completion lengths, parse failures."""
+    """Reward mean/std (episode team return), per-term means, completion lengths, parse failures.
+
+    `role/<role>/...` columns split the team back into roles (each role's return, reward terms and
+    action length), so decentralized and centralized runs are comparable column for column.
+    """
     episode = rollout.team_rewards.sum(-1)  # [E]
     out = {
         "reward/mean": float(episode.mean()),
@@ -155,11 +159,21 @@ def rollout_metrics(rollout: Rollout) -> dict[str, float]:
     }
     for term, values in sorted(rollout.reward_terms.items()):
         out[f"reward/{term}"] = float(values.mean())
+    for ri, role in enumerate(rollout.roles):
+        out[f"role/{role}/reward"] = float(rollout.rewards[:, ri].sum(-1).mean())
+        for term, values in sorted(rollout.reward_terms.items()):
+            out[f"role/{role}/reward/{term}"] = float(values[:, ri].mean())
+    for role, lengths in sorted(rollout.infos.get("role_tokens", {}).items()):
+        if lengths:
+            out[f"role/{role}/completion_len"] = sum(lengths) / len(lengths)
     for actor in rollout.actors:
         lengths = [s.gen.completion_mask.sum(-1).float() for s in rollout.steps_of(actor)]
         if lengths:
             out[f"agent/{actor}/completion_len"] = float(torch.cat(lengths).mean())
+    samples = sum(len(s.gen) for s in rollout.steps)
     out["parse_failures"] = float(rollout.infos.get("parse_failures", 0))
+    out["parse_failure_rate"] = out["parse_failures"] / max(samples, 1)
+    out["tokens_generated"] = float(sum(int(s.gen.completion_mask.sum()) for s in rollout.steps))
     return out
 
 
