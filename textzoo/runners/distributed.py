@@ -1,0 +1,169 @@
+"""Data parallelism over torch.distributed: K replicas of the team, each on its own prompts.
+
+Every replica draws the same global batch of `batch_prompts` items and plays its own equal share;
+gradients are averaged (all-reduce) before clipping and stepping, so the weights stay identical on
+every replica. Replica 0 writes logs and checkpoints. Backend: NCCL on GPUs, gloo on CPU.
+
+Launch: `textzoo train --num-processes K` starts K local processes (`launch`). `torchrun` and
+`accelerate launch` describe the process group in the environment (RANK, WORLD_SIZE, MASTER_ADDR,
+...); `DistContext.from_env` joins it, so multi-node runs need nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from textzoo.errors import TextzooError
+
+
+@dataclass
+class DistContext:
+    """This process's place in the process group (rank 0 of 1 when not distributed)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls) -> DistContext:
+        """Join the process group a launcher describes in the environment; a lone process without one."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return cls()
+        rank = int(os.environ["RANK"])
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        if not dist.is_initialized():
+            if torch.cuda.is_available():
+                torch.cuda.set_device(local)
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        return cls(rank, world, local)
+
+    def shard(self, n: int) -> slice:
+        """This replica's equal share of `n` items."""
+        per = n // self.world_size
+        return slice(self.rank * per, (self.rank + 1) * per)
+
+    def grad_sync(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """Average gradients over replicas (a parameter without a gradient counts as zero)."""
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        groups: dict[tuple, list[torch.Tensor]] = {}
+        for p in params:
+            groups.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
+        for grads in groups.values():
+            flat = torch.cat([g.reshape(-1) for g in grads])  # [sum of numels]
+            dist.all_reduce(flat)
+            flat /= self.world_size
+            for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+                g.copy_(part.view_as(g))
+
+    def gather(self, obj: Any) -> list[Any]:
+        """`obj` of every replica, in rank order."""
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        """Replica 0's `obj` on every replica."""
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def broadcast_module(self, module: torch.nn.Module) -> None:
+        """Copy replica 0's parameters and buffers into every replica's `module`."""
+        with torch.no_grad():
+            for t in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(t.data, src=0)
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+
+def merge_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One metrics row from every replica's: equal values kept, other numbers averaged."""
+    out: dict[str, Any] = {}
+    for key in dict.fromkeys(k for row in rows for k in row):
+        values = [row[key] for row in rows if key in row]
+        if all(v == values[0] for v in values):
+            out[key] = values[0]
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            out[key] = sum(values) / len(values)
+        else:
+            out[key] = values[0]
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(env: dict[str, str], fn: Callable[..., None], args: tuple) -> None:
+    os.environ.update(env)
+    code = 0
+    try:
+        fn(DistContext.from_env(), *args)
+    except TextzooError as e:
+        print(f"error (replica {env['RANK']}): {e}", file=sys.stderr)
+        code = 2
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        if dist.is_initialized() and code == 0:
+            dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # gloo can abort in its destructors at interpreter exit; leave without running them
+        os._exit(code)
+
+
+def launch(fn: Callable[..., None], num_processes: int, *args: Any) -> None:
+    """Run `fn(ctx, *args)` in `num_processes` local processes joined in one process group.
+
+    `fn` must be importable by a fresh interpreter (spawn). If one replica fails, the others are
+    stopped (they would wait forever in the next all-reduce) and `TextzooError` names the failures.
+    """
+    base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(num_processes),
+            "LOCAL_WORLD_SIZE": str(num_processes)}
+    ctx = mp.get_context("spawn")
+    procs = []
+    for rank in range(num_processes):
+        env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+        p = ctx.Process(target=_worker, args=(env, fn, args))
+        p.start()
+        procs.append(p)
+    while any(p.is_alive() for p in procs):
+        if any(p.exitcode not in (None, 0) for p in procs):
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+            break
+        time.sleep(0.1)
+    for p in procs:
+        p.join()
+    failed = {rank: p.exitcode for rank, p in enumerate(procs) if p.exitcode != 0}
+    if failed:
+        raise TextzooError(f"data-parallel replicas failed (rank: exit code) {failed}; see their messages above")

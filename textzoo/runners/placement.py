@@ -1,0 +1,136 @@
+"""Placement: which device each model of a run lives on.
+
+`resolve_placement` is a pure function of the models' memory needs, the devices' capacities and an
+explicit map: explicitly placed models go where they are told; the others go, largest first, to the
+device whose memory would be least full after adding them (with equal devices and equal models this
+is round-robin). Without devices (no GPU) everything stays on the CPU. `place_models` measures the
+built models, resolves, moves them and returns a log of the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from textzoo.errors import ConfigError
+
+ADAM_COPIES = 3
+"""Besides its weights, a trained parameter holds a gradient and AdamW's two moments."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model to place: its name, what it is, and the bytes it needs on its device."""
+
+    name: str
+    kind: str  # actor | critic | reference | model
+    bytes: int
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One device models may go to, and the bytes free on it."""
+
+    name: str
+    capacity: int
+
+
+def resolve_placement(
+    models: Sequence[ModelSpec], devices: Sequence[DeviceSpec], overrides: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Model name -> device name. Pure: tests pass fake device lists."""
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - {m.name for m in models})
+    if unknown:
+        raise ConfigError(f"device_map names {unknown}, which are not models of this run; models: {[m.name for m in models]}")
+    out = {m.name: overrides[m.name] for m in models if m.name in overrides}
+    if not devices:
+        return {m.name: out.get(m.name, "cpu") for m in models}
+    load = {d.name: 0 for d in devices}
+    for m in models:
+        if m.name in out and out[m.name] in load:
+            load[out[m.name]] += m.bytes
+    order = {d.name: i for i, d in enumerate(devices)}
+    for m in sorted((m for m in models if m.name not in out), key=lambda m: -m.bytes):  # stable: ties keep order
+        best = min(devices, key=lambda d: ((load[d.name] + m.bytes) / max(d.capacity, 1), order[d.name]))
+        out[m.name] = best.name
+        load[best.name] += m.bytes
+    return {m.name: out[m.name] for m in models}
+
+
+def model_bytes(module: torch.nn.Module, trained: bool) -> int:
+    """Weights, plus gradient and optimizer moments of the trained parameters."""
+    total = sum(p.numel() * p.element_size() for p in module.parameters())
+    if trained:
+        total += ADAM_COPIES * sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+    return total
+
+
+def _capacity(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def visible_devices(spec: str, local_rank: int | None = None) -> list[DeviceSpec]:
+    """Devices of `TrainConfig.devices`; a data-parallel replica uses only its own GPU."""
+    if spec == "cpu":
+        return []
+    if spec == "auto":
+        if not torch.cuda.is_available():
+            return []
+        indices = [local_rank] if local_rank is not None else list(range(torch.cuda.device_count()))
+        names = [torch.device("cuda", i) for i in indices]
+    else:
+        try:
+            names = [torch.device(s.strip()) for s in spec.split(",") if s.strip()]
+        except RuntimeError as e:
+            raise ConfigError(f"devices must be 'auto', 'cpu' or a list like 'cuda:0,cuda:1', got {spec!r} ({e})") from e
+        if any(d.type == "cuda" for d in names) and not torch.cuda.is_available():
+            raise ConfigError(f"devices={spec!r} names GPUs but none is visible: use devices='auto' or 'cpu'")
+    return [DeviceSpec(str(d), _capacity(d)) for d in names]
+
+
+def place_models(
+    models: Mapping[str, tuple[torch.nn.Module, str, bool]],
+    devices: Sequence[DeviceSpec],
+    overrides: Mapping[str, str],
+) -> list[dict[str, Any]]:
+    """Resolve and move `models` (name -> (module, kind, trained)); return one log row per model."""
+    specs = [ModelSpec(name, kind, model_bytes(module, trained)) for name, (module, kind, trained) in models.items()]
+    placement = resolve_placement(specs, devices, overrides)
+    rows = []
+    for spec in specs:
+        module = models[spec.name][0]
+        module.to(placement[spec.name])
+        rows.append({"model": spec.name, "kind": spec.kind, "device": placement[spec.name],
+                     "gib": round(spec.bytes / 2**30, 3)})
+    return rows
+
+
+def team_models(actors: Sequence[Any], family: Any) -> dict[str, tuple[torch.nn.Module, str, bool]]:
+    """Every model of a run: actors, the family's trained models (critics, reward models), frozen copies.
+
+    Frozen copies come from `family.references` (name -> Policy, placed as "<name>-ref") and an
+    optional `family.frozen_models()` (name -> module).
+    """
+    out: dict[str, tuple[torch.nn.Module, str, bool]] = {}
+    for a in actors:
+        out[a.id] = (a.policy.model, "actor", a.trainable)
+    for name, (module, _settings) in family.trainable_models().items():
+        out[name] = (module, "critic" if "critic" in name else "model", True)
+    for name, policy in getattr(family, "references", {}).items():
+        out[f"{name}-ref"] = (policy.model, "reference", False)
+    frozen = getattr(family, "frozen_models", None)
+    for name, module in (frozen() if frozen else {}).items():
+        out[name] = (module, "reference", False)
+    return out
+
+
+def format_placement(rows: list[dict[str, Any]]) -> str:
+    return "placement: " + ", ".join(f"{r['model']} ({r['kind']}, {r['gib']} GiB) -> {r['device']}" for r in rows)
