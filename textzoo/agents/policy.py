@@ -336,10 +336,11 @@ class Policy:
             self._bias_key, self._bias = key, bias
         return self._bias
 
-    def _log_probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """The sampling/scoring distribution: log_softmax(logits / T), restricted to allowed ids."""
-        logits = logits.float() / self.generation.temperature  # [..., V]
-        bias = self._allowed_bias(logits.shape[-1])
+    def _log_probs(self, logits: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """The sampling/scoring distribution: log_softmax(logits / T), restricted by ``bias``."""
+        logits = logits.float()  # [..., V]
+        if self.generation.temperature != 1.0:
+            logits = logits / self.generation.temperature
         if bias is not None:
             logits = logits + bias
         return torch.log_softmax(logits, dim=-1)  # [..., V]
@@ -352,7 +353,7 @@ class Policy:
             logp = logp.masked_fill(logp < kth, float("-inf"))
         if cfg.top_p < 1.0:
             sorted_logp, order = logp.sort(dim=-1, descending=True)  # [S, V]
-            sorted_p = sorted_logp.exp()  # [S, V]
+            sorted_p = sorted_logp.softmax(-1)  # [S, V] renormalised after top-k
             # Keep a token while the mass ranked above it is below top_p (so the top token is kept).
             drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= cfg.top_p  # [S, V]
             drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)  # [S, V] in vocab order
@@ -361,7 +362,7 @@ class Policy:
         # faster on CPU, same RNG source). u lies in (0, total], and searchsorted returns the first
         # index with cdf >= u, so a zero-probability token is never drawn. float64 keeps tiny
         # probabilities resolved in the running sum.
-        cdf = torch.softmax(logp, dim=-1).double().cumsum(-1)  # [S, V]
+        cdf = logp.double().exp().cumsum(-1)  # [S, V] unnormalised after truncation; u scales by the total
         uniform = torch.rand((logp.shape[0], 1), dtype=torch.float64, device=logp.device, generator=generator)
         u = (1.0 - uniform) * cdf[:, -1:]  # [S, 1]
         return torch.searchsorted(cdf, u).squeeze(1)  # [S]
@@ -393,12 +394,10 @@ class Policy:
         S, P = prompt_ids.shape
         N = cfg.max_new_tokens
         device = prompt_ids.device
-        single_eos = self.eos_ids[0] if len(self.eos_ids) == 1 else None
+        if S == 0:
+            empty = torch.zeros((0, 0), dtype=torch.long, device=device)
+            return Generation(empty, empty, empty, empty, empty.float(), [])
         eos = torch.tensor(self.eos_ids, device=device)  # [E]
-        completion = torch.full((S, N), self.pad_id, dtype=torch.long, device=device)  # [S, N]
-        logprobs = torch.zeros((S, N), device=device)  # [S, N]
-        # Length of each completion: the step at which it ended, + 1 (N while still running).
-        lengths = torch.full((S,), N, dtype=torch.long, device=device)  # [S]
         done = torch.zeros(S, dtype=torch.bool, device=device)  # [S]
         by_stop = torch.zeros(S, dtype=torch.bool, device=device)  # [S]
         stop_window = 4 * max((len(s) for s in cfg.stop_strings), default=0) + 4
@@ -410,37 +409,43 @@ class Policy:
             step_attention = attention.bool()[:, None, None, :]  # [S, 1, 1, P+N]
         position = (prompt_mask.cumsum(1) - 1).clamp(min=0)  # [S, P]
         cache = DynamicCache(config=self.model.config)
-        step_ids = prompt_ids  # [S, P], then [S, 1]
+        step_ids, step_mask = prompt_ids, attention[:, :P]  # causal prefill, then one position per step
+        # Per-step results go to lists and are stacked once: indexed writes cost more per step.
+        tokens, token_logps, done_after = [], [], []  # each N' x [S]
 
         was_training = self.model.training
         self.model.eval()
         try:
             for t in range(N):
-                mask = attention[:, :P] if t == 0 else step_attention[..., : P + t]  # causal prefill, then steps
-                logits = self._forward(step_ids, mask, position, cache, keep=1)[:, -1]  # [S, V]
-                logp = self._log_probs(logits)  # [S, V]
+                logits = self._forward(step_ids, step_mask, position, cache, keep=1)[:, -1]  # [S, V]
+                if t == 0:
+                    bias = self._allowed_bias(logits.shape[-1])
+                logp = self._log_probs(logits, bias)  # [S, V]
                 token = logp.argmax(-1) if greedy else self._draw(logp, generator)  # [S]
-                token = token.masked_fill(done, self.pad_id)
-                completion[:, t] = token
-                logprobs[:, t] = logp.gather(1, token[:, None]).squeeze(1).masked_fill(done, 0.0)
-                ended = (token == single_eos) if single_eos is not None else torch.isin(token, eos)  # [S]
+                token = token.masked_fill(done, self.pad_id)  # finished rows emit padding
+                tokens.append(token)
+                token_logps.append(logp.gather(1, token[:, None]).squeeze(1))
+                done = done | (token == eos[0] if len(self.eos_ids) == 1 else torch.isin(token, eos))
                 if cfg.stop_strings:
-                    hit = self._stop_hits(completion[:, max(0, t + 1 - stop_window) : t + 1], ~(done | ended))  # [S]
+                    tail = torch.stack(tokens[-stop_window:], 1)  # [S, W]
+                    hit = self._stop_hits(tail, ~done)  # [S]
                     by_stop |= hit
-                    ended |= hit
-                ended &= ~done
-                lengths.masked_fill_(ended, t + 1)
-                done |= ended
+                    done = done | hit
+                done_after.append(done)
                 if bool(done.all()):
                     break
                 step_ids = token[:, None]  # [S, 1]
+                step_mask = step_attention[..., : P + t + 1]  # [S, P+t+1] or [S, 1, 1, P+t+1]
                 position = position[:, -1:] + 1  # [S, 1]
         finally:
             self.model.train(was_training)
 
-        C = int(lengths.max()) if S else 0
-        completion_mask = (torch.arange(C, device=device) < lengths[:, None]).long()  # [S, C]
-        completion, logprobs = completion[:, :C], logprobs[:, :C]
+        completion = torch.stack(tokens, 1)  # [S, C]
+        # A token is scored iff its row was not done before it: every sampled token up to and
+        # including the one that ended the sample.
+        done_before = torch.stack([torch.zeros_like(done), *done_after[:-1]], 1)  # [S, C]
+        completion_mask = (~done_before).long()  # [S, C]
+        logprobs = torch.stack(token_logps, 1).masked_fill(done_before, 0.0)  # [S, C]
         texts = self._texts(completion, completion_mask, by_stop)
         return Generation(prompt_ids, prompt_mask, completion, completion_mask, logprobs, texts)
 
@@ -513,7 +518,7 @@ class Policy:
         # Logits at the last prompt position and each completion position but the last predict
         # completion tokens 0..C-1; logits at earlier prompt positions are never computed.
         logits = self._forward(ids, attention, position, None, keep=C + 1)[:, :C]  # [S, C, V]
-        logp = self._log_probs(logits)  # [S, C, V]
+        logp = self._log_probs(logits, self._allowed_bias(logits.shape[-1]))  # [S, C, V]
         token_logp = logp.gather(2, completion_ids[..., None]).squeeze(2)  # [S, C]
         scored = completion_mask.bool()
         token_logp = token_logp.masked_fill(~scored, 0.0)
