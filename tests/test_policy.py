@@ -176,7 +176,9 @@ def test_prompts_containing_pad_and_eos_ids(policy):
 def test_right_padded_and_empty_prompt_ids_are_left_aligned(policy):
     ids = torch.tensor([[byte_id("a"), byte_id("b"), PAD_ID], [PAD_ID, PAD_ID, PAD_ID]])
     mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
+    before = ids.clone(), mask.clone()
     gen = policy.generate_ids(ids, mask, greedy=True)
+    assert torch.equal(ids, before[0]) and torch.equal(mask, before[1])  # inputs are not written to
     assert gen.prompt_ids[0, -2:].tolist() == [byte_id("a"), byte_id("b")]
     assert gen.prompt_mask.tolist() == [[1, 1], [0, 1]]  # the empty prompt is conditioned on BOS
     assert gen.completion_ids[0].tolist() == policy.generate(["ab"], greedy=True).completion_ids[0].tolist()

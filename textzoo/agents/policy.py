@@ -201,9 +201,8 @@ class Policy:
         """Load a hub id or a local folder (e.g. one written by `save_pretrained`)."""
         source = str(name_or_path)
         local = Path(source).expanduser()
-        looks_like_path = source.startswith((".", "/", "~")) or os.sep in source.strip("/").replace("/", "", 1) or (
-            "/" not in source and local.suffix != ""
-        )
+        # A hub id is "name" or "org/name"; anything else that is not a folder is a missing path.
+        looks_like_path = source.startswith((".", "/", "~")) or source.count("/") > 1 or (os.sep != "/" and os.sep in source)
         if local.is_dir():
             source = str(local)
         elif local.exists() or looks_like_path:
@@ -226,7 +225,6 @@ class Policy:
                 f"could not load model {source!r}: {err}. Check the hub id (and network access or the local "
                 "Hugging Face cache; set local_files_only=True offline) or pass a folder written by save_pretrained"
             ) from err
-        tokenizer.padding_side = "left"
         return cls(model.to(device), tokenizer, generation, name=source)
 
     @classmethod
@@ -311,8 +309,9 @@ class Policy:
         if bool(empty.any()):
             # The first token is predicted from something: condition an empty prompt on BOS (or EOS).
             # After left-alignment an empty row's last column is free; add one if there is none.
-            if mask.shape[1] == 0:
-                ids, mask = F.pad(ids, (0, 1), value=self.pad_id), F.pad(mask, (0, 1), value=0)
+            # Pad (a copy) so that the caller's tensors are never written to.
+            grow = int(mask.shape[1] == 0)
+            ids, mask = F.pad(ids, (0, grow), value=self.pad_id), F.pad(mask, (0, grow), value=0)
             start = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.eos_id
             ids[empty, -1] = start
             mask[empty, -1] = 1
@@ -512,6 +511,8 @@ class Policy:
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device).long()
         completion_ids, completion_mask = completion_ids.to(device), completion_mask.to(device)
         C = completion_ids.shape[1]
+        if prompt_ids.shape[1] == 0:
+            raise ValueError("score needs at least one prompt token per sample (generate adds BOS to empty prompts)")
         ids = torch.cat([prompt_ids, completion_ids], 1)  # [S, P+C]
         attention = torch.cat([prompt_mask, torch.ones_like(completion_ids)], 1)  # [S, P+C]
         position = (attention.cumsum(1) - 1).clamp(min=0)  # [S, P+C]
