@@ -14,7 +14,7 @@ from textzoo.agents.team import AgentActor
 from textzoo.envs.base import StepResult, TextParallelEnv
 from textzoo.envs.registry import register
 from textzoo.errors import ConfigError
-from textzoo.runners.config import AgentConfig, TrainConfig
+from textzoo.runners.config import ALGORITHMS, AgentConfig, TrainConfig
 from textzoo.runners.rollout import Collector, prompt_seed
 from textzoo.runners.trainer import Trainer, rollout_metrics
 
@@ -277,18 +277,23 @@ def _cfg(**kw) -> TrainConfig:
     return TrainConfig(**(base | kw))
 
 
-def test_single_role_env_centralized_is_the_plain_agent(tmp_path):
+FAMILY_ALGOS = [a for a in ("magrpo", "iac", "maac") if a in ALGORITHMS]
+
+
+@pytest.mark.parametrize("algo", FAMILY_ALGOS)
+def test_single_role_env_centralized_is_the_plain_agent(tmp_path, algo):
     """N = 1: same prompts, samples, losses and gradients, hence bit-identical weights after training."""
     runs = {}
     for mode in ("decentralized", "centralized"):
-        cfg = _cfg(env="test-joint/Count-v0", env_kwargs={}, collaboration=mode, run_dir=str(tmp_path / mode))
+        cfg = _cfg(env="test-joint/Count-v0", env_kwargs={}, algo=algo, collaboration=mode,
+                   run_dir=str(tmp_path / mode))
         trainer = Trainer(cfg)
         assert trainer.actors[0].policy.generation.max_new_tokens == 6  # N x budget with N = 1
         history = trainer.train()
         runs[mode] = (trainer, history)
     (dec, dec_hist), (cen, cen_hist) = runs["decentralized"], runs["centralized"]
     assert isinstance(cen.actors[0], JointActor) and isinstance(dec.actors[0], AgentActor)
-    assert cen.learners["joint"].version == dec.learners["solo"].version == 2
+    assert cen.learners["joint"].version == dec.learners["solo"].version >= 2
     for p_dec, p_cen in zip(dec.actors[0].policy.model.parameters(), cen.actors[0].policy.model.parameters()):
         assert torch.equal(p_dec, p_cen)
     for row_dec, row_cen in zip(dec_hist, cen_hist):
@@ -336,8 +341,9 @@ def test_parse_failures_are_counted_and_score_low():
     assert metrics["role/x/completion_len"] == metrics["role/y/completion_len"] == 0.0
 
 
-def test_centralized_writing_trains_and_logs_per_role_columns(tmp_path):
-    cfg = _cfg(env="textzoo/Writing-v0", collaboration="centralized", run_dir=str(tmp_path / "w"))
+@pytest.mark.parametrize("algo", FAMILY_ALGOS)
+def test_centralized_writing_trains_and_logs_per_role_columns(tmp_path, algo):
+    cfg = _cfg(env="textzoo/Writing-v0", algo=algo, collaboration="centralized", run_dir=str(tmp_path / "w"))
     trainer = Trainer(cfg)
     (joint,) = trainer.actors
     assert isinstance(joint, JointActor) and joint.roles == ("summary", "elaboration")
@@ -346,13 +352,13 @@ def test_centralized_writing_trains_and_logs_per_role_columns(tmp_path):
     joint.parser = lambda text, asked: ({"summary": text[:4], "elaboration": text}, False)
     before = [p.detach().clone() for p in joint.policy.model.parameters()]
     history = trainer.train()
-    assert trainer.learners["joint"].version == 2
+    assert trainer.learners["joint"].version >= 2
     assert any(not torch.equal(b, p) for b, p in zip(before, joint.policy.model.parameters()))
     last = history[-1]
     for role in ("summary", "elaboration"):
         for key in ("completion_len", "reward", "reward/length_ratio"):
             assert f"role/{role}/{key}" in last and f"eval/greedy/role/{role}/{key}" in last
-    assert last["agent/joint/optimizer_steps"] == 1
+    assert last["agent/joint/optimizer_steps"] >= 1
     assert last["parse_failure_rate"] == 0.0
 
 
@@ -367,12 +373,13 @@ def test_joint_budget_and_config_errors():
         build_actors(_cfg(collaboration="centralized", agent_overrides={"summary": {"lr": 1e-4}}), ["summary", "elaboration"])
 
 
-def test_centralized_relay_answers_only_the_active_role_each_turn(tmp_path):
+@pytest.mark.parametrize("algo", FAMILY_ALGOS)
+def test_centralized_relay_answers_only_the_active_role_each_turn(tmp_path, algo):
     # one symbol per message and answer; one role acts per turn, so the joint budget is one token too
     agent = AgentConfig(n_layer=1, n_embd=32, max_new_tokens=1, allowed_outputs=("A", "B", "C", "D"))
     runs = {}
     for mode in ("decentralized", "centralized"):
-        cfg = _cfg(env="textzoo/Relay-v0", env_kwargs={}, collaboration=mode, agent=agent, steps=3,
+        cfg = _cfg(env="textzoo/Relay-v0", env_kwargs={}, algo=algo, collaboration=mode, agent=agent, steps=3,
                    joint_max_new_tokens=1, run_dir=str(tmp_path / mode))
         trainer = Trainer(cfg)
         runs[mode] = trainer, trainer.train()
@@ -388,7 +395,7 @@ def test_centralized_relay_answers_only_the_active_role_each_turn(tmp_path):
     assert rollout.infos["parse_failures"] == 0
     assert trainer.learners["joint"].version >= 1
     # both modes log the same columns apart from the per-actor ones
-    dec_cols = {k for k in runs["decentralized"][1][-1] if not k.startswith("agent/")}
-    cen_cols = {k for k in history[-1] if not k.startswith("agent/")}
+    dec_cols = {k for k in runs["decentralized"][1][-1] if not k.startswith(("agent/", "time/"))}
+    cen_cols = {k for k in history[-1] if not k.startswith(("agent/", "time/"))}
     assert dec_cols == cen_cols
     assert {"role/sender/completion_len", "role/receiver/completion_len", "role/receiver/reward/correct"} <= cen_cols
