@@ -153,6 +153,20 @@ def _last_used_column(mask: torch.Tensor) -> int:
     return int(used[-1]) + 1 if len(used) else 0
 
 
+# Decoders whose sdpa attention mask is exactly causal + key padding (no ALiBi, no softcapping masks).
+_PLAIN_MASK_MODELS = frozenset({"gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "granite"})
+
+
+def _key_mask_suffices(config) -> bool:
+    """Whether a one-position decode step may take a ready 4D key-padding mask (sdpa, full attention)."""
+    if getattr(config, "_attn_implementation", None) != "sdpa" or config.model_type not in _PLAIN_MASK_MODELS:
+        return False
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return all(kind == "full_attention" for kind in layer_types)
+    return getattr(config, "sliding_window", None) is None or not getattr(config, "use_sliding_window", True)
+
+
 class Policy:
     """A causal LM + tokenizer + generation settings on one device."""
 
@@ -402,7 +416,7 @@ class Policy:
         stop_window = 4 * max((len(s) for s in cfg.stop_strings), default=0) + 4
         attention = torch.cat([prompt_mask, prompt_mask.new_ones((S, N))], 1)  # [S, P+N]
         step_attention = attention
-        if getattr(self.model.config, "_attn_implementation", None) == "sdpa":
+        if _key_mask_suffices(self.model.config):
             # For one query position the mask is just the key padding mask (causality is implied):
             # a ready 4D boolean mask skips transformers' per-step mask construction (~10% faster).
             step_attention = attention.bool()[:, None, None, :]  # [S, 1, 1, P+N]
