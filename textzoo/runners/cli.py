@@ -8,13 +8,14 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import tyro
 
-from textzoo.errors import TextzooError
+from textzoo.errors import CheckpointError, TextzooError
 from textzoo.runners.config import JsonDict, TrainConfig, load_config
 
 COMMANDS = ("train", "eval", "plot", "sft")
@@ -36,16 +37,70 @@ def _split_config(argv: list[str]) -> tuple[str | None, list[str]]:
     return path, rest
 
 
+def _split_option(argv: list[str], name: str) -> tuple[str | None, list[str]]:
+    """Pull `name VALUE` (or `name=VALUE`) out of argv."""
+    rest, value = [], None
+    it = iter(range(len(argv)))
+    for i in it:
+        arg = argv[i]
+        if arg == name and i + 1 < len(argv):
+            value = argv[i + 1]
+            next(it)
+        elif arg.startswith(f"{name}="):
+            value = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    return value, rest
+
+
+def _run_config(run_dir: str) -> TrainConfig:
+    """The config a run dir was trained with (its config.json, else its newest checkpoint's)."""
+    from textzoo.runners.checkpoint import list_checkpoints
+
+    for path in [Path(run_dir) / "config.json", *[c / "config.json" for c in reversed(list_checkpoints(run_dir))]]:
+        if path.is_file():
+            return load_config(path)
+    raise CheckpointError(f"{run_dir!r} is not a textzoo run directory (no config.json): pass a folder written by textzoo train")
+
+
 def train(argv: list[str]) -> None:
-    """Parse a TrainConfig (file + flags) and train."""
-    from textzoo.runners.trainer import Trainer
+    """Parse a TrainConfig (file + flags) and train.
+
+    `--resume RUN_DIR` continues that run (its config, with any flags on top); `--resume auto` continues
+    the newest run with this config, or starts one. `--num-processes K` trains K data-parallel replicas.
+    """
+    from textzoo.runners.trainer import Trainer, default_run_dir
 
     path, rest = _split_config(argv)
-    default = load_config(path) if path else TrainConfig()
+    resume, rest = _split_option(rest, "--resume")
+    explicit = resume if resume and resume != "auto" else None
+    default = load_config(path) if path else _run_config(explicit) if explicit else TrainConfig()
     cfg = tyro.cli(TrainConfig, default=default, args=rest, prog="textzoo train",
-                   description="Train a team of LLM agents on a text task. Add --config FILE to start from a file.")
-    trainer = Trainer(cfg)
+                   description="Train a team of LLM agents on a text task. Add --config FILE to start from a file, "
+                               "--resume RUN_DIR|auto to continue a run.")
+    if cfg.num_processes > 1 and "WORLD_SIZE" not in os.environ:
+        from textzoo.runners.distributed import launch
+
+        # every replica must write to (and resume from) one folder: fix it before they start
+        run_dir = explicit or cfg.run_dir or str(default_run_dir(cfg))
+        launch(_train_replica, cfg.num_processes, cfg, run_dir, resume)
+        return
+    trainer = Trainer(cfg, run_dir=explicit, resume=resume)
     trainer.train()
+    if trainer.dist.is_main:
+        _summary(trainer)
+
+
+def _train_replica(ctx, cfg: TrainConfig, run_dir: str, resume: str | None) -> None:
+    from textzoo.runners.trainer import Trainer
+
+    trainer = Trainer(cfg, run_dir=run_dir, resume=resume, dist=ctx)
+    trainer.train()
+    if ctx.is_main:
+        _summary(trainer)
+
+
+def _summary(trainer) -> None:
     last = trainer.history[-1]
     first = trainer.history[0]
     print(f"run dir: {trainer.run_dir}")
@@ -133,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     except TextzooError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except SystemExit as e:  # tyro's parse errors and --help
+        return int(e.code or 0)
     return 0
 
 

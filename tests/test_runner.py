@@ -1,0 +1,133 @@
+"""The runner end to end: config validation, errors before work, CLI parsing, learning on Writing-v0."""
+
+import json
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+from textzoo.errors import ConfigError, EnvError, ModelError, TextzooError  # noqa: E402
+from textzoo.runners.cli import main  # noqa: E402
+from textzoo.runners.config import AgentConfig, TrainConfig, from_dict, load_config, save_config, to_dict  # noqa: E402
+from textzoo.runners.trainer import Trainer  # noqa: E402
+
+
+def small(**kw) -> TrainConfig:
+    base = dict(steps=2, batch_prompts=2, group_size=2, progress=False, plot=False, eval_prompts=2,
+                agent=AgentConfig(max_new_tokens=8))
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+# ---- bad input fails before any work ---------------------------------------------------------------
+def test_unknown_algorithm():
+    with pytest.raises(ConfigError, match="unknown algo"):
+        small(algo="magic")
+
+
+def test_group_estimators_need_two_samples():
+    with pytest.raises(ConfigError, match="group_size"):
+        small(algo="marloo", group_size=1)
+    small(algo="mareinforce", group_size=1)  # no group needed
+
+
+def test_unknown_env(tmp_path):
+    with pytest.raises(EnvError, match="Writing-v0"):
+        Trainer(small(env="textzoo/Writting-v0"), run_dir=tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+def test_missing_model_path(tmp_path):
+    cfg = small(agent=AgentConfig(model=str(tmp_path / "no-such-model")))
+    with pytest.raises(ModelError):
+        Trainer(cfg, run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_overrides_for_agents_the_env_does_not_have(tmp_path):
+    cfg = small(agent_overrides={"writer": {"lr": 1e-4}})
+    with pytest.raises(ConfigError, match="writer"):
+        Trainer(cfg, run_dir=tmp_path)
+
+
+def test_override_with_unknown_field():
+    with pytest.raises(ConfigError, match="learning_rate"):
+        small(agent_overrides={"summary": {"learning_rate": 1e-4}})
+
+
+def test_bad_field_values_name_the_field():
+    with pytest.raises(ConfigError, match="batch_prompts"):
+        small(batch_prompts=0)
+    with pytest.raises(ConfigError, match="credit"):
+        small(credit="everyone")
+    with pytest.raises(ConfigError, match="lr"):
+        AgentConfig(lr=-1)
+
+
+# ---- configs round-trip; old files keep new fields' defaults -----------------------------------------
+def test_config_round_trip_and_missing_fields(tmp_path):
+    cfg = small(seed=7, agent_overrides={"summary": {"lr": 1e-4, "stop_strings": ["\n"]}})
+    save_config(cfg, tmp_path / "c.json")
+    back = load_config(tmp_path / "c.json")
+    assert to_dict(back) == to_dict(cfg)
+    assert back.agent_config("summary").stop_strings == ("\n",)
+    data = to_dict(cfg)
+    del data["gamma"], data["agent"]["top_p"]  # a file written before these fields existed
+    old = from_dict(TrainConfig, data)
+    assert old.gamma == 1.0 and old.agent.top_p == 1.0
+    with pytest.raises(ConfigError, match="unknown config field"):
+        from_dict(TrainConfig, {**data, "bogus": 1})
+
+
+def test_toml_config(tmp_path):
+    (tmp_path / "run.toml").write_text('algo = "marloo"\nsteps = 3\n[agent]\nlr = 0.0005\n[reinforce]\nadvantage_scale = "none"\n')
+    cfg = load_config(tmp_path / "run.toml")
+    assert cfg.algo == "marloo" and cfg.agent.lr == 5e-4 and cfg.reinforce.advantage_scale == "none"
+
+
+# ---- the CLI maps onto the configs ------------------------------------------------------------------
+def test_cli_errors_are_one_clear_line(capsys):
+    assert main(["train", "--algo", "nope"]) == 2
+    out = capsys.readouterr()
+    assert "unknown algo 'nope'" in out.out + out.err
+    assert main(["fly"]) == 2
+    assert "unknown command" in capsys.readouterr().err
+
+
+def test_cli_train_with_file_and_overrides(tmp_path, capsys):
+    cfg = small()
+    save_config(cfg, tmp_path / "c.json")
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(tmp_path / "c.json"), "--steps", "1", "--run-dir", str(run)]) == 0
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["steps"] == 1 and saved["batch_prompts"] == 2
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    assert main(["plot", str(run), "--out", str(tmp_path / "p.png")]) == 0
+    assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+# ---- metrics --------------------------------------------------------------------------------------
+def test_metrics_rows_have_the_documented_fields(tmp_path):
+    trainer = Trainer(small(steps=1), run_dir=tmp_path)
+    history = trainer.train()
+    row = history[-1]
+    for key in ("reward/mean", "reward/std", "reward/length_ratio", "agent/summary/loss", "agent/summary/grad_norm",
+                "agent/elaboration/completion_len", "agent/summary/weights_version", "time/generate",
+                "time/reward", "time/update", "time/tokens_per_s", "eval/greedy/reward/mean",
+                "eval/sampled/reward/mean"):
+        assert key in row, key
+    assert row["agent/summary/weights_version"] == 1
+
+
+# ---- learning ---------------------------------------------------------------------------------------
+def test_tiny_llm_team_learns_the_length_ratio(tmp_path):
+    """Two tiny GPT-2s raise Writing-v0's length-ratio reward (seeded, CI-sized)."""
+    cfg = TrainConfig(steps=40, batch_prompts=8, group_size=4, progress=False, plot=False, seed=0,
+                      agent=AgentConfig(max_new_tokens=24), eval_prompts=4)
+    trainer = Trainer(cfg, run_dir=tmp_path)
+    history = trainer.train()
+    rewards = [r["reward/mean"] for r in history if "reward/mean" in r and r["step"] > 0]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last > first + 0.15, (first, last)
