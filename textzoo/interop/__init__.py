@@ -1,0 +1,1 @@
+"""Bridges to other tooling. Each submodule needs its own extra (`pip install textzoo[tianshou]`)."""
