@@ -20,7 +20,7 @@ Tasks: Writing-v0 with its pure length-ratio reward, `--writing-tokens` per agen
 is N x that); Relay-v0 with messages and answers restricted to one symbol token (A-D); one role acts
 per turn there, so the joint budget is one token too.
 
-    OMP_NUM_THREADS=1 python benchmarks/centralized_vs_decentralized.py --out bench/cvd
+    OMP_NUM_THREADS=1 python benchmarks/centralized_vs_decentralized.py --out runs/cvd
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ MODES = ("decentralized", "centralized")
 class Args:
     """Centralized-vs-decentralized benchmark settings."""
 
-    out: str = "bench/centralized_vs_decentralized"
-    """Output folder (table, JSON, PNG, run logs)."""
+    out: str = "runs/centralized_vs_decentralized"
+    """Output folder (table, JSON, PNG, run logs); runs/ is git-ignored."""
     algos: tuple[str, ...] = ()
     """Algorithms to compare; empty = the first algorithm of every family in ALGORITHMS."""
     envs: tuple[str, ...] = ("textzoo/Writing-v0", "textzoo/Relay-v0")
