@@ -254,12 +254,15 @@ class Policy:
         device: torch.device | str = "cpu",
         generation: GenerationConfig | None = None,
         dropout: float = 0.0,
+        tokenizer: PreTrainedTokenizerFast | None = None,
     ) -> Policy:
-        """A randomly initialised tiny model ("gpt2", "llama" or "qwen2") with `byte_tokenizer`.
+        """A randomly initialised tiny model ("gpt2", "llama" or "qwen2") with `byte_tokenizer` (or
+        `tokenizer`, whose vocabulary and special ids shape the model).
 
         Deterministic given ``seed``; the global RNG is left untouched.
         """
-        tokenizer = byte_tokenizer(model_max_length=n_positions)
+        if tokenizer is None:
+            tokenizer = byte_tokenizer(model_max_length=n_positions)
         ids = dict(
             vocab_size=len(tokenizer),
             pad_token_id=tokenizer.pad_token_id,

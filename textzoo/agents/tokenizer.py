@@ -8,7 +8,7 @@ environment cannot inject control tokens (``split_special_tokens=True``).
 
 from __future__ import annotations
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -40,6 +40,18 @@ def byte_tokenizer(model_max_length: int = 512) -> PreTrainedTokenizerFast:
         split_special_tokens=True,
         clean_up_tokenization_spaces=False,
     )
+
+
+def llama_byte_tokenizer(model_max_length: int = 512) -> PreTrainedTokenizerFast:
+    """`byte_tokenizer` with Llama's special-token layout: ``<s>`` = 259 (BOS, put before every
+    encoded text), ``</s>`` = 260 (EOS), ``<pad>`` = 0; vocab 261. Same bytes, different ids and
+    prompts than `byte_tokenizer`: a team of both has two genuinely different tokenizers."""
+    tokenizer = byte_tokenizer(model_max_length)
+    tokenizer.add_special_tokens({"bos_token": "<s>", "eos_token": "</s>"})
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", tokenizer.bos_token_id)]
+    )
+    return tokenizer
 
 
 def _byte_of_symbol(symbol: str) -> int:

@@ -17,9 +17,11 @@ import torch
 from textzoo.agents.actor_critic import ActorCriticFamily, critic_name
 from textzoo.agents.critic import Critic
 from textzoo.agents.joint import JointActor
+from textzoo.agents.lora import SharedBase
 from textzoo.agents.policy import GenerationConfig, Policy
 from textzoo.agents.reinforce import ReinforceFamily
 from textzoo.agents.team import Actor, AgentActor
+from textzoo.agents.tokenizer import llama_byte_tokenizer
 from textzoo.envs import make as make_env
 from textzoo.errors import ConfigError, EnvError
 from textzoo.runners.config import AgentConfig, TrainConfig, resolve_algorithm
@@ -57,20 +59,42 @@ def env_factory(cfg: TrainConfig, eval: bool = False):
 
 
 def build_policy(agent: AgentConfig, seed: int, device: torch.device) -> Policy:
-    """A policy from an agent config: a tiny model built locally, or a pretrained one."""
-    gen = GenerationConfig(
-        max_new_tokens=agent.max_new_tokens, temperature=agent.temperature, top_p=agent.top_p,
-        top_k=agent.top_k, stop_strings=tuple(agent.stop_strings),
-    )
+    """A policy from an agent config: a tiny model built locally, or a pretrained one.
+
+    "tiny-llama" gets `llama_byte_tokenizer` (BOS-prefixed prompts, other special ids), so a team of
+    "tiny" and "tiny-llama" agents has two different tokenizers, as real heterogeneous teams do.
+    """
     if agent.model in ("tiny", "tiny-gpt2", "tiny-llama"):
-        arch = "llama" if agent.model == "tiny-llama" else "gpt2"
-        policy = Policy.tiny(arch, n_layer=agent.n_layer, n_embd=agent.n_embd, n_head=agent.n_head,
-                             seed=seed, device=device, generation=gen)
+        llama = agent.model == "tiny-llama"
+        policy = Policy.tiny("llama" if llama else "gpt2", n_layer=agent.n_layer, n_embd=agent.n_embd,
+                             n_head=agent.n_head, seed=seed, device=device,
+                             tokenizer=llama_byte_tokenizer() if llama else None)
     else:
-        policy = Policy.from_pretrained(agent.model, device=device, dtype=_DTYPES[agent.dtype], generation=gen)
-    if agent.allowed_outputs:
-        policy.generation = GenerationConfig(**{**vars(policy.generation),
-                                               "allowed_tokens": allowed_token_ids(policy, agent.allowed_outputs)})
+        policy = Policy.from_pretrained(agent.model, device=device, dtype=_DTYPES[agent.dtype])
+    policy.generation = generation_config(agent, policy)
+    return policy
+
+
+def generation_config(agent: AgentConfig, policy: Policy) -> GenerationConfig:
+    """The agent's sampling settings; its allowed outputs become token ids of `policy`'s tokenizer."""
+    allowed = allowed_token_ids(policy, agent.allowed_outputs) if agent.allowed_outputs else None
+    return GenerationConfig(
+        max_new_tokens=agent.max_new_tokens, temperature=agent.temperature, top_p=agent.top_p,
+        top_k=agent.top_k, stop_strings=tuple(agent.stop_strings), allowed_tokens=allowed,
+    )
+
+
+def lora_policy(agent: AgentConfig, agent_id: str, seed: int, bases: dict[tuple, SharedBase]) -> Policy:
+    """The agent's LoRA adapter on the base that every LoRA agent with the same model settings shares.
+
+    `bases` collects the shared bases of a team; a base is built once, from the seed of its first agent.
+    """
+    key = (agent.model, agent.n_layer, agent.n_embd, agent.n_head, agent.dtype, agent.device)
+    if key not in bases:
+        bases[key] = SharedBase(build_policy(agent, seed, resolve_device(agent.device)))
+    policy = bases[key].add(agent_id, agent.lora_rank, agent.lora_alpha, agent.lora_dropout, agent.lora_target_modules,
+                            trainable=agent.trainable, seed=seed)
+    policy.generation = generation_config(agent, policy)
     return policy
 
 
@@ -97,12 +121,20 @@ def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
             )
         budget = cfg.joint_max_new_tokens or len(roles) * cfg.agent.max_new_tokens
         agent = dataclasses.replace(cfg.agent, max_new_tokens=budget)
-        policy = build_policy(agent, cfg.seed, resolve_device(agent.device))
+        if agent.lora_rank:
+            policy = lora_policy(agent, "joint", cfg.seed, {})
+        else:
+            policy = build_policy(agent, cfg.seed, resolve_device(agent.device))
         return [JointActor(roles, policy, trainable=agent.trainable)]
     actors: list[Actor] = []
+    bases: dict[tuple, SharedBase] = {}  # LoRA agents of one model share its base
     for i, role in enumerate(roles):
         agent = cfg.agent_config(role)
-        policy = build_policy(agent, cfg.seed * 1000 + i, resolve_device(agent.device))
+        seed = cfg.seed * 1000 + i
+        if agent.lora_rank:
+            policy = lora_policy(agent, role, seed, bases)
+        else:
+            policy = build_policy(agent, seed, resolve_device(agent.device))
         actors.append(AgentActor(role, policy, trainable=agent.trainable))
     return actors
 

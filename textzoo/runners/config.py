@@ -83,6 +83,15 @@ class AgentConfig:
     """"auto" or a torch device string."""
     dtype: str = "float32"
     """float32 | bfloat16 | float16 for loaded models."""
+    lora_rank: int = 0
+    """> 0: train a LoRA adapter of this rank on a frozen base that every LoRA agent with the same model
+    shares (one copy of the base in memory; pip install textzoo[peft]); 0 = train the whole model."""
+    lora_alpha: float = 16.0
+    """LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA input."""
+    lora_target_modules: tuple[str, ...] = ()
+    """Module names that get adapters, e.g. ("q_proj", "v_proj"); empty = peft's default for the architecture."""
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -95,6 +104,14 @@ class AgentConfig:
             raise ConfigError(f"agent.dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.temperature <= 0:
             raise ConfigError(f"agent.temperature must be > 0, got {self.temperature}")
+        if self.lora_rank < 0 or self.lora_alpha <= 0 or not 0 <= self.lora_dropout < 1:
+            raise ConfigError(
+                f"agent.lora_rank must be >= 0, lora_alpha > 0 and lora_dropout in [0, 1); got "
+                f"{self.lora_rank}, {self.lora_alpha}, {self.lora_dropout}"
+            )
+        if isinstance(self.lora_target_modules, str):
+            raise ConfigError("agent.lora_target_modules must be a list of module names, not one string")
+        self.lora_target_modules = tuple(self.lora_target_modules)
 
 
 ALGORITHMS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -140,6 +157,10 @@ class TrainConfig:
     """Settings shared by every agent."""
     agent_overrides: JsonDict = field(default_factory=dict)
     """Per-agent overrides of `agent` fields, e.g. {"summary": {"lr": 1e-4, "model": "path"}}."""
+    trainable_agents: tuple[str, ...] = ()
+    """Agents that train (others act only), or groups joined by "+" ("a+b"); empty = every trainable agent."""
+    alternate_every: int = 0
+    """> 0: the trainable_agents entries (each agent, when empty) take turns training, this many steps each."""
     steps: int = 80
     """Training steps (one batch of rollouts and its update each)."""
     batch_prompts: int = 8
@@ -194,6 +215,11 @@ class TrainConfig:
             raise ConfigError(f"gamma must be in [0, 1], got {self.gamma}")
         if self.eval_every < 0:
             raise ConfigError(f"eval_every must be >= 0, got {self.eval_every}")
+        if isinstance(self.trainable_agents, str):
+            raise ConfigError("trainable_agents must be a list of agent names (or 'a+b' groups), not one string")
+        self.trainable_agents = tuple(self.trainable_agents)
+        if self.alternate_every < 0:
+            raise ConfigError(f"alternate_every must be >= 0 (0 = no alternation), got {self.alternate_every}")
         for agent_id, overrides in self.agent_overrides.items():
             if not isinstance(overrides, dict):
                 raise ConfigError(f"agent_overrides[{agent_id!r}] must be an object of AgentConfig fields")

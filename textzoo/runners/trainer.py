@@ -25,6 +25,7 @@ from textzoo.runners.build import (
 )
 from textzoo.runners.config import TrainConfig, save_config
 from textzoo.runners.rollout import Collector, prompt_seed
+from textzoo.runners.schedule import build_schedule
 from textzoo.runners.update import run_job
 
 
@@ -63,6 +64,8 @@ class Trainer:
         for name, (module, settings) in getattr(self.family, "trainable_models", dict)().items():
             self.learners[name] = build_learner(module, settings, cfg.steps)
         self.sampler = ItemSampler(num_items, cfg.seed)
+        self.schedule = build_schedule(cfg.trainable_agents, cfg.alternate_every, [a.id for a in self.actors],
+                                       [a.id for a in self.actors if a.trainable])
         self.step = 0
         self.run_dir = Path(run_dir or cfg.run_dir or default_run_dir(cfg))
         self.metrics_path = self.run_dir / "metrics.jsonl"
@@ -79,6 +82,8 @@ class Trainer:
             rollout.greedy = self.collector.collect(items, seeds, 1, greedy=True)
         t_collect = time.perf_counter()
         jobs, family_stats = self.family.jobs(rollout)
+        training = self.schedule.at(self.step)
+        jobs = self.schedule.filter(jobs, self.step)  # agents frozen this step: no loss, no step, no version bump
         update_stats = {job.learner: run_job(job, self.learners[job.learner], cfg.update) for job in jobs}
         t_update = time.perf_counter()
         self.step += 1
@@ -87,6 +92,9 @@ class Trainer:
             row.update({f"agent/{learner}/{k}": v for k, v in stats.items()})
         for actor_id, learner in self.learners.items():
             row[f"agent/{actor_id}/weights_version"] = learner.version
+            row[f"agent/{actor_id}/max_grad_norm"] = learner.max_grad_norm or 0.0  # the clip target (0 = off)
+            if actor_id in self.schedule.agents:
+                row[f"agent/{actor_id}/training"] = float(actor_id in training)
         step_time = t_update - t0
         tokens = row["tokens_generated"]
         row.update({
