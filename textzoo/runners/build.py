@@ -19,6 +19,7 @@ from textzoo.agents.critic import Critic
 from textzoo.agents.joint import JointActor
 from textzoo.agents.lora import SharedBase
 from textzoo.agents.policy import GenerationConfig, Policy
+from textzoo.agents.preference import MADPOFamily
 from textzoo.agents.reinforce import ReinforceFamily
 from textzoo.agents.team import Actor, AgentActor
 from textzoo.agents.tokenizer import llama_byte_tokenizer
@@ -38,6 +39,11 @@ def resolve_device(spec: str) -> torch.device:
         return torch.device(spec)
     except RuntimeError as e:
         raise ConfigError(f"bad device {spec!r}: {e}") from e
+
+
+def build_device(spec: str) -> torch.device:
+    """Where a model is built: CPU for "auto" (the runner's placement moves it), else `spec`."""
+    return torch.device("cpu") if spec == "auto" else resolve_device(spec)
 
 
 def env_factory(cfg: TrainConfig, eval: bool = False):
@@ -72,6 +78,10 @@ def build_policy(agent: AgentConfig, seed: int, device: torch.device) -> Policy:
     else:
         policy = Policy.from_pretrained(agent.model, device=device, dtype=_DTYPES[agent.dtype])
     policy.generation = generation_config(agent, policy)
+    policy.model.to(_DTYPES[agent.dtype])
+    if agent.gradient_checkpointing:
+        # non-reentrant: gradients reach the weights even though the input ids need no gradient
+        policy.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return policy
 
 
@@ -89,9 +99,9 @@ def lora_policy(agent: AgentConfig, agent_id: str, seed: int, bases: dict[tuple,
 
     `bases` collects the shared bases of a team; a base is built once, from the seed of its first agent.
     """
-    key = (agent.model, agent.n_layer, agent.n_embd, agent.n_head, agent.dtype, agent.device)
+    key = (agent.model, agent.n_layer, agent.n_embd, agent.n_head, agent.dtype, agent.device, agent.gradient_checkpointing)
     if key not in bases:
-        bases[key] = SharedBase(build_policy(agent, seed, resolve_device(agent.device)))
+        bases[key] = SharedBase(build_policy(agent, seed, build_device(agent.device)))
     policy = bases[key].add(agent_id, agent.lora_rank, agent.lora_alpha, agent.lora_dropout, agent.lora_target_modules,
                             trainable=agent.trainable, seed=seed)
     policy.generation = generation_config(agent, policy)
@@ -124,7 +134,7 @@ def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
         if agent.lora_rank:
             policy = lora_policy(agent, "joint", cfg.seed, {})
         else:
-            policy = build_policy(agent, cfg.seed, resolve_device(agent.device))
+            policy = build_policy(agent, cfg.seed, build_device(agent.device))
         return [JointActor(roles, policy, trainable=agent.trainable)]
     actors: list[Actor] = []
     bases: dict[tuple, SharedBase] = {}  # LoRA agents of one model share its base
@@ -134,7 +144,7 @@ def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
         if agent.lora_rank:
             policy = lora_policy(agent, role, seed, bases)
         else:
-            policy = build_policy(agent, seed, resolve_device(agent.device))
+            policy = build_policy(agent, seed, build_device(agent.device))
         actors.append(AgentActor(role, policy, trainable=agent.trainable))
     return actors
 
@@ -157,13 +167,17 @@ def build_learner(model: torch.nn.Module, agent: AgentConfig, total_steps: int) 
     return Learner(model, optimizer, scheduler, agent.max_grad_norm or None, params=params)
 
 
-def build_family(cfg: TrainConfig, actors: list[Actor]):
-    """The algorithm family named by `cfg.algo`, over `actors`."""
-    family, extra = resolve_algorithm(cfg.algo)
+def build_family(cfg: TrainConfig, actors: list[Actor], algo: str | None = None):
+    """The algorithm family named by `algo` (default `cfg.algo`), over `actors`."""
+    family, extra = resolve_algorithm(algo or cfg.algo)
     if family == "reinforce":
         return ReinforceFamily(cfg.reinforce, actors, extra["estimator"], cfg.gamma, cfg.credit, cfg.group_size)
     if family == "actor_critic":
         return build_actor_critic(cfg, actors, centralized=extra["centralized"])
+    if family == "preference":
+        # MARLHF updates with its online algorithm; the reward model is the pipeline's (runners.preference)
+        return build_family(cfg, actors, cfg.rl_algo) if extra.get("reward_model") else \
+            MADPOFamily(cfg.preference, actors)
     raise ConfigError(f"algorithm family {family!r} is not available")
 
 
@@ -174,7 +188,7 @@ def build_actor_critic(cfg: TrainConfig, actors: list[Actor], centralized: bool)
     def critic(agent: AgentConfig, seed: int) -> tuple[Critic, AgentConfig]:
         # the critic's model and learner settings: the agent's, with the critic's model and lr
         settings = dataclasses.replace(agent, model=ac.critic_model or agent.model, lr=ac.critic_lr or agent.lr)
-        policy = build_policy(settings, seed, resolve_device(settings.device))
+        policy = build_policy(settings, seed, build_device(settings.device))
         return Critic.from_policy(policy, hidden=ac.value_head_hidden, init_std=ac.value_head_init_std,
                                   max_tokens=ac.critic_max_tokens, seed=seed), settings
 

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import tyro
 
 from textzoo.agents.actor_critic import ActorCriticConfig
+from textzoo.agents.preference import PreferenceConfig
 from textzoo.agents.reinforce import ReinforceConfig
 from textzoo.errors import ConfigError
 from textzoo.runners.update import UpdateConfig
@@ -82,7 +83,9 @@ class AgentConfig:
     device: str = "auto"
     """"auto" or a torch device string."""
     dtype: str = "float32"
-    """float32 | bfloat16 | float16 for loaded models."""
+    """float32 | bfloat16 | float16 weights (built and loaded models)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, one more forward)."""
     lora_rank: int = 0
     """> 0: train a LoRA adapter of this rank on a frozen base that every LoRA agent with the same model
     shares (one copy of the base in memory; pip install textzoo[peft]); 0 = train the whole model."""
@@ -123,6 +126,8 @@ ALGORITHMS: dict[str, tuple[str, dict[str, Any]]] = {
     "maac": ("actor_critic", {"centralized": True}),
     "ippo": ("actor_critic", {"centralized": False, "clip_range": 0.2, "epochs": 2}),
     "mappo": ("actor_critic", {"centralized": True, "clip_range": 0.2, "epochs": 2}),
+    "madpo": ("preference", {}),
+    "marlhf": ("preference", {"reward_model": True}),
 }
 """Algorithm name -> (family, family arguments). Aliases without the "ma" prefix are accepted."""
 
@@ -147,8 +152,9 @@ class TrainConfig:
     eval_env_kwargs: JsonDict = field(default_factory=lambda: {"split": "eval"})
     """Extra env arguments for held-out evaluation (merged over env_kwargs)."""
     algo: str = "magrpo"
-    """magrpo | marloo | maremax | mareinforce | iac | maac | ippo | mappo (ippo/mappo = iac/maac with
-    actor_critic.clip_range 0.2 and epochs 2 unless those are set)."""
+    """magrpo | marloo | maremax | mareinforce | iac | maac | ippo | mappo | madpo | marlhf (ippo/mappo =
+    iac/maac with actor_critic.clip_range 0.2 and epochs 2 unless those are set; marlhf trains `rl_algo`
+    on a reward model's rewards)."""
     collaboration: str = "decentralized"
     """decentralized (one model per role) | centralized (one joint actor answers for every role)."""
     joint_max_new_tokens: int = 0
@@ -187,10 +193,28 @@ class TrainConfig:
     """Show a progress bar on the console."""
     plot: bool = True
     """Draw the learning curve PNG at the end of the run."""
+    save_every: int = 0
+    """Write a checkpoint every k steps (0 = only at the end of the run)."""
+    keep_last: int = 2
+    """Newest checkpoints to keep (0 = keep all)."""
+    devices: str = "auto"
+    """Devices to spread models over: "auto" (the visible GPUs, else CPU), "cpu", or a list "cuda:0,cuda:1"."""
+    device_map: JsonDict = field(default_factory=dict)
+    """Model -> device overriding `devices`, e.g. {"summary": "cuda:1", "summary-ref": "cuda:0"}."""
+    report_to: tuple[str, ...] = ()
+    """Metric sinks besides metrics.jsonl: tensorboard, wandb (pip install textzoo[tracking])."""
+    num_processes: int = 1
+    """Data-parallel replicas `textzoo train` starts, each on batch_prompts / num_processes prompts."""
     reinforce: ReinforceConfig = field(default_factory=ReinforceConfig)
     """REINFORCE-family settings."""
     actor_critic: ActorCriticConfig = field(default_factory=ActorCriticConfig)
     """Actor-critic-family settings (iac, maac, ippo, mappo)."""
+    rl_algo: str = "magrpo"
+    """The online algorithm marlhf trains with its reward model (any non-preference algo)."""
+    iterations: int = 1
+    """Rounds of the preference pipeline (madpo, marlhf); `steps` is split evenly between them."""
+    preference: PreferenceConfig = field(default_factory=PreferenceConfig)
+    """Preference-family settings (madpo, marlhf, iterative rounds)."""
     update: UpdateConfig = field(default_factory=UpdateConfig)
     """Update execution (micro-batches, per-sample backward)."""
 
@@ -199,6 +223,8 @@ class TrainConfig:
         for name in ("steps", "batch_prompts", "group_size", "eval_prompts", "env_workers"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if family == "preference":
+            family, extra = self._check_preference(extra)
         if extra.get("estimator") in ("grpo", "rloo") and self.group_size < 2:
             raise ConfigError(f"{self.algo} compares samples of a group: set group_size >= 2 (got {self.group_size})")
         if self.credit not in ("shared", "per_agent"):
@@ -215,6 +241,16 @@ class TrainConfig:
             raise ConfigError(f"gamma must be in [0, 1], got {self.gamma}")
         if self.eval_every < 0:
             raise ConfigError(f"eval_every must be >= 0, got {self.eval_every}")
+        if self.save_every < 0 or self.keep_last < 0:
+            raise ConfigError(f"save_every and keep_last must be >= 0, got {self.save_every} and {self.keep_last}")
+        unknown_sinks = sorted(set(self.report_to) - {"tensorboard", "wandb"})
+        if unknown_sinks:
+            raise ConfigError(f"report_to has {unknown_sinks}; choose from tensorboard, wandb")
+        if self.num_processes < 1 or self.batch_prompts % self.num_processes:
+            raise ConfigError(
+                f"num_processes ({self.num_processes}) must be >= 1 and divide batch_prompts ({self.batch_prompts}): "
+                "each replica plays an equal share of the prompts"
+            )
         if isinstance(self.trainable_agents, str):
             raise ConfigError("trainable_agents must be a list of agent names (or 'a+b' groups), not one string")
         self.trainable_agents = tuple(self.trainable_agents)
@@ -224,6 +260,21 @@ class TrainConfig:
             if not isinstance(overrides, dict):
                 raise ConfigError(f"agent_overrides[{agent_id!r}] must be an object of AgentConfig fields")
             self.agent_config(agent_id)  # validates field names and values
+
+    def _check_preference(self, extra: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """Validate the preference pipeline; return the family and arguments the run's updates use."""
+        if self.iterations < 1 or self.steps % self.iterations:
+            raise ConfigError(f"iterations ({self.iterations}) must be >= 1 and divide steps ({self.steps})")
+        if self.reinforce.joint_mode == "cross":
+            raise ConfigError("preference algorithms pair aligned joint samples: set reinforce.joint_mode='aligned'")
+        if not extra.get("reward_model"):
+            if self.group_size < 2 and self.preference.comparator == "current":
+                raise ConfigError("madpo pairs the samples of a prompt: set group_size >= 2 (or a comparator)")
+            return "preference", extra
+        family, rl_extra = resolve_algorithm(self.rl_algo)
+        if family == "preference":
+            raise ConfigError(f"rl_algo must be an online algorithm (magrpo, marloo, iac, ...), got {self.rl_algo!r}")
+        return family, rl_extra
 
     def agent_config(self, agent_id: str) -> AgentConfig:
         """The `agent` settings with `agent_overrides[agent_id]` applied."""

@@ -1,4 +1,4 @@
-"""The training recipe: collect -> advantages -> update -> log (-> evaluate), top to bottom.
+"""The training recipe: collect -> advantages -> update -> log (-> evaluate) -> checkpoint, top to bottom.
 
 The trainer calls the algorithm family through one interface (`family.jobs(rollout)`), never
 `if algo == ...`.
@@ -7,15 +7,19 @@ The trainer calls the algorithm family through one interface (`family.jobs(rollo
 from __future__ import annotations
 
 import json
+import os
+import random
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from textzoo.agents.batch import Rollout
-from textzoo.errors import ConfigError
+from textzoo.errors import CheckpointError, ConfigError
 from textzoo.runners.build import (
     ItemSampler,
     build_actors,
@@ -23,9 +27,24 @@ from textzoo.runners.build import (
     build_learner,
     env_factory,
 )
-from textzoo.runners.config import TrainConfig, save_config
+from textzoo.runners.checkpoint import (
+    apply_weights,
+    capture_rng,
+    check_weights,
+    config_diff,
+    latest_intact,
+    list_checkpoints,
+    read_checkpoint,
+    restore_rng,
+    write_checkpoint,
+)
+from textzoo.runners.config import TrainConfig, from_dict, save_config, to_dict
+from textzoo.runners.distributed import DistContext, merge_rows
+from textzoo.runners.placement import format_placement, place_models, team_models, visible_devices
+from textzoo.runners.preference import rollout_hooks
 from textzoo.runners.rollout import Collector, prompt_seed
 from textzoo.runners.schedule import build_schedule
+from textzoo.runners.tracking import build_trackers
 from textzoo.runners.update import run_job
 
 
@@ -35,14 +54,52 @@ def default_run_dir(cfg: TrainConfig) -> Path:
     return Path("runs") / f"{name}-{cfg.algo}-s{cfg.seed}-{stamp}"
 
 
-class Trainer:
-    """Builds a run from a `TrainConfig` (validating everything first) and trains it."""
+RESUME_SAFE = frozenset({
+    "steps", "run_dir", "progress", "plot", "threads", "env_workers", "save_every", "keep_last", "report_to",
+    "eval_every", "eval_prompts", "devices", "device_map", "num_processes", "agent.device",
+})
+"""Config fields a resumed run may change: they do not alter what was learned so far. A longer `steps`
+extends the run (a linear/cosine schedule is then stretched over the new total). Sampled evaluation
+draws from the training RNG, so a changed eval schedule continues validly but not bit-identically
+to an uninterrupted run; the replica count is checked against the checkpoint separately."""
 
-    def __init__(self, cfg: TrainConfig, run_dir: str | Path | None = None):
+
+def find_resumable(cfg: TrainConfig, root: str | Path = "runs") -> Path | None:
+    """The run dir (cfg.run_dir, else the newest under `root`) whose newest checkpoint has this config."""
+    candidates = [Path(cfg.run_dir)] if cfg.run_dir else [p for p in Path(root).glob("*") if p.is_dir()]
+    found = []
+    for run_dir in candidates:
+        checkpoints = list_checkpoints(run_dir)
+        if not checkpoints:
+            continue
+        try:
+            saved = from_dict(TrainConfig, json.loads((checkpoints[-1] / "config.json").read_text()))
+        except (OSError, ValueError):
+            continue
+        if not config_diff(saved, cfg, RESUME_SAFE):
+            found.append((checkpoints[-1].stat().st_mtime, run_dir))
+    return max(found)[1] if found else None
+
+
+class Trainer:
+    """Builds a run from a `TrainConfig` (validating everything first) and trains it.
+
+    `resume`: a run dir to continue from its newest intact checkpoint, or "auto" (`find_resumable`;
+    a fresh run when nothing matches). `dist`: this process's data-parallel replica (default: the
+    process group a launcher describes in the environment, else a single process).
+    """
+
+    def __init__(self, cfg: TrainConfig, run_dir: str | Path | None = None, resume: str | Path | None = None,
+                 dist: DistContext | None = None):
         self.cfg = cfg
+        self.dist = dist or DistContext.from_env()
+        if cfg.batch_prompts % self.dist.world_size:
+            raise ConfigError(f"batch_prompts ({cfg.batch_prompts}) must divide over {self.dist.world_size} replicas")
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
         self.env_fn = env_factory(cfg)
         self.eval_env_fn = env_factory(cfg, eval=True)
         probe = self.env_fn()
@@ -53,6 +110,11 @@ class Trainer:
             raise ConfigError(f"{cfg.env!r} has no num_items(); textzoo runners select prompts by index")
         self.actors = build_actors(cfg, self.roles)
         self.family = build_family(cfg, self.actors)
+        overrides = {a.id: cfg.agent_config(a.id).device for a in self.actors
+                     if a.id in self.roles and cfg.agent_config(a.id).device != "auto"}
+        local_rank = self.dist.local_rank if self.dist.enabled else None
+        self.placement = place_models(team_models(self.actors, self.family),
+                                      visible_devices(cfg.devices, local_rank), {**overrides, **cfg.device_map})
         if cfg.reinforce.joint_mode == "cross" and len(self.actors) > 6:
             raise ConfigError("joint_mode='cross' evaluates G^N combinations: use it with few agents")
         self.collector = Collector(self.env_fn, self.actors, cfg.env_workers)
@@ -67,27 +129,52 @@ class Trainer:
         self.schedule = build_schedule(cfg.trainable_agents, cfg.alternate_every, [a.id for a in self.actors],
                                        [a.id for a in self.actors if a.trainable])
         self.step = 0
-        self.run_dir = Path(run_dir or cfg.run_dir or default_run_dir(cfg))
+        # pipeline stages between collection and the family (preference rounds, reward-model rewards)
+        self.hooks = rollout_hooks(cfg)
+        for hook in self.hooks:
+            hook.attach(self)
+        if resume == "auto":
+            found = find_resumable(cfg) if self.dist.is_main else None
+            resume = self.dist.broadcast(found) if self.dist.enabled else found
+        self.run_dir = Path(resume or run_dir or cfg.run_dir or default_run_dir(cfg))
+        if self.dist.enabled:
+            self.run_dir = Path(self.dist.broadcast(str(self.run_dir)))
+            for module, _kind, _trained in team_models(self.actors, self.family).values():
+                self.dist.broadcast_module(module)
+            # replicas sample their own prompts with their own streams; replica 0 keeps the seed's
+            seed = int(np.random.SeedSequence([cfg.seed, self.dist.rank]).generate_state(1)[0]) if self.dist.rank else cfg.seed
+            torch.manual_seed(seed)
+            random.seed(seed)
+            np.random.seed(seed)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.history: list[dict[str, Any]] = []
+        if resume:
+            self._resume()
 
     # ---- one step of the recipe --------------------------------------------------------------
     def train_step(self) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
-        items = self.sampler.next(cfg.batch_prompts)
-        seeds = [prompt_seed(cfg.seed, self.step, b) for b in range(len(items))]
+        # every replica draws the global batch and plays its share, with the seeds of one process
+        share = self.dist.shard(cfg.batch_prompts)
+        items = self.sampler.next(cfg.batch_prompts)[share]
+        seeds = [prompt_seed(cfg.seed, self.step, b) for b in range(cfg.batch_prompts)][share]
         rollout = self.collector.collect(items, seeds, cfg.group_size, cross=cfg.reinforce.joint_mode == "cross")
         if self.family.needs_greedy_baseline:
             rollout.greedy = self.collector.collect(items, seeds, 1, greedy=True)
         t_collect = time.perf_counter()
+        hook_stats: dict[str, float] = {}
+        for hook in self.hooks:
+            rollout, stats = hook.before_jobs(self, rollout, items, seeds)
+            hook_stats.update(stats)
         jobs, family_stats = self.family.jobs(rollout)
         training = self.schedule.at(self.step)
         jobs = self.schedule.filter(jobs, self.step)  # agents frozen this step: no loss, no step, no version bump
-        update_stats = {job.learner: run_job(job, self.learners[job.learner], cfg.update) for job in jobs}
+        sync = self.dist.grad_sync if self.dist.enabled else None
+        update_stats = {job.learner: run_job(job, self.learners[job.learner], cfg.update, grad_sync=sync) for job in jobs}
         t_update = time.perf_counter()
         self.step += 1
-        row = {"step": self.step, **rollout_metrics(rollout), **family_stats}
+        row = {"step": self.step, **rollout_metrics(rollout), **hook_stats, **family_stats}
         for learner, stats in update_stats.items():
             row.update({f"agent/{learner}/{k}": v for k, v in stats.items()})
         for actor_id, learner in self.learners.items():
@@ -105,7 +192,7 @@ class Trainer:
             "time/tokens_per_s": tokens / step_time,
             "time/joint_actions_per_s": rollout.num_envs / step_time,
         })
-        return row
+        return merge_rows(self.dist.gather(row)) if self.dist.enabled else row
 
     def evaluate(self, prompts: int | None = None) -> dict[str, float]:
         """Greedy and sampled rewards (mean and per term) on held-out items."""
@@ -127,31 +214,152 @@ class Trainer:
 
     # ---- the loop ----------------------------------------------------------------------------
     def train(self) -> list[dict[str, Any]]:
-        """Run the remaining steps; write config, metrics.jsonl and the learning-curve PNG."""
+        """Run the remaining steps; write config, metrics.jsonl, checkpoints and the learning-curve PNG.
+
+        Replica 0 writes every file; the other replicas only train.
+        """
         cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, self.run_dir / "config.json")
-        progress = _Progress(cfg.steps, self.step, enabled=cfg.progress)
-        with progress, open(self.metrics_path, "a") as log:
-            if self.step == 0:
-                self._write(log, {"step": 0, **self.evaluate()})
+        main = self.dist.is_main
+        if main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, self.run_dir / "config.json")
+            (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=2) + "\n")
+            print(format_placement(self.placement), file=sys.stderr)
+        trackers = build_trackers(cfg.report_to, self.run_dir, to_dict(cfg), self.step) if main else []
+        progress = _Progress(cfg.steps, self.step, enabled=cfg.progress and main)
+        with progress, (open(self.metrics_path, "a") if main else open(os.devnull, "w")) as log:
+            if self.step == 0 and main:
+                self._write(log, {"step": 0, **self.evaluate()}, trackers)
             while self.step < cfg.steps:
                 row = self.train_step()
                 last = self.step == cfg.steps
-                if (cfg.eval_every and self.step % cfg.eval_every == 0) or last:
+                if main and ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
                     row.update(self.evaluate())
-                self._write(log, row)
-                progress.update(row)
-        if cfg.plot:
+                if main:
+                    self._write(log, row, trackers)
+                    progress.update(row)
+                if last or (cfg.save_every and self.step % cfg.save_every == 0):
+                    self.save_checkpoint()
+        for tracker in trackers:
+            tracker.close()
+        self.dist.barrier()
+        if cfg.plot and main:
             from textzoo.runners.plot import plot_runs
 
             plot_runs([self.run_dir], self.run_dir / "curve.png")
         return self.history
 
-    def _write(self, log, row: dict[str, Any]) -> None:
+    def _write(self, log, row: dict[str, Any], trackers: list | None = None) -> None:
         self.history.append(row)
         log.write(json.dumps(row, sort_keys=True) + "\n")
         log.flush()
+        for tracker in trackers or []:
+            tracker.log(row, row["step"])
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path | None:
+        """Checkpoint the run (every replica takes part; replica 0 writes). Returns the folder on replica 0."""
+        own = {"rng": capture_rng(), "family": self.family.state_dict(), "hooks": [h.state_dict() for h in self.hooks]}
+        replicas = self.dist.gather(own) if self.dist.enabled else [own]
+        if not self.dist.is_main:
+            return None
+        state = {
+            "learners": {name: learner.state_dict() for name, learner in self.learners.items()},
+            "sampler": self.sampler.state_dict(),
+            "replicas": replicas,
+            "metrics_rows": len(self.history),
+        }
+        models = {name: learner.model for name, learner in self.learners.items()}
+        return write_checkpoint(self.run_dir, self.step, models, state, to_dict(self.cfg), self.cfg.keep_last)
+
+    def _resume(self) -> None:
+        """Continue from the newest intact checkpoint of `run_dir`; validate everything, then load.
+
+        Without any checkpoint the run starts over in its folder (the start is a function of the config).
+        """
+        path, damage = latest_intact(self.run_dir)
+        for problem in damage:
+            print(f"warning: skipping damaged checkpoint {problem}", file=sys.stderr)
+        if path is None:
+            if damage:
+                raise CheckpointError(f"no intact checkpoint in {self.run_dir}: " + "; ".join(damage))
+            if not (self.run_dir / "config.json").is_file():
+                raise CheckpointError(f"{self.run_dir} is not a textzoo run directory (no config.json, no checkpoints)")
+            self._truncate_metrics(0, [])
+            return
+        ck = read_checkpoint(path)
+        try:
+            saved = from_dict(TrainConfig, ck.config)
+        except ConfigError as e:
+            raise CheckpointError(f"the config stored in {path} no longer loads: {e}") from e
+        diff = config_diff(saved, self.cfg, RESUME_SAFE)
+        if diff:
+            raise CheckpointError(
+                f"the config differs from the one {path.name} was trained with, in: {'; '.join(diff)}. "
+                f"Resume with the original values, or start a new run. Fields safe to change: {sorted(RESUME_SAFE)}"
+            )
+        state = ck.state
+        if sorted(ck.weights) != sorted(self.learners) or sorted(state["learners"]) != sorted(self.learners):
+            raise CheckpointError(f"{path} trains models {sorted(ck.weights)}, this run trains {sorted(self.learners)}")
+        for name, learner in self.learners.items():
+            check_weights(learner.model, ck.weights[name], name)
+            groups = state["learners"][name]["optimizer"]["param_groups"]
+            if [len(g["params"]) for g in groups] != [len(g["params"]) for g in learner.optimizer.param_groups]:
+                raise CheckpointError(f"the optimizer state of {name!r} in {path} does not fit its parameters")
+        if len(state["replicas"]) != self.dist.world_size:
+            raise CheckpointError(
+                f"{path} was written by {len(state['replicas'])} data-parallel replica(s); resume with as many "
+                f"(this run has {self.dist.world_size})"
+            )
+        rows = self._read_metrics(state["metrics_rows"], path) if self.dist.is_main else []
+        # everything checked: now mutate
+        for name, learner in self.learners.items():
+            apply_weights(learner.model, ck.weights[name])
+            learner.load_state_dict(state["learners"][name])
+        self.sampler.load_state_dict(state["sampler"])
+        self.step = int(state["step"])
+        own = state["replicas"][self.dist.rank]
+        self.family.load_state_dict(own["family"])
+        for hook, hook_state in zip(self.hooks, own.get("hooks", [])):
+            hook.load_state_dict(hook_state)
+        restore_rng(own["rng"])
+        if self.dist.is_main:
+            self._truncate_metrics(state["metrics_rows"], rows)
+
+    def _read_metrics(self, n: int, path: Path) -> list[str]:
+        lines = self.metrics_path.read_text().splitlines() if self.metrics_path.is_file() else []
+        if len(lines) < n:
+            raise CheckpointError(
+                f"{self.metrics_path} has {len(lines)} rows but {path.name} was saved after {n}: the metrics file "
+                "was truncated or replaced; restore it or start a new run"
+            )
+        return lines[:n]
+
+    def _truncate_metrics(self, n: int, lines: list[str]) -> None:
+        """Drop rows written after the checkpoint, so the resumed file matches an uninterrupted run."""
+        if not self.dist.is_main:
+            return
+        self.history = [json.loads(line) for line in lines[:n]]
+        if self.metrics_path.exists():
+            tmp = self.metrics_path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(line + "\n" for line in lines[:n]))
+            os.replace(tmp, self.metrics_path)
+
+    def load_final_weights(self) -> int:
+        """Load the trained weights of the newest intact checkpoint of `run_dir`; return its step."""
+        path, damage = latest_intact(self.run_dir)
+        if path is None:
+            detail = "; ".join(damage) if damage else "it has no checkpoints"
+            raise CheckpointError(f"cannot load final weights from {self.run_dir}: {detail}")
+        ck = read_checkpoint(path)
+        unknown = sorted(set(ck.weights) - set(self.learners))
+        if unknown:
+            raise CheckpointError(f"{path} holds weights of {unknown}, which this config does not train")
+        for name, weights in ck.weights.items():
+            check_weights(self.learners[name].model, weights, name)
+        for name, weights in ck.weights.items():
+            apply_weights(self.learners[name].model, weights)
+        return ck.step
 
 
 def rollout_metrics(rollout: Rollout) -> dict[str, float]:

@@ -9,6 +9,7 @@ gradient; skips the step when every gradient is exactly zero; and skips non-fini
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -64,8 +65,18 @@ class UpdateConfig:
             raise ConfigError(f"update.micro_batch_size must be >= 1, got {self.micro_batch_size}")
 
 
-def run_job(job: Job, learner: Learner, cfg: UpdateConfig, generator: torch.Generator | None = None) -> dict[str, float]:
-    """Train `learner` on `job`; return averaged statistics (loss, grad norm, skips)."""
+def run_job(
+    job: Job,
+    learner: Learner,
+    cfg: UpdateConfig,
+    generator: torch.Generator | None = None,
+    grad_sync: Callable[[list[torch.nn.Parameter]], None] | None = None,
+) -> dict[str, float]:
+    """Train `learner` on `job`; return averaged statistics (loss, grad norm, skips).
+
+    `grad_sync(params)`, when given, runs once per optimizer step before the zero-gradient check and
+    clipping (data parallelism averages gradients over replicas there).
+    """
     batch = job.batch
     n = len(batch)
     micro = 1 if cfg.per_sample_backward else cfg.micro_batch_size
@@ -92,6 +103,8 @@ def run_job(job: Job, learner: Learner, cfg: UpdateConfig, generator: torch.Gene
                 for k, v in stats.items():
                     extra.setdefault(k, []).append(float(v))
             totals["loss"] += loss_sum
+            if grad_sync is not None:
+                grad_sync(learner.params)
             grads = [p.grad for p in learner.params if p.grad is not None]
             if cfg.skip_zero_grad_steps and all(not bool(g.any()) for g in grads):
                 totals["skipped_zero_grad"] += 1

@@ -1,0 +1,208 @@
+"""Exact resume: SIGKILL at a random moment (and inside a save), config checks, damaged checkpoints.
+
+The reference is an uninterrupted run in this process; killed and resumed runs go through the CLI in
+subprocesses. Equality is exact: torch.equal on every trained weight, and identical metrics rows
+apart from the `time/*` fields.
+"""
+
+import dataclasses
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from textzoo.errors import CheckpointError
+from textzoo.runners import checkpoint as ck
+from textzoo.runners.cli import main as cli_main
+from textzoo.runners.config import AgentConfig, TrainConfig, save_config
+from textzoo.runners.trainer import Trainer, find_resumable
+
+torch.set_num_threads(1)
+
+CFG = TrainConfig(steps=4, batch_prompts=2, group_size=2, agent=AgentConfig(max_new_tokens=8), eval_prompts=2,
+                  threads=1, progress=False, plot=False, save_every=1, keep_last=2)
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def _final_weights(run_dir: Path) -> dict[str, dict[str, torch.Tensor]]:
+    path, damage = ck.latest_intact(run_dir)
+    assert path is not None and not damage, damage
+    return ck.read_checkpoint(path).weights
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("reference")
+    Trainer(dataclasses.replace(CFG, run_dir=str(run_dir))).train()
+    return run_dir
+
+
+def _assert_same_run(run_dir: Path, reference: Path) -> None:
+    assert _rows(run_dir) == _rows(reference)
+    got, want = _final_weights(run_dir), _final_weights(reference)
+    assert sorted(got) == sorted(want) == ["elaboration", "summary"]
+    for model in want:
+        for name, tensor in want[model].items():
+            assert torch.equal(got[model][name], tensor), f"{model}:{name}"
+
+
+def _start_cli(run_dir: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "textzoo.runners.cli", "train", *args], env=ENV, cwd=run_dir.parent,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_sigkill_at_a_random_moment_then_resume_is_bit_identical(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    config = tmp_path / "config.json"
+    save_config(dataclasses.replace(CFG, run_dir=str(run_dir)), config)
+    proc = _start_cli(run_dir, "--config", str(config))
+    deadline = time.time() + 300
+    while not (run_dir / "checkpoints" / "step-00000001").exists():
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.time() < deadline
+        time.sleep(0.02)
+    delay = random.Random().uniform(0.0, 1.5)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    print(f"killed {delay:.2f}s after step 1's checkpoint; checkpoints then: {ck.list_checkpoints(run_dir)}")
+    resumed = _start_cli(run_dir, "--resume", str(run_dir))
+    out, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, out
+    assert [p.name for p in ck.list_checkpoints(run_dir)] == ["step-00000003", "step-00000004"]  # keep_last=2
+    _assert_same_run(run_dir, reference)
+
+
+KILL_IN_SAVE = """
+import os, signal, sys
+import textzoo.runners.checkpoint as ck
+from textzoo.runners.config import load_config
+from textzoo.runners.trainer import Trainer
+
+real = ck._sha256
+def dying_sha256(path):
+    if ".staging-step-00000002" in str(path):
+        os.kill(os.getpid(), signal.SIGKILL)  # the weights are written, the manifest is not
+    return real(path)
+ck._sha256 = dying_sha256
+Trainer(load_config(sys.argv[1])).train()
+"""
+
+
+def test_kill_inside_a_save_keeps_the_previous_checkpoint(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    config = tmp_path / "config.json"
+    save_config(dataclasses.replace(CFG, run_dir=str(run_dir)), config)
+    script = tmp_path / "kill_in_save.py"
+    script.write_text(textwrap.dedent(KILL_IN_SAVE))
+    proc = subprocess.run([sys.executable, str(script), str(config)], env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    root = ck.checkpoints_dir(run_dir)
+    assert [p.name for p in ck.list_checkpoints(run_dir)] == ["step-00000001"]
+    assert ck.verify(root / "step-00000001") is None
+    assert any(p.name.startswith(".staging-step-00000002") for p in root.iterdir())
+    Trainer(dataclasses.replace(CFG, run_dir=str(run_dir)), resume=run_dir).train()
+    assert not any(p.name.startswith(".staging") for p in root.iterdir())
+    _assert_same_run(run_dir, reference)
+
+
+def _short_run(tmp_path: Path, steps: int = 2) -> Path:
+    run_dir = tmp_path / "run"
+    Trainer(dataclasses.replace(CFG, run_dir=str(run_dir), steps=steps)).train()
+    return run_dir
+
+
+def test_changed_config_is_refused_before_anything_changes(tmp_path):
+    run_dir = _short_run(tmp_path)
+    before = (run_dir / "metrics.jsonl").read_bytes()
+    changed = dataclasses.replace(CFG, run_dir=str(run_dir), seed=3, agent=AgentConfig(max_new_tokens=8, lr=5e-4))
+    with pytest.raises(CheckpointError) as err:
+        Trainer(changed, resume=run_dir)
+    assert "seed: 0 -> 3" in str(err.value) and "agent.lr: 0.001 -> 0.0005" in str(err.value)
+    assert (run_dir / "metrics.jsonl").read_bytes() == before
+    assert find_resumable(changed) is None
+    # safe fields (a longer run, other eval and checkpoint settings) resume
+    extended = dataclasses.replace(CFG, run_dir=str(run_dir), steps=3, eval_prompts=1, keep_last=1)
+    assert find_resumable(extended) == run_dir
+    trainer = Trainer(extended, resume="auto")
+    assert trainer.step == 2 and trainer.run_dir == run_dir
+
+
+def test_field_added_after_the_checkpoint_resumes_with_its_default(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    Trainer(dataclasses.replace(CFG, run_dir=str(run_dir))).train()
+    # keep step 3 only, rewritten as an older textzoo would have: without two fields (manifest updated)
+    path, last = ck.list_checkpoints(run_dir)
+    shutil.rmtree(last)
+    config = json.loads((path / "config.json").read_text())
+    del config["devices"], config["update"]["skip_zero_grad_steps"]
+    (path / "config.json").write_text(json.dumps(config))
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"]["config.json"] = {"bytes": (path / "config.json").stat().st_size,
+                                        "sha256": ck._sha256(path / "config.json")}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    trainer = Trainer(dataclasses.replace(CFG, run_dir=str(run_dir)), resume=run_dir)
+    assert trainer.step == 3
+    trainer.train()
+    _assert_same_run(run_dir, reference)
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, reference, capsys):
+    run_dir = _short_run(tmp_path, steps=3)
+    rows_after_3 = len(_rows(run_dir))
+    newest = ck.list_checkpoints(run_dir)[-1]
+    weights = newest / "weights-summary.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    weights.write_bytes(bytes(data))
+    trainer = Trainer(dataclasses.replace(CFG, run_dir=str(run_dir)), resume=run_dir)
+    assert trainer.step == 2 and "sha256" in capsys.readouterr().err
+    assert len(trainer.history) == rows_after_3 - 1  # the step-3 row was written after the used checkpoint
+    trainer.train()
+    _assert_same_run(run_dir, reference)
+
+
+def test_every_checkpoint_damaged_is_a_clear_error(tmp_path):
+    run_dir = _short_run(tmp_path)
+    for path in ck.list_checkpoints(run_dir):
+        (path / "state.pt").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="no intact checkpoint.*state.pt"):
+        Trainer(dataclasses.replace(CFG, run_dir=str(run_dir)), resume=run_dir)
+
+
+def test_truncated_metrics_file_is_refused(tmp_path):
+    run_dir = _short_run(tmp_path)
+    (run_dir / "metrics.jsonl").write_text("")
+    with pytest.raises(CheckpointError, match="metrics"):
+        Trainer(dataclasses.replace(CFG, run_dir=str(run_dir)), resume=run_dir)
+
+
+def test_eval_cli_loads_the_final_weights(tmp_path, capsys):
+    run_dir = _short_run(tmp_path)
+    trainer = Trainer(dataclasses.replace(CFG, run_dir=str(run_dir)), run_dir=run_dir)
+    assert trainer.load_final_weights() == 2
+    saved = _final_weights(run_dir)["summary"]
+    for name, tensor in saved.items():
+        assert torch.equal(trainer.learners["summary"].model.state_dict()[name], tensor)
+    capsys.readouterr()
+    assert cli_main(["eval", "--run-dir", str(run_dir), "--prompts", "2"]) == 0
+    assert "eval/greedy/reward/mean" in json.loads(capsys.readouterr().out)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    save_config(CFG, empty / "config.json")
+    assert cli_main(["eval", "--run-dir", str(empty), "--prompts", "2"]) == 2
+    assert "no checkpoints" in capsys.readouterr().err
