@@ -341,7 +341,7 @@ class ActorCriticFamily:
         return CriticInput(_text_generation(critic, texts), at_completion=False)
 
     @torch.no_grad()
-    def _values(self, critic: Critic, inputs: CriticInput, chunk: int = 64) -> torch.Tensor:
+    def _values(self, critic: Critic, inputs: CriticInput, chunk: int = 256) -> torch.Tensor:
         """Values [S] of every sample, once, in eval mode (no dropout): the old values of this batch."""
         was_training = critic.training
         critic.eval()

@@ -90,10 +90,22 @@ class Critic(torch.nn.Module):
             # keep the last tokens (causal attention: the value token only sees what precedes it)
             cut = ids.shape[1] - self.max_tokens
             ids, attention, last = ids[:, cut:], attention[:, cut:], (last - cut).clamp(min=0)
+        # The G samples of a prompt share its state: run each distinct input once and copy its value.
+        key = torch.cat([ids, attention, last[:, None]], 1)  # [S, 2L+1]
+        _, inverse = torch.unique(key, dim=0, return_inverse=True)  # [S] distinct-input index of each row
+        U = int(inverse.max()) + 1 if len(inverse) else 0
+        if U < ids.shape[0]:
+            rows = torch.arange(ids.shape[0], device=device)
+            first = torch.full((U,), ids.shape[0], device=device).scatter_reduce(0, inverse, rows, "amin")  # [U]
+            return self._values(ids[first], attention[first], last[first])[inverse]  # [S]
+        return self._values(ids, attention, last)
+
+    def _values(self, ids: torch.Tensor, attention: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """Value head on the trunk's hidden state at column `last` of each row ([S, L] -> [S])."""
         position = (attention.cumsum(1) - 1).clamp(min=0)  # [S, L] explicit for left padding (GPT-2)
         hidden = self.trunk(input_ids=ids, attention_mask=attention, position_ids=position,
                             use_cache=False).last_hidden_state  # [S, L, D]
-        at = hidden[torch.arange(ids.shape[0], device=device), last]  # [S, D]
+        at = hidden[torch.arange(ids.shape[0], device=ids.device), last]  # [S, D]
         return self.head(at.to(self.head[-1].weight.dtype)).squeeze(-1)  # [S]
 
     def values_of_texts(self, texts: list[str]) -> torch.Tensor:

@@ -1,0 +1,281 @@
+"""The actor-critic family: critic, critic loss, actor loss, model calls, config, and learning."""
+
+import math
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+from textzoo.agents import actor_critic as ac  # noqa: E402
+from textzoo.agents.actor_critic import (  # noqa: E402
+    ActorCriticConfig,
+    ActorCriticFamily,
+    actor_loss,
+    critic_loss,
+    critic_name,
+    value_job_loss,
+)
+from textzoo.agents.batch import Job, SampleBatch  # noqa: E402
+from textzoo.agents.critic import Critic  # noqa: E402
+from textzoo.agents.losses import BatchNorm, policy_gradient_loss  # noqa: E402
+from textzoo.agents.policy import GenerationConfig, Policy  # noqa: E402
+from textzoo.agents.reinforce import ReinforceConfig, reinforce_loss  # noqa: E402
+from textzoo.agents.team import AgentActor  # noqa: E402
+from textzoo.envs import make  # noqa: E402
+from textzoo.errors import ConfigError  # noqa: E402
+from textzoo.runners.config import TrainConfig  # noqa: E402
+from textzoo.runners.rollout import Collector  # noqa: E402
+from textzoo.runners.update import Learner, UpdateConfig, run_job  # noqa: E402
+
+WRITING = {"terms": {"length_ratio": 1.0}}
+
+
+def tiny_policy(seed: int, max_new_tokens: int = 8) -> Policy:
+    return Policy.tiny(seed=seed, n_positions=256, generation=GenerationConfig(max_new_tokens=max_new_tokens))
+
+
+def tiny_critic(seed: int, **kwargs) -> Critic:
+    return Critic.from_policy(tiny_policy(seed), seed=seed, **kwargs)
+
+
+# ---- critic loss ----------------------------------------------------------------------------
+def test_critic_loss_by_hand_and_value_clipping():
+    values = torch.tensor([1.0, 2.0, 1.0], requires_grad=True)
+    old = torch.tensor([0.5, 2.0, 0.5])
+    targets = torch.tensor([2.0, 0.0, 0.0])
+    norm = BatchNorm(3, 3, 1)
+    contrib, _ = critic_loss(values, old, targets, norm, value_coef=0.5)
+    assert torch.allclose(contrib, 0.5 * torch.tensor([1.0, 4.0, 1.0]) / 3)
+
+    contrib, stats = critic_loss(values, old, targets, norm, value_coef=0.5, value_clip=0.2)
+    # V_clip = old + clip(V − old, ±0.2) = [0.7, 2.0, 0.7]; (V_clip − y)² = [1.69, 4, 0.49]
+    assert torch.allclose(contrib, 0.5 * torch.tensor([1.69, 4.0, 1.0]) / 3)
+    contrib.sum().backward()
+    # sample 0: the clipped error is larger and flat in V -> no gradient; samples 1, 2: c_v·2(V − y)/3
+    assert torch.allclose(values.grad, torch.tensor([0.0, 2.0 / 3, 1.0 / 3]))
+    assert math.isclose(float(stats["value_clipfrac"]), 1 / 3, rel_tol=1e-6)
+
+
+# ---- critic -----------------------------------------------------------------------------------
+def test_value_reads_the_last_prompt_or_completion_token_regardless_of_padding():
+    critic = tiny_critic(0, init_std=0.5).eval()
+    ids, mask = critic.encode(["a much longer first prompt", "hi"])  # row 1 is left-padded
+    alone_ids, alone_mask = critic.encode(["hi"])
+    with torch.no_grad():
+        v = critic(ids, mask)
+        assert torch.allclose(v[1], critic(alone_ids, alone_mask)[0], atol=1e-5)
+        # Q at the last completion token: right padding after it changes nothing
+        comp = torch.tensor([[5, 6, 7], [8, 0, 0]])
+        comp_mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+        q = critic(ids, mask, comp, comp_mask)
+        q_short = critic(alone_ids, alone_mask, comp[1:, :1], comp_mask[1:, :1])
+        assert torch.allclose(q[1], q_short[0], atol=1e-5)
+        # ... and equals the V of the concatenated text
+        whole = torch.cat([alone_ids, torch.tensor([[8]])], 1)
+        assert torch.allclose(q_short, critic(whole, torch.ones_like(whole)), atol=1e-5)
+
+
+def test_zero_init_head_starts_at_zero_and_hidden_layer_is_built():
+    critic = tiny_critic(0, hidden=16)
+    ids, mask = critic.encode(["x", "yy"])
+    assert torch.equal(critic(ids, mask), torch.zeros(2))
+    assert [type(m).__name__ for m in critic.head] == ["Linear", "Tanh", "Linear"]
+    assert critic.head[0].out_features == 16
+
+
+def test_critic_regresses_to_known_returns():
+    torch.manual_seed(0)
+    critic = tiny_critic(1)
+    texts = ["alpha", "beta gamma", "delta", "epsilon zeta eta"]
+    targets = torch.tensor([0.0, 1.0, -1.0, 2.0])
+    gen = ac._text_generation(critic, texts)
+    cfg = ActorCriticConfig()
+    batch = SampleBatch(gen, torch.zeros(4), extra={"old_values": torch.zeros(4), "targets": targets})
+    job = Job("critic", batch, lambda b, n: value_job_loss(critic, cfg, False, b, n))
+    learner = Learner(critic, torch.optim.Adam(critic.parameters(), lr=3e-3), max_grad_norm=None)
+    for _ in range(100):
+        stats = run_job(job, learner, UpdateConfig())
+    critic.eval()
+    with torch.no_grad():
+        assert torch.allclose(critic.values_of_texts(texts), targets, atol=0.05)
+    assert stats["loss"] < 0.01
+
+
+# ---- actor loss ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("clip_range", [None, 0.2])
+def test_actor_loss_is_the_reinforce_familys_loss(clip_range):
+    assert ac.policy_gradient_loss is policy_gradient_loss  # one implementation, imported
+    policy = tiny_policy(0)
+    gen = policy.generate(["one", "two three", "four"], generator=torch.Generator().manual_seed(0))
+    batch = SampleBatch(gen, torch.tensor([0.5, -1.0, 2.0]))
+    norm = BatchNorm.of(gen.completion_mask, 8)
+    ours, ours_stats = actor_loss(policy, ActorCriticConfig(clip_range=clip_range), batch, norm)
+    theirs, theirs_stats = reinforce_loss(policy, ReinforceConfig(clip_range=clip_range), batch, norm)
+    assert torch.equal(ours, theirs)
+    assert torch.equal(ours_stats["clipfrac"], theirs_stats["clipfrac"])
+
+
+def test_entropy_bonus_lowers_the_loss_by_the_entropy():
+    policy = tiny_policy(0)
+    gen = policy.generate(["one", "two"], generator=torch.Generator().manual_seed(0))
+    batch = SampleBatch(gen, torch.zeros(2))
+    norm = BatchNorm.of(gen.completion_mask, 8)
+    plain, _ = actor_loss(policy, ActorCriticConfig(), batch, norm)
+    bonus, stats = actor_loss(policy, ActorCriticConfig(entropy_coef=0.1), batch, norm)
+    _, entropy = policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask,
+                              return_entropy=True)
+    assert torch.allclose(bonus, plain - 0.1 * entropy.sum(-1) / 2, atol=1e-6)
+    assert float(stats["entropy"]) > 0
+
+
+# ---- model calls: every value and old log-prob once -------------------------------------------------
+class Counter:
+    """Counts rows through a policy's generate/score and a critic trunk's forward."""
+
+    def __init__(self):
+        self.rows: dict[str, int] = {}
+
+    def wrap_policy(self, name: str, policy: Policy) -> None:
+        for method in ("generate", "score"):
+            inner = getattr(policy, method)
+
+            def counted(prompt, *args, _inner=inner, _key=f"{name}.{method}", **kwargs):
+                self.rows[_key] = self.rows.get(_key, 0) + len(prompt)
+                return _inner(prompt, *args, **kwargs)
+
+            setattr(policy, method, counted)
+
+    def wrap_critic(self, name: str, critic: Critic) -> None:
+        def hook(module, args, kwargs):
+            self.rows[name] = self.rows.get(name, 0) + kwargs["input_ids"].shape[0]
+
+        critic.trunk.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def build_team(env_id: str, env_kwargs: dict, centralized: bool, cfg: ActorCriticConfig, credit: str = "shared"):
+    env_fn = lambda: make(env_id, **env_kwargs)  # noqa: E731
+    roles = list(env_fn().possible_agents)
+    actors = [AgentActor(r, tiny_policy(i)) for i, r in enumerate(roles)]
+    names = ["critic"] if centralized else [critic_name(r) for r in roles]
+    critics = {n: tiny_critic(100 + i) for i, n in enumerate(names)}
+    family = ActorCriticFamily(cfg, actors, critics, centralized, gamma=1.0, credit=credit)
+    learners = {a.id: Learner(a.policy.model, torch.optim.AdamW(a.policy.model.parameters(), lr=1e-3)) for a in actors}
+    learners.update({n: Learner(c, torch.optim.AdamW(c.parameters(), lr=1e-3)) for n, c in critics.items()})
+    return Collector(env_fn, actors), actors, critics, family, learners
+
+
+@pytest.mark.parametrize("centralized", [False, True])
+def test_each_value_and_log_prob_is_computed_once(centralized):
+    # a Q critic reads the completions, so no two of its inputs are alike and every row is a forward
+    cfg = ActorCriticConfig(critic_type="q", clip_range=0.2, epochs=2).for_algorithm({})
+    collector, actors, critics, family, learners = build_team("textzoo/Writing-v0", WRITING, centralized, cfg)
+    counter = Counter()
+    for a in actors:
+        counter.wrap_policy(a.id, a.policy)
+    for name, critic in critics.items():
+        counter.wrap_critic(name, critic)
+    B, G = 2, 3
+    E = B * G
+    rollout = collector.collect([0, 1], [7, 8], G)
+    jobs, _ = family.jobs(rollout)
+    for job in jobs:
+        run_job(job, learners[job.learner], UpdateConfig(micro_batch_size=4))
+    expected = {}
+    for a in actors:
+        expected[f"{a.id}.generate"] = E  # sampling, one batched call per turn
+        expected[f"{a.id}.score"] = 2 * E  # one scoring per epoch; old log-probs come from sampling
+    for name in critics:
+        expected[name] = E + 2 * E  # old values once, then one forward per epoch
+    assert counter.rows == expected
+    # MAAC's one critic takes one optimizer step per epoch, not one per agent
+    for name in critics:
+        assert learners[name].version == 2
+    assert sorted(j.learner for j in jobs) == sorted([a.id for a in actors] + list(critics))
+
+
+@pytest.mark.parametrize("centralized", [False, True])
+def test_a_v_critic_runs_each_distinct_state_once(centralized):
+    collector, actors, critics, family, learners = build_team("textzoo/Writing-v0", WRITING, centralized,
+                                                               ActorCriticConfig())
+    counter = Counter()
+    for name, critic in critics.items():
+        counter.wrap_critic(name, critic)
+    rollout = collector.collect([0, 1], [7, 8], 3)
+    jobs, _ = family.jobs(rollout)
+    assert counter.rows == {name: 2 for name in critics}  # B = 2 distinct prompts / states, G = 3 copies each
+    for job in jobs:
+        if job.learner in critics:
+            # micro-batches of 3 rows hold one group each: one forward row per micro-batch
+            run_job(job, learners[job.learner], UpdateConfig(micro_batch_size=3))
+    assert counter.rows == {name: 2 + 2 for name in critics}
+
+
+def test_maac_multi_turn_with_one_sample_per_prompt():
+    cfg = ActorCriticConfig(critic_type="q")
+    collector, actors, critics, family, learners = build_team("textzoo/Relay-v0", {}, True, cfg)
+    counter = Counter()
+    counter.wrap_critic("critic", critics["critic"])
+    rollout = collector.collect([0, 1, 2], [1, 2, 3], 1)
+    assert rollout.rewards.shape[-1] == 2
+    jobs, stats = family.jobs(rollout)
+    assert counter.rows == {"critic": 3 * 2}  # one value per (env, turn)
+    by_learner = {j.learner: j for j in jobs}
+    # the sender acts at turn 0 and the receiver at turn 1: with V = 0 at init both advantages are the reward
+    team = rollout.team_rewards.sum(-1)  # [E]
+    assert torch.allclose(by_learner["sender"].batch.advantages, team)
+    assert torch.allclose(by_learner["receiver"].batch.advantages, team)
+    critic_batch = by_learner["critic"].batch
+    assert len(critic_batch) == 6 and all("action>" in t for t in critic_batch.gen.texts)
+    for job in jobs:
+        run_job(job, learners[job.learner], UpdateConfig(per_sample_backward=True))
+
+
+def test_iac_reads_the_actors_own_tokens():
+    collector, actors, critics, family, _ = build_team("textzoo/Writing-v0", WRITING, False, ActorCriticConfig())
+    rollout = collector.collect([0], [3], 2)
+    jobs, _ = family.jobs(rollout)
+    by_learner = {j.learner: j for j in jobs}
+    for a in actors:
+        # the critic job trains on the very Generation the actor job trains on (no re-tokenized text)
+        assert by_learner[critic_name(a.id)].batch.gen is by_learner[a.id].batch.gen
+
+
+def test_a_critic_with_another_vocabulary_reads_decoded_text():
+    collector, actors, critics, family, _ = build_team("textzoo/Writing-v0", WRITING, False, ActorCriticConfig())
+    for c in critics.values():
+        torch.nn.init.normal_(c.head[-1].weight, std=0.5)
+    rollout = collector.collect([0], [3], 2)
+    name = critic_name(actors[0].id)
+    gen = rollout.steps_of(actors[0].id)[0].gen
+    by_ids = family._values(critics[name], family._own_inputs(name, actors[0].policy, gen))
+    family.reads_ids[name] = False  # as if the critic's tokenizer differed: decode, then re-encode
+    as_text = family._own_inputs(name, actors[0].policy, gen)
+    assert as_text.gen is not gen and as_text.gen.completion_ids.shape[1] == 0
+    # the byte tokenizer round-trips, so the V read from text equals the V read from the ids
+    assert torch.allclose(family._values(critics[name], as_text), by_ids, atol=1e-5)
+
+
+# ---- config ---------------------------------------------------------------------------------------
+def test_algorithm_names_set_ppo_defaults_and_explicit_values_win():
+    assert TrainConfig(algo="ippo").actor_critic.clip_range == 0.2
+    assert TrainConfig(algo="mappo").actor_critic.epochs == 2
+    assert TrainConfig(algo="iac").actor_critic.clip_range is None
+    cfg = TrainConfig(algo="ippo", actor_critic=ActorCriticConfig(clip_range=0.1, epochs=4))
+    assert (cfg.actor_critic.clip_range, cfg.actor_critic.epochs) == (0.1, 4)
+    with pytest.raises(ConfigError, match="clip_range"):
+        TrainConfig(algo="iac", actor_critic=ActorCriticConfig(epochs=2))
+    with pytest.raises(ConfigError, match="critic_type"):
+        ActorCriticConfig(critic_type="z")
+    with pytest.raises(ConfigError, match="credit='shared'"):
+        build_team("textzoo/Writing-v0", WRITING, True, ActorCriticConfig(), credit="per_agent")
+
+
+def test_cli_flags_reach_the_config():
+    import tyro
+
+    cfg = tyro.cli(TrainConfig, args=["--algo", "mappo", "--actor-critic.critic-type", "q",
+                                      "--actor-critic.gae-lambda", "0.9", "--actor-critic.value-clip", "0.2"])
+    assert cfg.algo == "mappo" and cfg.actor_critic.critic_type == "q"
+    assert cfg.actor_critic.gae_lambda == 0.9 and cfg.actor_critic.value_clip == 0.2
+    assert cfg.actor_critic.clip_range == 0.2 and cfg.actor_critic.epochs == 2
