@@ -1,4 +1,4 @@
-"""`textzoo train | eval | plot | sft`: the command line over the same dataclass configs as the Python API.
+"""`textzoo train | eval | plot | sft | bench`: the command line over the same dataclass configs as the Python API.
 
 `textzoo train --config run.toml --steps 200` loads the file, then applies the flags on top.
 `textzoo train` with no arguments trains the embedded default (two tiny GPT-2 agents on
@@ -18,7 +18,7 @@ import tyro
 from textzoo.errors import CheckpointError, TextzooError
 from textzoo.runners.config import JsonDict, TrainConfig, load_config
 
-COMMANDS = ("train", "eval", "plot", "sft")
+COMMANDS = ("train", "eval", "plot", "sft", "bench")
 
 
 def _split_config(argv: list[str]) -> tuple[str | None, list[str]]:
@@ -170,6 +170,13 @@ def sft(argv: list[str]) -> None:
     print(f"saved to {args.out}; train with --agent-overrides '{{\"ROLE\": {{\"model\": \"{args.out}\"}}}}'")
 
 
+def bench(argv: list[str]) -> None:
+    """Run a benchmark grid (tasks x algorithms x collaboration modes x seeds) from a TOML file."""
+    from textzoo.runners.bench import main as run_bench
+
+    run_bench(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -179,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"usage: textzoo {{{','.join(COMMANDS)}}} [--help] ...\n\n{__doc__}")
             return 0
     command, rest = argv[0], argv[1:]
-    handlers = {"train": train, "eval": evaluate, "plot": plot, "sft": sft}
+    handlers = {"train": train, "eval": evaluate, "plot": plot, "sft": sft, "bench": bench}
     if command not in handlers:
         print(f"error: unknown command {command!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
