@@ -231,7 +231,8 @@ class ReinforceFamily:
             turns = torch.cat([torch.full_like(s.env_ids, s.turn) for s in steps]).cpu()
             ref_lp = None
             if actor_id in self.references:
-                ref_lp = _score_no_grad(self.references[actor_id], gen)
+                # the reference may sit on another device (placement spreads models)
+                ref_lp = _score_no_grad(self.references[actor_id], gen).to(gen.logprobs.device)
                 sample_kl = k3_kl(gen.logprobs, ref_lp, gen.completion_mask.to(ref_lp.dtype)).cpu()
                 kl[env_ids, ai, turns] = sample_kl.to(kl.dtype)
                 stats[f"agent/{actor_id}/kl"] = float(sample_kl.mean())

@@ -81,7 +81,11 @@ def build_policy(agent: AgentConfig, seed: int, device: torch.device) -> Policy:
     policy.model.to(_DTYPES[agent.dtype])
     if agent.gradient_checkpointing:
         # non-reentrant: gradients reach the weights even though the input ids need no gradient
-        policy.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}
+        if hasattr(policy.model, "activation_checkpointing_enable"):  # the name since transformers 5.x
+            policy.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            policy.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     return policy
 
 

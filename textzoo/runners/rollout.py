@@ -1,8 +1,8 @@
 """Rollout collection: B prompts x G samples as B*G env copies played in lock-step.
 
 Each turn, each actor makes **one** batched generate call over every live env copy where one of its
-roles is active; the envs then step (in a thread pool when `env_workers` > 1, so code-running tasks
-score many samples at once). The G copies of a prompt are reset with the same seed and item, so
+roles is active (actors on distinct devices generate at the same time, in threads); the envs then
+step (in a thread pool when `env_workers` > 1, so code-running tasks score many samples at once). The G copies of a prompt are reset with the same seed and item, so
 they pose the same task.
 """
 
@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from textzoo.agents.batch import ActorStep, Rollout
+from textzoo.agents.policy import Generation
 from textzoo.agents.team import Actor
 from textzoo.errors import EnvError
 
@@ -88,6 +89,7 @@ class Collector:
             states.append([envs[e].state() if e in live_set else "" for e in range(E)])
             actions: dict[int, dict[str, str]] = {e: {} for e in live}
             act_t = torch.zeros(E, A, dtype=torch.bool)
+            requests = []  # (actor index, env rows, their roles, prompts)
             for ai, actor in enumerate(self.actors):
                 rows, prompts, row_roles = [], [], []
                 for e in live:
@@ -96,11 +98,13 @@ class Collector:
                         rows.append(e)
                         row_roles.append(roles)
                         prompts.append(actor.build_prompt({r: obs[e][r] for r in roles}))
-                if not rows:
-                    continue
-                start = time.perf_counter()
-                gen = actor.policy.generate(prompts, greedy=greedy)
-                time_generate += time.perf_counter() - start
+                if rows:
+                    requests.append((ai, rows, row_roles, prompts))
+            start = time.perf_counter()
+            gens = self._generate([(self.actors[ai], prompts) for ai, _, _, prompts in requests], greedy)
+            time_generate += time.perf_counter() - start
+            for (ai, rows, row_roles, _), gen in zip(requests, gens):
+                actor = self.actors[ai]
                 role_texts: dict[str, list[str]] = {}
                 for e, roles, text in zip(rows, row_roles, gen.texts):
                     acts, failed = actor.parse(text, roles)
@@ -145,6 +149,27 @@ class Collector:
         if cross:
             rollout.cross_rewards = self._cross(rollout, items, seeds)
         return rollout
+
+    def _generate(self, requests: list[tuple[Actor, list[str]]], greedy: bool) -> list[Generation]:
+        """One batched generate call per actor; actors on different devices generate at the same time.
+
+        Each thread samples on its own device's RNG, so the draws do not depend on thread timing.
+        """
+        by_device: dict[str, list[int]] = {}
+        for i, (actor, _) in enumerate(requests):
+            by_device.setdefault(str(actor.policy.device), []).append(i)
+        if len(by_device) < 2:
+            return [actor.policy.generate(prompts, greedy=greedy) for actor, prompts in requests]
+        out: list[Generation | None] = [None] * len(requests)
+
+        def run(indices: list[int]) -> None:
+            for i in indices:
+                actor, prompts = requests[i]
+                out[i] = actor.policy.generate(prompts, greedy=greedy)
+
+        with ThreadPoolExecutor(len(by_device)) as pool:
+            list(pool.map(run, by_device.values()))
+        return out
 
     def _cross(self, rollout: Rollout, items: Sequence[int], seeds: Sequence[int]) -> torch.Tensor:
         """Credited reward of every combination of the actors' samples, per prompt: [B, G**A, A]."""

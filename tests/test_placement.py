@@ -1,0 +1,133 @@
+"""Placement: the pure resolver on fake device lists, concurrent generation, bf16 and checkpointing."""
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from textzoo.errors import ConfigError
+from textzoo.runners.build import build_policy
+from textzoo.runners.config import AgentConfig
+from textzoo.runners.placement import DeviceSpec, ModelSpec, model_bytes, resolve_placement, team_models
+from textzoo.runners.rollout import Collector
+
+torch.set_num_threads(1)
+
+GB = 2**30
+
+
+def _gpus(*free_gb):
+    return [DeviceSpec(f"cuda:{i}", int(gb * GB)) for i, gb in enumerate(free_gb)]
+
+
+def test_no_gpu_puts_everything_on_cpu():
+    models = [ModelSpec("a", "actor", GB), ModelSpec("a-ref", "reference", GB)]
+    assert resolve_placement(models, []) == {"a": "cpu", "a-ref": "cpu"}
+    assert resolve_placement(models, [], {"a-ref": "cuda:3"}) == {"a": "cpu", "a-ref": "cuda:3"}
+
+
+def test_equal_models_go_round_robin():
+    models = [ModelSpec(n, "actor", 2 * GB) for n in ("a", "b", "c", "d")]
+    assert resolve_placement(models, _gpus(80, 80)) == {"a": "cuda:0", "b": "cuda:1", "c": "cuda:0", "d": "cuda:1"}
+
+
+def test_largest_first_balances_memory():
+    # trained actors (weights + grad + 2 moments) and frozen references of a 4 GB and a 1 GB model
+    models = [ModelSpec("small", "actor", 4 * GB), ModelSpec("big", "actor", 16 * GB),
+              ModelSpec("small-ref", "reference", GB), ModelSpec("big-ref", "reference", 4 * GB)]
+    placed = resolve_placement(models, _gpus(40, 40))
+    # big -> 0 (16), small -> 1 (4), big-ref -> 1 (8), small-ref -> 1 (9): loads 16 vs 9
+    assert placed == {"small": "cuda:1", "big": "cuda:0", "small-ref": "cuda:1", "big-ref": "cuda:1"}
+
+
+def test_capacity_is_relative():
+    models = [ModelSpec("a", "actor", 10 * GB), ModelSpec("b", "actor", 10 * GB)]
+    # a GPU with 4x the free memory takes both before the small one is as full
+    assert resolve_placement(models, _gpus(100, 25)) == {"a": "cuda:0", "b": "cuda:0"}
+    assert resolve_placement(models, _gpus(40, 25)) == {"a": "cuda:0", "b": "cuda:1"}
+
+
+def test_explicit_map_overrides_and_counts_as_load():
+    models = [ModelSpec("a", "actor", 8 * GB), ModelSpec("b", "actor", 8 * GB), ModelSpec("c", "critic", GB)]
+    placed = resolve_placement(models, _gpus(80, 80), {"a": "cuda:1"})
+    assert placed == {"a": "cuda:1", "b": "cuda:0", "c": "cuda:0"}
+    with pytest.raises(ConfigError, match="device_map names \\['nope'\\]"):
+        resolve_placement(models, _gpus(80), {"nope": "cuda:0"})
+
+
+def test_team_models_lists_actors_family_models_and_references():
+    def policy(n):
+        return SimpleNamespace(model=torch.nn.Linear(n, n, bias=False))
+
+    actors = [SimpleNamespace(id="a", policy=policy(2), trainable=True),
+              SimpleNamespace(id="b", policy=policy(3), trainable=False)]
+    critic = torch.nn.Linear(4, 1, bias=False)
+    family = SimpleNamespace(trainable_models=lambda: {"critic": (critic, None)}, references={"a": policy(2)})
+    models = team_models(actors, family)
+    assert {k: (v[1], v[2]) for k, v in models.items()} == {
+        "a": ("actor", True), "b": ("actor", False), "critic": ("critic", True), "a-ref": ("reference", False)}
+    assert model_bytes(models["a"][0], True) == 4 * 4 * 4  # 4 fp32 weights x (weights, grad, 2 moments)
+    assert model_bytes(models["b"][0], False) == 9 * 4
+
+
+class _FakePolicy:
+    """Answers after every other device's thread has arrived: only concurrent calls can finish."""
+
+    def __init__(self, device, barrier):
+        self.device, self.barrier = torch.device(device), barrier
+
+    def generate(self, prompts, greedy=False):
+        self.barrier.wait(timeout=10)
+        return [f"{self.device}:{p}" for p in prompts]
+
+
+def test_actors_on_distinct_devices_generate_concurrently():
+    barrier = threading.Barrier(2)
+    actors = [SimpleNamespace(policy=_FakePolicy("cpu", barrier)), SimpleNamespace(policy=_FakePolicy("meta", barrier))]
+    collector = Collector.__new__(Collector)
+    out = collector._generate([(actors[0], ["x"]), (actors[1], ["y", "z"])], greedy=False)
+    assert out == [["cpu:x"], ["meta:y", "meta:z"]]  # results stay in actor order
+
+
+def test_actors_on_one_device_generate_in_turn():
+    calls = []
+
+    class Recorder:
+        device = torch.device("cpu")
+
+        def __init__(self, name):
+            self.name = name
+
+        def generate(self, prompts, greedy=False):
+            calls.append((self.name, threading.current_thread() is threading.main_thread()))
+            return self.name
+
+    collector = Collector.__new__(Collector)
+    out = collector._generate([(SimpleNamespace(policy=Recorder("a")), ["p"]),
+                               (SimpleNamespace(policy=Recorder("b")), ["q"])], greedy=False)
+    assert out == ["a", "b"] and calls == [("a", True), ("b", True)]
+
+
+def test_bf16_and_gradient_checkpointing_are_per_agent_options():
+    plain = build_policy(AgentConfig(n_layer=2, n_embd=32), seed=0, device=torch.device("cpu"))
+    ckpt = build_policy(AgentConfig(n_layer=2, n_embd=32, gradient_checkpointing=True), seed=0,
+                        device=torch.device("cpu"))
+    def checkpointing(model):
+        if hasattr(type(model), "is_activation_checkpointing"):
+            return model.is_activation_checkpointing
+        return model.is_gradient_checkpointing
+
+    assert checkpointing(ckpt.model) and not checkpointing(plain.model)
+    ids = torch.randint(3, 200, (2, 6))
+    mask = torch.ones_like(ids)
+    grads = []
+    for policy in (plain, ckpt):
+        policy.model.train()
+        policy.model.zero_grad()
+        policy.score(ids[:, :3], mask[:, :3], ids[:, 3:], mask[:, 3:]).sum().backward()
+        grads.append([p.grad.clone() for p in policy.model.parameters()])
+    for g_plain, g_ckpt in zip(*grads):
+        torch.testing.assert_close(g_ckpt, g_plain, rtol=1e-5, atol=1e-6)
+    bf16 = build_policy(AgentConfig(n_layer=1, n_embd=32, dtype="bfloat16"), seed=0, device=torch.device("cpu"))
+    assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
