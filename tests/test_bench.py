@@ -1,0 +1,170 @@
+"""`textzoo bench`: grid parsing, cell configs, resumable runs, results.md and curves."""
+
+import json
+import re
+import statistics
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+import textzoo.runners.bench as bench  # noqa: E402
+from textzoo.errors import ConfigError, TextzooError  # noqa: E402
+from textzoo.runners import config as config_module  # noqa: E402
+from textzoo.runners.bench import load_grid, merge_config, run_grid, summarize, write_report  # noqa: E402
+from textzoo.runners.cli import main as cli_main  # noqa: E402
+
+TINY = """
+[grid]
+name = "tiny"
+tasks = ["writing"]
+algos = ["magrpo", "mareinforce"]
+collaboration = ["decentralized"]
+seeds = [0, 1]
+
+[base]
+steps = 2
+batch_prompts = 1
+group_size = 2
+eval_prompts = 2
+threads = 1
+
+[base.agent]
+n_layer = 1
+n_embd = 16
+max_new_tokens = 4
+
+[task.writing]
+env = "textzoo/Writing-v0"
+env_kwargs = { terms = { length_ratio = 1.0 } }
+"""
+
+
+def write(tmp_path, text, name="grid.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_cell_configs_layer_base_task_algo_and_mode(tmp_path):
+    path = write(tmp_path, """
+[grid]
+tasks = ["writing", "relay"]
+algos = ["magrpo", "iac"]
+collaboration = ["decentralized", "centralized"]
+seeds = [3]
+exclude = [{ algo = "iac", collaboration = "centralized" }]
+[base]
+steps = 7
+agent = { lr = 0.5, max_new_tokens = 9 }
+[task.writing]
+env = "textzoo/Writing-v0"
+agent = { lr = 0.25 }
+[task.relay]
+env = "textzoo/Relay-v0"
+env_kwargs = { num_symbols = 3 }
+agent_overrides = { receiver = { max_new_tokens = 2 } }
+[algo.iac]
+steps = 11
+[collaboration.centralized]
+agent_overrides = {}
+""")
+    grid = load_grid(path, out_dir=str(tmp_path / "out"))
+    cells = {(c.task, c.algo, c.collaboration): c for c in grid.cells}
+    assert len(cells) == 6  # 2 tasks x (magrpo x 2 modes + iac decentralized)
+    w = cells["writing", "magrpo", "decentralized"].config
+    assert (w.agent.lr, w.agent.max_new_tokens, w.steps, w.seed) == (0.25, 9, 7, 3)  # agent tables merge key by key
+    assert cells["writing", "iac", "decentralized"].config.steps == 11
+    r = cells["relay", "magrpo", "decentralized"].config
+    assert r.env_kwargs == {"num_symbols": 3} and r.agent_overrides == {"receiver": {"max_new_tokens": 2}}
+    assert cells["relay", "magrpo", "centralized"].config.agent_overrides == {}
+    assert cells["relay", "iac", "decentralized"].run_dir == tmp_path / "out" / "relay" / "iac-decentralized-s3"
+    assert merge_config({"agent": {"lr": 1}, "env_kwargs": {"a": 1}}, {"agent": {"n_layer": 2}, "env_kwargs": {"b": 2}}) == {
+        "agent": {"lr": 1, "n_layer": 2}, "env_kwargs": {"b": 2}}
+
+
+def test_all_algorithms_are_whatever_textzoo_has_at_run_time(tmp_path, monkeypatch):
+    monkeypatch.setitem(config_module.ALGORITHMS, "magrpo_late", ("reinforce", {"estimator": "grpo"}))
+    path = write(tmp_path, TINY.replace('algos = ["magrpo", "mareinforce"]', 'algos = "all"'))
+    grid = load_grid(path)
+    algos = list(dict.fromkeys(c.algo for c in grid.cells))
+    assert algos == list(config_module.ALGORITHMS) and "magrpo_late" in algos
+
+
+@pytest.mark.parametrize("edit, match", [
+    (('tasks = ["writing"]', 'tasks = ["writing", "code"]'), r"\[task.code\]"),
+    (('algos = ["magrpo", "mareinforce"]', 'algos = ["magrpo", "nope"]'), "unknown algo 'nope'"),
+    (('collaboration = ["decentralized"]', 'collaboration = ["solo"]'), "grid.collaboration"),
+    (("steps = 2", "steps = 2\nseed = 4"), r"\[base\] sets 'seed'"),
+    (("steps = 2", "step = 2"), r"cell writing/magrpo/decentralized/seed 0: unknown config field.*'step'"),
+    (("steps = 2", "steps = 0"), "steps must be >= 1"),
+    (("seeds = [0, 1]", "seeds = []"), "grid.seeds"),
+    (('name = "tiny"', 'name = "tiny"\nrepeat = 2'), "unknown key.*repeat"),
+])
+def test_bad_grids_say_what_to_fix(tmp_path, edit, match):
+    with pytest.raises(ConfigError, match=match):
+        load_grid(write(tmp_path, TINY.replace(*edit)))
+
+
+def test_summarize_reads_start_final_best_and_speed():
+    history = [
+        {"step": 0, "eval/greedy/reward/mean": 0.1},
+        {"step": 1, "time/tokens_per_s": 100.0},
+        {"step": 2, "time/tokens_per_s": 300.0, "eval/greedy/reward/mean": 0.7},
+        {"step": 3, "time/tokens_per_s": 200.0, "eval/greedy/reward/mean": 0.4},
+    ]
+    s = summarize(history, "eval/greedy/reward/mean")
+    assert (s["start"], s["final"], s["best"], s["tokens_per_s"], s["steps"]) == (0.1, 0.4, 0.7, 200.0, 3)
+    assert bench._spread([0.2, 0.4]) == "0.300 ± 0.141" and bench._spread([0.5, None]) == "0.500"
+
+
+def test_grid_runs_end_to_end_then_resumes_without_retraining(tmp_path, monkeypatch):
+    grid = load_grid(write(tmp_path, TINY), out_dir=str(tmp_path / "out"))
+    lines: list[str] = []
+    results = run_grid(grid, log=lines.append)
+    assert len(results) == 4 and not any("error" in s for s in results.values())
+    for cell in grid.cells:
+        marker = json.loads((cell.run_dir / bench.MARKER).read_text())
+        assert marker["steps"] == 2 and marker["config"]["seed"] == cell.seed
+        assert (cell.run_dir / "metrics.jsonl").is_file()
+    md = write_report(grid, results).read_text()
+    row = re.search(r"\| magrpo \| decentralized \| 2/2 \| [^|]+ \| ([^|]+) \|", md).group(1).strip()
+    finals = [results[c.label]["final"] for c in grid.cells if c.algo == "magrpo"]
+    assert row == f"{statistics.fmean(finals):.3f} ± {statistics.stdev(finals):.3f}"
+    assert (tmp_path / "out" / "curves-writing.png").stat().st_size > 0
+
+    # a rerun trains nothing; losing one cell's marker retrains that cell only
+    calls = []
+    monkeypatch.setattr(bench, "run_cell", lambda config, metric: calls.append(config["run_dir"]) or results[
+        next(c.label for c in grid.cells if str(c.run_dir) == config["run_dir"])])
+    run_grid(grid, log=lines.append)
+    assert calls == [] and lines[-1] == "tiny: 4 cells, 4 finished, 0 to train"
+    (grid.cells[1].run_dir / bench.MARKER).unlink()
+    run_grid(grid, log=lines.append)
+    assert calls == [str(grid.cells[1].run_dir)]
+
+    # a finished cell whose config the grid no longer gives is an error, not a silent skip
+    changed = load_grid(write(tmp_path, TINY.replace("steps = 2", "steps = 3")), out_dir=str(tmp_path / "out"))
+    with pytest.raises(ConfigError, match="different config"):
+        run_grid(changed, log=lines.append)
+
+
+def test_a_failed_cell_is_reported_and_retried(tmp_path, monkeypatch, capsys):
+    path = write(tmp_path, TINY.replace("seeds = [0, 1]", "seeds = [0]"))
+
+    def broken(config, metric):
+        raise RuntimeError("out of luck")
+
+    monkeypatch.setattr(bench, "run_cell", broken)
+    assert cli_main(["bench", str(path), "--out-dir", str(tmp_path / "out")]) == 2
+    assert "some cells failed" in capsys.readouterr().err
+    error = tmp_path / "out" / "writing" / "magrpo-decentralized-s0" / "error.txt"
+    assert "out of luck" in error.read_text()
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert "| magrpo | decentralized | 0/1 | failed: RuntimeError: out of luck |" in md
+
+    assert cli_main(["bench", str(path), "--out-dir", str(tmp_path / "out"), "--dry-run"]) == 0
+    assert "writing magrpo decentralized seed 0" in capsys.readouterr().out
+    with pytest.raises(TextzooError):
+        bench.main([str(tmp_path / "missing.toml")])
