@@ -113,9 +113,12 @@ class Collector:
                     for r in roles:
                         role_texts.setdefault(r, []).append(acts.get(r, ""))
                 # per-role action lengths in the actor's tokens: the same measure in both modes
-                for r, texts in role_texts.items():
-                    ids = actor.policy.tokenizer(texts, add_special_tokens=False)["input_ids"]
-                    role_tokens.setdefault(r, []).extend(len(x) for x in ids)
+                # (a toy policy without a tokenizer reports none)
+                tokenizer = getattr(actor.policy, "tokenizer", None)
+                if callable(tokenizer):
+                    for r, texts in role_texts.items():
+                        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+                        role_tokens.setdefault(r, []).extend(len(x) for x in ids)
                 act_t[rows, ai] = True
                 steps.append(ActorStep(actor.id, t, torch.tensor(rows, dtype=torch.long), gen, greedy))
             start = time.perf_counter()
