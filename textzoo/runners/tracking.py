@@ -8,6 +8,7 @@ same run id (stored in `RUN_DIR/wandb_id`).
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -54,7 +55,7 @@ class WandbTracker:
         except ImportError as e:
             raise TextzooError("report_to=wandb needs Weights & Biases: pip install textzoo[tracking]") from e
         id_file = run_dir / "wandb_id"
-        run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
+        run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:12]
         id_file.write_text(run_id + "\n")
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "textzoo"), id=run_id, resume="allow",
                               dir=str(run_dir), name=run_dir.name, config=config)
