@@ -1,0 +1,180 @@
+"""Peak memory of one update with and without `per_sample_backward`, and how far the gradients differ.
+
+    OMP_NUM_THREADS=1 python benchmarks/memory.py                      # tiny and a 4x256 GPT-2, CPU
+    python benchmarks/memory.py --arch qwen2 --n-layer 24 --n-embd 896 --n-head 14 --samples 32 --tokens 256  # GPU
+
+One update = `run_job` over S samples of P prompt + C completion tokens (random ids, REINFORCE with
+seq_sum aggregation). Each mode runs in a fresh subprocess so that one mode's allocations do not
+hide the other's. Figures per mode:
+  saved activations  the most bytes autograd held for backward at one time (saved-tensor hooks;
+                     weights it saves are not counted): what per-sample backward is meant to shrink
+  peak delta         CPU: peak RSS above the level before the update (sampled every millisecond);
+                     GPU: torch.cuda.max_memory_allocated above the allocation before the update
+Then both modes run here on one batch and the largest |gradient difference| is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from functools import partial
+
+import torch
+
+from textzoo.agents.batch import Job, SampleBatch
+from textzoo.agents.policy import Generation, Policy
+from textzoo.agents.reinforce import ReinforceConfig, reinforce_loss
+from textzoo.runners.update import Learner, UpdateConfig, run_job
+
+MODES = {"batched": lambda s: UpdateConfig(micro_batch_size=s), "per_sample": lambda s: UpdateConfig(per_sample_backward=True)}
+PRESETS = {
+    "tiny": dict(arch="gpt2", n_layer=2, n_embd=64, n_head=2, samples=8, prompt=16, tokens=32),
+    "small": dict(arch="gpt2", n_layer=4, n_embd=256, n_head=4, samples=32, prompt=16, tokens=64),
+}
+MIB = 2**20
+
+
+def build(args: argparse.Namespace, device: torch.device) -> tuple[Policy, Job]:
+    policy = Policy.tiny(args.arch, n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head,
+                         n_positions=args.prompt + args.tokens + 8, seed=0, device=device)
+    vocab = len(policy.tokenizer)
+    g = torch.Generator().manual_seed(0)
+    S, P, C = args.samples, args.prompt, args.tokens
+    gen = Generation(
+        prompt_ids=torch.randint(3, vocab, (S, P), generator=g).to(device),  # [S, P]
+        prompt_mask=torch.ones(S, P, dtype=torch.long, device=device),  # [S, P]
+        completion_ids=torch.randint(3, vocab, (S, C), generator=g).to(device),  # [S, C]
+        completion_mask=torch.ones(S, C, dtype=torch.long, device=device),  # [S, C]
+        logprobs=torch.zeros(S, C, device=device),  # [S, C] old log-probs (unused without clipping)
+        texts=[""] * S,
+    )
+    advantages = torch.randn(S, generator=g).to(device)  # [S]
+    job = Job("a", SampleBatch(gen, advantages), partial(reinforce_loss, policy, ReinforceConfig()), max_new_tokens=C)
+    return policy, job
+
+
+def update(policy: Policy, job: Job, mode: str) -> list[torch.Tensor]:
+    """One run_job that leaves the weights as they were (SGD, lr 0) and returns the gradients."""
+    learner = Learner(policy.model, torch.optim.SGD(policy.model.parameters(), lr=0.0), max_grad_norm=None)
+    run_job(job, learner, MODES[mode](len(job.batch)))
+    return [p.grad.detach().clone() for p in policy.model.parameters()]
+
+
+class SavedBytes:
+    """Bytes autograd saves for backward, reset at every backward; `peak` is the largest total."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self.current, self.peak, self.seen = 0, 0, set()
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in self.weights and ptr not in self.seen:
+            self.seen.add(ptr)
+            self.current += t.untyped_storage().nbytes()
+            self.peak = max(self.peak, self.current)
+        return t
+
+    def backward_done(self) -> None:
+        self.current, self.seen = 0, set()
+
+
+def worker(args: argparse.Namespace) -> dict:
+    device = torch.device(args.device)
+    policy, job = build(args, device)
+    saved = SavedBytes(policy.model)
+    real_backward = torch.Tensor.backward
+
+    def backward(self, *a, **k):
+        real_backward(self, *a, **k)
+        saved.backward_done()
+
+    torch.Tensor.backward = backward
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    else:
+        import psutil
+
+        proc = psutil.Process()
+        base = proc.memory_info().rss
+        peak_rss = [base]
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.is_set():
+                peak_rss[0] = max(peak_rss[0], proc.memory_info().rss)
+                time.sleep(0.001)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+    start = time.perf_counter()
+    with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+        update(policy, job, args.mode)
+    seconds = time.perf_counter() - start
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated(device) - base
+    else:
+        stop.set()
+        sampler.join()
+        peak = max(peak_rss[0], proc.memory_info().rss) - base
+    params = sum(p.numel() for p in policy.model.parameters())
+    return {"mode": args.mode, "params": params, "saved_mib": saved.peak / MIB, "peak_mib": peak / MIB, "seconds": seconds}
+
+
+def run_preset(args: argparse.Namespace) -> None:
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k in PRESETS["tiny"] or k == "device"]
+    rows = []
+    for mode in MODES:
+        out = subprocess.run([sys.executable, __file__, "--worker", mode, *flags], capture_output=True, text=True,
+                             check=True, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    policy, job = build(args, torch.device(args.device))
+    g_batched, g_single = update(policy, job, "batched"), update(policy, job, "per_sample")
+    diff = max(float((a - b).abs().max()) for a, b in zip(g_batched, g_single))
+    scale = max(float(a.abs().max()) for a in g_batched)
+    print(f"\n{args.arch} n_layer={args.n_layer} n_embd={args.n_embd}: {rows[0]['params'] / 1e6:.2f}M params, "
+          f"{args.samples} samples x ({args.prompt} prompt + {args.tokens} completion) tokens, {args.device}")
+    print(f"| mode | saved activations (MiB) | peak delta (MiB) | seconds |\n| --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['mode']} | {r['saved_mib']:.2f} | {r['peak_mib']:.2f} | {r['seconds']:.2f} |")
+    print(f"saved-activation ratio batched / per-sample: {rows[0]['saved_mib'] / max(rows[1]['saved_mib'], 1e-9):.1f}x")
+    print(f"max |grad batched - grad per-sample| = {diff:.3e} (largest gradient entry {scale:.3e})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=[*PRESETS, "all"], default=None, help="default: all, unless sizes are given")
+    parser.add_argument("--arch", default="gpt2", choices=["gpt2", "llama", "qwen2"])
+    parser.add_argument("--n-layer", type=int)
+    parser.add_argument("--n-embd", type=int)
+    parser.add_argument("--n-head", type=int)
+    parser.add_argument("--samples", type=int, help="B*G samples in the update")
+    parser.add_argument("--prompt", type=int, help="prompt tokens per sample")
+    parser.add_argument("--tokens", type=int, help="completion tokens per sample")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--worker", choices=list(MODES), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    custom = {k: getattr(args, k) for k in PRESETS["tiny"] if k != "arch" and getattr(args, k) is not None}
+    if args.worker:
+        args.mode = args.worker
+        print(json.dumps(worker(args)))
+        return
+    names = list(PRESETS) if (args.preset in (None, "all") and not custom) else [args.preset or "small"]
+    for name in names:
+        preset = {**PRESETS[name], **custom}
+        if custom:
+            preset["arch"] = args.arch
+        run_preset(argparse.Namespace(**preset, device=args.device))
+
+
+if __name__ == "__main__":
+    main()
