@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -43,6 +44,10 @@ class Args:
     threads: int = 1
     micro_batch_size: int = 32
     per_sample_backward: bool = False
+    fast_forward: bool = True
+    """Use the plain-torch forward (textzoo.agents.fastlm) where the architecture supports it."""
+    share_prompts: bool = True
+    """Run each distinct prompt once per generate / score call (group prefix sharing)."""
     peer_s_per_prompt: float = 0.0
     """CoMLRL seconds per prompt for the same settings (0 = pick the published figure for the preset)."""
     extra: dict = field(default_factory=dict)
@@ -91,15 +96,24 @@ def main() -> None:
         make("textzoo/Team-v0", agents=a.agents, reward_fns=_length_reward)
         cfg.env_kwargs = {"agents": a.agents, "reward_fns": _length_reward}
     trainer = Trainer(cfg)
+    for actor in trainer.actors:
+        actor.policy.fast_forward = a.fast_forward
+        actor.policy.share_prompts = a.share_prompts
     params = sum(p.numel() for p in trainer.actors[0].policy.model.parameters())
-    rows = []
+    rows, cpu = [], []
     for i in range(a.steps + a.warmup):
+        start = time.process_time()
         row = trainer.train_step()
         if i >= a.warmup:
             rows.append(row)
-    step_s = sum(r["time/step"] for r in rows) / len(rows)
+            cpu.append(time.process_time() - start)
+
+    def median(key: str) -> float:
+        return statistics.median(r[key] for r in rows)
+
+    step_s = median("time/step")
     joint = a.batch_prompts * a.group_size / step_s
-    tokens = sum(r["time/tokens_per_s"] for r in rows) / len(rows)
+    tokens = median("time/tokens_per_s")
     peer = _peer_figure(a)
     peer_joint = a.group_size / peer
     out = {
@@ -111,8 +125,10 @@ def main() -> None:
         "max_new_tokens": a.max_new_tokens,
         "threads": a.threads,
         "s_per_step": round(step_s, 4),
-        "s_generate": round(sum(r["time/generate"] for r in rows) / len(rows), 4),
-        "s_update": round(sum(r["time/update"] for r in rows) / len(rows), 4),
+        "s_generate": round(median("time/generate"), 4),
+        "s_update": round(median("time/update"), 4),
+        "cpu_s_per_step": round(statistics.median(cpu), 4),
+        "load_avg_1min": round(os.getloadavg()[0], 2),
         "joint_actions_per_s": round(joint, 1),
         "tokens_per_s": round(tokens, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),

@@ -28,6 +28,7 @@ from transformers import (
     Qwen2Config,
 )
 
+from textzoo.agents.fastlm import FastDecoder, KVCache
 from textzoo.agents.tokenizer import byte_tokenizer
 from textzoo.errors import ConfigError, ModelError
 
@@ -167,6 +168,18 @@ def _key_mask_suffices(config) -> bool:
     return getattr(config, "sliding_window", None) is None or not getattr(config, "use_sliding_window", True)
 
 
+@dataclass
+class _Shared:
+    """Rows that share a prompt: prompt u starts at row ``first[u]``; row s has prompt ``inverse[s]``.
+
+    ``group`` = G when the rows are U contiguous runs of G copies (the runner's layout), else 0.
+    """
+
+    first: torch.Tensor  # [U]
+    inverse: torch.Tensor  # [S]
+    group: int
+
+
 class Policy:
     """A causal LM + tokenizer + generation settings on one device."""
 
@@ -199,6 +212,12 @@ class Policy:
         self._has_logits_to_keep = "logits_to_keep" in params
         self._bias_key: tuple | None = None
         self._bias: torch.Tensor | None = None
+        self.fast_forward = True
+        """Run the plain-torch forward (`textzoo.agents.fastlm`) when the architecture supports it."""
+        self.share_prompts = True
+        """Run each distinct prompt of a batch once (generate and score) and share its keys/values."""
+        self._fast_model: torch.nn.Module | None = None
+        self._fast_decoder: FastDecoder | None = None
 
     # ----------------------------------------------------------------------------------- building
     @classmethod
@@ -418,23 +437,38 @@ class Policy:
         by_stop = torch.zeros(S, dtype=torch.bool, device=device)  # [S]
         stop_window = 4 * max((len(s) for s in cfg.stop_strings), default=0) + 4
         attention = torch.cat([prompt_mask, prompt_mask.new_ones((S, N))], 1)  # [S, P+N]
-        step_attention = attention
-        if _key_mask_suffices(self.model.config):
-            # For one query position the mask is just the key padding mask (causality is implied):
-            # a ready 4D boolean mask skips transformers' per-step mask construction (~10% faster).
-            step_attention = attention.bool()[:, None, None, :]  # [S, 1, 1, P+N]
         position = (prompt_mask.cumsum(1) - 1).clamp(min=0)  # [S, P]
-        cache = DynamicCache(config=self.model.config)
-        step_ids, step_mask = prompt_ids, attention[:, :P]  # causal prefill, then one position per step
         # Per-step results go to lists and are stacked once: indexed writes cost more per step.
         tokens, token_logps, done_after = [], [], []  # each N' x [S]
 
         was_training = self.model.training
         self.model.eval()
         try:
+            fast = self._fast()
+            step_attention = attention
+            if fast is not None:
+                # One query position sees every real key: the additive mask is the key padding mask.
+                step_attention = torch.zeros((S, 1, 1, P + N), device=device).masked_fill_(
+                    ~attention.bool()[:, None, None, :], float("-inf")
+                )  # [S, 1, 1, P+N]
+            elif _key_mask_suffices(self.model.config):
+                # For one query position the mask is just the key padding mask (causality is implied):
+                # a ready 4D boolean mask skips transformers' per-step mask construction (~10% faster).
+                step_attention = attention.bool()[:, None, None, :]  # [S, 1, 1, P+N]
+            cache = fast.new_cache(capacity=P + N) if fast is not None else DynamicCache(config=self.model.config)
+            # Prefill: each distinct prompt once; its keys/values are then copied to all of its rows.
+            shared = self._distinct_prompts(prompt_ids, prompt_mask)
+            if shared is None:
+                logits = self._forward(prompt_ids, attention[:, :P], position, cache, 1, fast)[:, -1]  # [S, V]
+            else:
+                first = shared.first
+                logits = self._forward(prompt_ids[first], attention[first, :P], position[first], cache, 1, fast)
+                self._expand_cache(cache, shared)
+                logits = logits[shared.inverse, -1]  # [S, V]
             for t in range(N):
-                logits = self._forward(step_ids, step_mask, position, cache, keep=1)[:, -1]  # [S, V]
-                if t == 0:
+                if t > 0:
+                    logits = self._forward(step_ids, step_mask, position, cache, 1, fast)[:, -1]  # [S, V]
+                else:
                     bias = self._allowed_bias(logits.shape[-1])
                 logp = self._log_probs(logits, bias)  # [S, V]
                 token = logp.argmax(-1) if greedy else self._draw(logp, generator)  # [S]
@@ -465,15 +499,54 @@ class Policy:
         texts = self._texts(completion, completion_mask, by_stop)
         return Generation(prompt_ids, prompt_mask, completion, completion_mask, logprobs, texts)
 
+    def _fast(self) -> FastDecoder | None:
+        """The plain-torch forward of this model when it is supported and exact in the current mode."""
+        if not self.fast_forward:
+            return None
+        if self._fast_model is not self.model:
+            self._fast_model, self._fast_decoder = self.model, FastDecoder.build(self.model)
+        fast = self._fast_decoder
+        return fast if fast is not None and fast.usable else None
+
+    def _distinct_prompts(self, ids: torch.Tensor, mask: torch.Tensor) -> _Shared | None:
+        """Which rows share a prompt (numbered by first occurrence); None when every row differs."""
+        S = ids.shape[0]
+        if not self.share_prompts or S < 2:
+            return None
+        _, inverse = torch.unique(torch.cat([ids, mask], 1), dim=0, return_inverse=True)  # [S] sorted labels
+        U = int(inverse.max()) + 1
+        if U == S:
+            return None
+        rows = torch.arange(S, device=ids.device)
+        first = torch.full((U,), S, device=ids.device).scatter_reduce(0, inverse, rows, "amin")  # [U]
+        first, rank = first.sort()
+        relabel = torch.empty_like(rank)
+        relabel[rank] = torch.arange(U, device=ids.device)
+        inverse = relabel[inverse]  # [S] prompt u's first row comes before prompt u+1's
+        group = S // U if S % U == 0 and torch.equal(inverse, rows // (S // U)) else 0
+        return _Shared(first, inverse, group)
+
+    @staticmethod
+    def _expand_cache(cache: DynamicCache | KVCache, shared: _Shared) -> None:
+        """Give every row its prompt's keys/values: contiguous equal groups repeat (whose backward
+        is a cheap sum), other layouts gather rows."""
+        if shared.group:
+            cache.batch_repeat_interleave(shared.group)
+        else:
+            cache.reorder_cache(shared.inverse)
+
     def _forward(
         self,
         ids: torch.Tensor,
         attention: torch.Tensor,
         position: torch.Tensor,
-        cache: DynamicCache | None,
+        cache: DynamicCache | KVCache | None,
         keep: int,
+        fast: FastDecoder | None = None,
     ) -> torch.Tensor:
-        """Logits ([S, keep, V]) at the last ``keep`` positions of one model forward."""
+        """Logits ([S, keep, V]) at the last ``keep`` positions of one model forward (``fast`` when given)."""
+        if fast is not None:
+            return fast(ids, attention, position, cache, keep)
         kwargs = {"input_ids": ids, "attention_mask": attention, "position_ids": position}
         if cache is not None:
             kwargs.update({self._cache_kwarg: cache, "use_cache": True})
@@ -530,12 +603,27 @@ class Policy:
         C = completion_ids.shape[1]
         if prompt_ids.shape[1] == 0:
             raise ValueError("score needs at least one prompt token per sample (generate adds BOS to empty prompts)")
-        ids = torch.cat([prompt_ids, completion_ids], 1)  # [S, P+C]
         attention = torch.cat([prompt_mask, torch.ones_like(completion_ids)], 1)  # [S, P+C]
         position = (attention.cumsum(1) - 1).clamp(min=0)  # [S, P+C]
+        P = prompt_ids.shape[1]
+        fast = self._fast()
+        shared = self._distinct_prompts(prompt_ids, prompt_mask) if C > 0 else None
         # Logits at the last prompt position and each completion position but the last predict
         # completion tokens 0..C-1; logits at earlier prompt positions are never computed.
-        logits = self._forward(ids, attention, position, None, keep=C + 1)[:, :C]  # [S, C, V]
+        if shared is None:
+            ids = torch.cat([prompt_ids, completion_ids], 1)  # [S, P+C]
+            logits = self._forward(ids, attention, position, None, C + 1, fast)[:, :C]  # [S, C, V]
+        else:
+            # Each distinct prompt runs once; its keys/values (with their graph) are indexed out to
+            # its samples' completions, so the prompt's gradient is the sum over those samples.
+            first = shared.first
+            cache = fast.new_cache() if fast is not None else DynamicCache(config=self.model.config)
+            last = self._forward(prompt_ids[first], prompt_mask[first], position[first, :P], cache, 1, fast)  # [U, 1, V]
+            logits = last[shared.inverse]  # [S, 1, V]
+            if C > 1:
+                self._expand_cache(cache, shared)
+                rest = self._forward(completion_ids[:, :-1], attention[:, :-1], position[:, P:-1], cache, C - 1, fast)
+                logits = torch.cat([logits, rest], 1)  # [S, C, V]
         logp = self._log_probs(logits, self._allowed_bias(logits.shape[-1]))  # [S, C, V]
         token_logp = logp.gather(2, completion_ids[..., None]).squeeze(2)  # [S, C]
         scored = completion_mask.bool()

@@ -1,0 +1,156 @@
+"""The fast paths are exact: plain-torch forward vs transformers, shared prompts vs one row each."""
+
+import pytest
+import torch
+
+from textzoo.agents.fastlm import FastDecoder, KVCache
+from textzoo.agents.policy import GenerationConfig, Policy
+
+torch.set_num_threads(1)
+
+ARCHS = ["gpt2", "llama", "qwen2"]
+PROMPTS = ["hello there", "a", "the quick brown fox jumps", ""]
+
+
+def _tiny(arch: str = "gpt2", **kw) -> Policy:
+    return Policy.tiny(arch, n_layer=2, n_embd=32, n_head=2, generation=GenerationConfig(max_new_tokens=6), **kw)
+
+
+def _grouped(prompts: list[str], G: int) -> list[str]:
+    return [p for p in prompts for _ in range(G)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fast_forward_matches_transformers_with_left_padding_and_cache(arch):
+    policy = _tiny(arch)
+    model = policy.model.eval()
+    fast = FastDecoder.build(model)
+    assert fast is not None and fast.usable
+    ids, mask = policy.encode(PROMPTS[:3])  # left-padded, different lengths
+    position = (mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask, position_ids=position).logits  # [S, P, V]
+        out = fast(ids, mask, position, None, ids.shape[1])
+        real = mask.bool()
+        torch.testing.assert_close(out[real], ref[real], atol=1e-5, rtol=0)
+        # prefill into a preallocated cache, then two one-token steps
+        cache = fast.new_cache(capacity=ids.shape[1] + 2)
+        fast(ids, mask, position, cache, 1)
+        for _ in range(2):
+            token = torch.randint(3, 100, (ids.shape[0], 1))
+            ids, mask = torch.cat([ids, token], 1), torch.cat([mask, torch.ones_like(token)], 1)
+            position = (mask.cumsum(1) - 1).clamp(min=0)
+            step = fast(token, mask, position[:, -1:], cache, 1)[:, -1]
+            ref = model(input_ids=ids, attention_mask=mask, position_ids=position).logits[:, -1]
+            torch.testing.assert_close(step, ref, atol=1e-5, rtol=0)
+
+
+def test_unsupported_models_fall_back():
+    policy = _tiny("gpt2")
+    fast = FastDecoder.build(policy.model)
+    assert fast is not None
+    # a wrapped layer (what LoRA does) is not read by the plain forward
+    layer = policy.model.transformer.h[0].attn.c_attn
+    policy.model.transformer.h[0].attn.c_attn = torch.nn.Sequential(layer)
+    assert FastDecoder.build(policy.model) is None
+    # dropout is only reproduced by the module: train mode with dropout > 0 is not usable
+    dropped = FastDecoder.build(_tiny("gpt2", dropout=0.1).model)
+    assert dropped is not None
+    dropped.model.train()
+    assert not dropped.usable
+    dropped.model.eval()
+    assert dropped.usable
+    assert FastDecoder.build(torch.nn.Linear(2, 2)) is None
+    # the policy takes the fast forward for training too (dropout 0), and not when told not to
+    policy = _tiny("llama")
+    policy.model.train()
+    assert policy._fast() is not None
+    policy.fast_forward = False
+    assert policy._fast() is None
+
+
+def test_kv_cache_room_and_repeat():
+    cache = KVCache(layers=1, capacity=3)
+    k = torch.arange(4.0).view(2, 1, 2, 1)  # [S=2, H, T=2, D]
+    keys, _ = cache.update(0, k, k)
+    assert keys.shape == (2, 1, 2, 1)
+    cache.batch_repeat_interleave(2)
+    keys, _ = cache.update(0, torch.full((4, 1, 1, 1), 9.0), torch.zeros(4, 1, 1, 1))
+    assert keys[:, 0, :, 0].tolist() == [[0, 1, 9], [0, 1, 9], [2, 3, 9], [2, 3, 9]]
+    with pytest.raises(ValueError, match="capacity"):
+        cache.update(0, torch.zeros(4, 1, 1, 1), torch.zeros(4, 1, 1, 1))
+
+
+def _generate(policy: Policy, prompts: list[str], seed: int = 0):
+    return policy.generate(prompts, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_generation_is_the_same_with_and_without_the_fast_paths(arch):
+    policy = _tiny(arch)
+    prompts = _grouped(PROMPTS, 3)
+    fast = _generate(policy, prompts)
+    policy.fast_forward, policy.share_prompts = False, False
+    plain = _generate(policy, prompts)
+    assert torch.equal(fast.completion_ids, plain.completion_ids)
+    assert fast.texts == plain.texts
+    torch.testing.assert_close(fast.logprobs, plain.logprobs, atol=1e-5, rtol=0)
+
+
+def test_prefill_runs_each_distinct_prompt_once(monkeypatch):
+    policy = _tiny("gpt2")
+    seen: list[tuple[int, int]] = []
+    forward = policy._forward
+
+    def spy(ids, *args, **kwargs):
+        seen.append(tuple(ids.shape))
+        return forward(ids, *args, **kwargs)
+
+    monkeypatch.setattr(policy, "_forward", spy)
+    prompts = ["x" * 20, "y" * 10, "x" * 20, "z" * 5, "x" * 20, "y" * 10]  # 3 distinct, scattered rows
+    _generate(policy, prompts)
+    assert seen[0][0] == 3 and all(shape == (6, 1) for shape in seen[1:])
+    seen.clear()
+    gen = _generate(policy, _grouped(["p" * 30, "q" * 12], 4))
+    assert seen[0][0] == 2
+    seen.clear()
+    policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
+    assert seen[0][0] == 2 and seen[1][0] == 8  # the prompts once, then the completions
+
+
+def _score_and_grads(policy: Policy, gen, weights: torch.Tensor):
+    policy.model.zero_grad()
+    logp = policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)  # [S, C]
+    (logp.sum(1) * weights).sum().backward()
+    grads = {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
+    return logp.detach(), grads
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("layout", ["groups", "scattered"])
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_shared_prompt_scoring_gives_the_plain_log_probs_and_gradients(arch, layout, fast_forward):
+    policy = _tiny(arch)
+    prompts = _grouped(PROMPTS, 3) if layout == "groups" else ["b" * 9, "a", "b" * 9, "c" * 4, "b" * 9, "a"]
+    gen = _generate(policy, prompts)
+    weights = torch.linspace(-1.0, 2.0, len(prompts))  # distinct per-sample weights, like advantages
+    policy.model.train()  # no dropout in the tiny model: train mode is still exact
+    policy.fast_forward, policy.share_prompts = fast_forward, True
+    shared_logp, shared_grads = _score_and_grads(policy, gen, weights)
+    policy.fast_forward, policy.share_prompts = False, False
+    plain_logp, plain_grads = _score_and_grads(policy, gen, weights)
+    torch.testing.assert_close(shared_logp, plain_logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(shared_logp, gen.logprobs, atol=1e-5, rtol=0)  # sampled == scored
+    assert shared_grads.keys() == plain_grads.keys()
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert any(bool(g.abs().sum() > 0) for g in plain_grads.values())
+
+
+def test_single_token_completions_share_prompts():
+    policy = _tiny("gpt2")
+    gen = _generate(policy, _grouped(["one", "two"], 3))
+    ids, mask = gen.completion_ids[:, :1], torch.ones_like(gen.completion_ids[:, :1])
+    shared = policy.score(gen.prompt_ids, gen.prompt_mask, ids, mask)
+    policy.share_prompts = False
+    torch.testing.assert_close(shared, policy.score(gen.prompt_ids, gen.prompt_mask, ids, mask), atol=1e-6, rtol=0)
