@@ -279,3 +279,20 @@ def test_cli_flags_reach_the_config():
     assert cfg.algo == "mappo" and cfg.actor_critic.critic_type == "q"
     assert cfg.actor_critic.gae_lambda == 0.9 and cfg.actor_critic.value_clip == 0.2
     assert cfg.actor_critic.clip_range == 0.2 and cfg.actor_critic.epochs == 2
+
+
+# ---- learning ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("algo", ["iac", "maac"])
+def test_writing_reward_rises(algo, tmp_path):
+    from textzoo.runners.config import AgentConfig
+    from textzoo.runners.trainer import Trainer
+
+    steps = 20
+    cfg = TrainConfig(env_kwargs=WRITING, algo=algo, steps=steps, batch_prompts=4, group_size=4, seed=0,
+                      agent=AgentConfig(lr=1e-2, max_new_tokens=12), progress=False, plot=False,
+                      run_dir=str(tmp_path))
+    trainer = Trainer(cfg)
+    rewards = [trainer.train_step()["reward/mean"] for _ in range(steps)]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    # seeds 0 and 1 gave +0.27 / +0.16 (iac) and +0.17 / +0.11 (maac); a random policy stays near 0.5
+    assert last > first + 0.08, rewards
