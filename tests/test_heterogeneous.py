@@ -205,7 +205,7 @@ def refine_config(tmp_path, n: int, **kwargs) -> TrainConfig:
         overrides.setdefault(agent, {}).update(extra)
     base = dict(env="textzoo/Refine-v0", env_kwargs={"num_refiners": n, "keywords": [[c] for c in letters]},
                 agent=AgentConfig(max_new_tokens=4, lr=1e-2), agent_overrides=overrides, steps=2, batch_prompts=2,
-                group_size=4, eval_prompts=1, progress=False, plot=False, run_dir=str(tmp_path), credit="per_agent")
+                group_size=8, eval_prompts=1, progress=False, plot=False, run_dir=str(tmp_path), credit="per_agent")
     return TrainConfig(**{**base, **kwargs})
 
 
@@ -224,7 +224,8 @@ def test_runner_is_n_ary(tmp_path, n):
     for i, agent in enumerate(agents):
         clip = 0.25 * (i + 1) if agent != "generator" else 1.0
         assert last[f"agent/{agent}/max_grad_norm"] == clip
-        assert last[f"agent/{agent}/weights_version"] == trainer.learners[agent].version > 0
+        own_steps = sum(row.get(f"agent/{agent}/optimizer_steps", 0) for row in trainer.history)
+        assert last[f"agent/{agent}/weights_version"] == trainer.learners[agent].version == own_steps > 0
         assert last[f"agent/{agent}/training"] == 1.0
         changed = any(not torch.equal(v, start[agent][k]) for k, v in trainer.learners[agent].model.state_dict().items())
         assert changed, agent
