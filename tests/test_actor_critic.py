@@ -296,3 +296,28 @@ def test_writing_reward_rises(algo, tmp_path):
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     # seeds 0 and 1 gave +0.27 / +0.16 (iac) and +0.17 / +0.11 (maac); a random policy stays near 0.5
     assert last > first + 0.08, rewards
+
+
+def test_resume_restores_critics_and_their_optimizers_exactly(tmp_path):
+    import shutil
+
+    from textzoo.runners.config import AgentConfig
+    from textzoo.runners.trainer import Trainer
+
+    def config(run_dir):
+        return TrainConfig(env_kwargs=WRITING, algo="ippo", steps=3, batch_prompts=2, group_size=2, seed=0,
+                           agent=AgentConfig(max_new_tokens=8), progress=False, plot=False, run_dir=str(run_dir),
+                           save_every=1, keep_last=5, eval_prompts=2)
+
+    full = Trainer(config(tmp_path / "full"))
+    full.train()
+    shutil.copytree(tmp_path / "full", tmp_path / "resumed")
+    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "step-00000003")  # as if killed after step 2
+    resumed = Trainer(config(tmp_path / "resumed"), resume=tmp_path / "resumed")
+    resumed.train()
+    for name in ("summary.critic", "elaboration.critic", "summary", "elaboration"):
+        a, b = full.learners[name], resumed.learners[name]
+        assert all(torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values()))
+        sa, sb = a.optimizer.state_dict()["state"], b.optimizer.state_dict()["state"]
+        assert sa.keys() == sb.keys() and all(torch.equal(sa[k]["exp_avg_sq"], sb[k]["exp_avg_sq"]) for k in sa)
+        assert a.version == b.version == 6
