@@ -292,8 +292,16 @@ class TrainConfig:
 
 # ---- (de)serialisation ---------------------------------------------------------------------------
 def to_dict(config: Any) -> dict[str, Any]:
-    """A JSON-ready dict of a (nested) config dataclass."""
-    return json.loads(json.dumps(dataclasses.asdict(config)))
+    """A JSON-ready dict of a (nested) config dataclass; values JSON cannot hold are described (`_describe`)."""
+    return json.loads(json.dumps(dataclasses.asdict(config), default=_describe))
+
+
+def _describe(value: Any) -> str:
+    """What config.json records for a value JSON cannot hold, such as a TRL-style reward function
+    passed in `env_kwargs` through the Python API: a function as "module:qualname", else its type."""
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"{value.__module__}:{value.__qualname__}"
+    return f"<{type(value).__module__}.{type(value).__qualname__} object>"
 
 
 def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
