@@ -69,8 +69,9 @@ class RecipeArgs:
     """reinforce.std_floor: lower bound on the group std when scaling."""
     kl_coef: float = 0.1
     """reinforce.kl_coef: β of the KL to the initial (warmed-up) weights; it keeps the sender's code."""
-    kl_in: str = "reward"
-    """reinforce.kl_in: reward | loss."""
+    kl_in: str = "loss"
+    """reinforce.kl_in: loss | reward. In the reward, the KL differences of an all-fail group are
+    scaled up by the tiny group std into full-size advantages (measured: the receiver collapsed)."""
     eval_every: int = 20
     """Held-out evaluation every k steps."""
     seed: int = 0
