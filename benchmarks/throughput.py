@@ -47,6 +47,8 @@ class Args:
     fast_forward: bool = True
     """Use the plain-torch forward (textzoo.agents.fastlm) where the architecture supports it."""
     share_prompts: bool = True
+    parallel_jobs: int = 2
+    """Agents updated at once in threads (update.parallel_jobs): both cores with threads=1."""
     """Run each distinct prompt once per generate / score call (group prefix sharing)."""
     peer_s_per_prompt: float = 0.0
     """CoMLRL seconds per prompt for the same settings (0 = pick the published figure for the preset)."""
@@ -81,7 +83,8 @@ def config(a: Args) -> TrainConfig:
         env=env, env_kwargs=env_kwargs, algo=a.algo, agent=agent, steps=a.steps + a.warmup,
         batch_prompts=a.batch_prompts, group_size=a.group_size, threads=a.threads, progress=False, plot=False,
         run_dir="/tmp/textzoo-throughput", update=UpdateConfig(micro_batch_size=a.micro_batch_size,
-                                                               per_sample_backward=a.per_sample_backward),
+                                                               per_sample_backward=a.per_sample_backward,
+                                                               parallel_jobs=a.parallel_jobs),
     )
 
 
@@ -124,6 +127,7 @@ def main() -> None:
         "G": a.group_size,
         "max_new_tokens": a.max_new_tokens,
         "threads": a.threads,
+        "parallel_jobs": a.parallel_jobs,
         "s_per_step": round(step_s, 4),
         "s_generate": round(median("time/generate"), 4),
         "s_update": round(median("time/update"), 4),

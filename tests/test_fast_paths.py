@@ -154,3 +154,50 @@ def test_single_token_completions_share_prompts():
     shared = policy.score(gen.prompt_ids, gen.prompt_mask, ids, mask)
     policy.share_prompts = False
     torch.testing.assert_close(shared, policy.score(gen.prompt_ids, gen.prompt_mask, ids, mask), atol=1e-6, rtol=0)
+
+
+def _train_two_steps(parallel_jobs: int, **overrides):
+    from textzoo.runners.config import TrainConfig
+    from textzoo.runners.trainer import Trainer
+    from textzoo.runners.update import UpdateConfig
+
+    cfg = TrainConfig(steps=2, batch_prompts=2, group_size=2, progress=False, plot=False, run_dir=None, threads=1,
+                      update=UpdateConfig(micro_batch_size=4, parallel_jobs=parallel_jobs), **overrides)
+    trainer = Trainer(cfg, run_dir="/tmp/textzoo-test-fast-paths")
+    for _ in range(2):
+        trainer.train_step()
+    return [{n: p.detach().clone() for n, p in a.policy.model.named_parameters()} for a in trainer.actors]
+
+
+def test_parallel_update_jobs_give_the_sequential_weights():
+    from textzoo.runners import update
+
+    calls = []
+    independent = update._independent
+    update._independent = lambda jobs, learners: calls.append(independent(jobs, learners)) or calls[-1]
+    try:
+        parallel = _train_two_steps(parallel_jobs=2)
+    finally:
+        update._independent = independent
+    assert calls and all(calls)  # two agents with their own models did run at once
+    sequential = _train_two_steps(parallel_jobs=1)
+    for par, seq in zip(parallel, sequential):
+        for name, weight in seq.items():
+            assert torch.equal(par[name], weight), name
+
+
+def test_jobs_that_share_modules_or_draw_random_numbers_stay_sequential():
+    from textzoo.agents.batch import Job
+    from textzoo.runners.update import Learner, _independent
+
+    def learner(model):
+        return Learner(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+    trunk = torch.nn.Linear(2, 2)
+    own = {"a": learner(torch.nn.Linear(2, 2)), "b": learner(torch.nn.Linear(2, 2))}
+    jobs = [Job("a", None, None), Job("b", None, None)]
+    assert _independent(jobs, own)
+    assert not _independent(jobs, {"a": learner(torch.nn.Sequential(trunk)), "b": learner(torch.nn.Sequential(trunk))})
+    assert not _independent([Job("a", None, None, epochs=2), Job("b", None, None)], own)
+    dropout = {"a": learner(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1))), "b": own["b"]}
+    assert not _independent(jobs, dropout)

@@ -46,7 +46,7 @@ from textzoo.runners.preference import rollout_hooks
 from textzoo.runners.rollout import Collector, prompt_seed
 from textzoo.runners.schedule import build_schedule
 from textzoo.runners.tracking import build_trackers
-from textzoo.runners.update import run_job
+from textzoo.runners.update import run_jobs
 
 
 def default_run_dir(cfg: TrainConfig) -> Path:
@@ -172,7 +172,7 @@ class Trainer:
         training = self.schedule.at(self.step)
         jobs = self.schedule.filter(jobs, self.step)  # agents frozen this step: no loss, no step, no version bump
         sync = self.dist.grad_sync if self.dist.enabled else None
-        update_stats = {job.learner: run_job(job, self.learners[job.learner], cfg.update, grad_sync=sync) for job in jobs}
+        update_stats = run_jobs(jobs, self.learners, cfg.update, grad_sync=sync)
         t_update = time.perf_counter()
         self.step += 1
         row = {"step": self.step, **rollout_metrics(rollout), **hook_stats, **family_stats}

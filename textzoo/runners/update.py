@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -57,12 +58,54 @@ class UpdateConfig:
     """Back-propagate one sample at a time: one sample's activations in memory, same gradient."""
     skip_zero_grad_steps: bool = True
     """Skip the optimizer step when every gradient is exactly zero (no signal in the batch)."""
+    parallel_jobs: int = 1
+    """Learners updated at once in threads (e.g. 2 on 2 cores with threads=1); same results as one at a time."""
 
     def __post_init__(self) -> None:
         from textzoo.errors import ConfigError
 
         if self.micro_batch_size < 1:
             raise ConfigError(f"update.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.parallel_jobs < 1:
+            raise ConfigError(f"update.parallel_jobs must be >= 1 (1 = one learner at a time), got {self.parallel_jobs}")
+
+
+def _independent(jobs: list[Job], learners: dict[str, Learner]) -> bool:
+    """Whether the jobs can run at once without changing results: distinct learners whose models share
+    no module or parameter (a LoRA base or a shared trunk holds state), no dropout and no reshuffling
+    (both draw from the global RNG, whose order threads would make arbitrary)."""
+    seen: set[int] = set()
+    for job in jobs:
+        model = learners[job.learner].model
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        ids = {id(x) for m in (model, base) for x in (*m.modules(), *m.parameters())}
+        if ids & seen or job.epochs > 1 or job.minibatches > 1:
+            return False
+        seen |= ids
+        dropout = [m.p for m in base.modules() if isinstance(m, torch.nn.Dropout)]
+        dropout.append(float(getattr(getattr(base, "config", None), "attention_dropout", 0.0) or 0.0))
+        if max(dropout) > 0:
+            return False
+    return True
+
+
+def run_jobs(
+    jobs: list[Job],
+    learners: dict[str, Learner],
+    cfg: UpdateConfig,
+    grad_sync: Callable[[list[torch.nn.Parameter]], None] | None = None,
+) -> dict[str, dict[str, float]]:
+    """`run_job` for each job (learner id -> statistics); independent jobs run in `parallel_jobs` threads.
+
+    Torch ops release the GIL, so two learners' forwards and backwards use two cores. Gradient
+    synchronisation across replicas keeps jobs sequential (collectives must be issued in one order).
+    """
+    workers = min(cfg.parallel_jobs, len(jobs))
+    if workers < 2 or grad_sync is not None or not _independent(jobs, learners):
+        return {job.learner: run_job(job, learners[job.learner], cfg, grad_sync=grad_sync) for job in jobs}
+    with ThreadPoolExecutor(workers) as pool:
+        stats = list(pool.map(lambda job: run_job(job, learners[job.learner], cfg), jobs))
+    return {job.learner: s for job, s in zip(jobs, stats)}
 
 
 def run_job(
