@@ -7,6 +7,12 @@
 A joint action is one env copy's set of completions (one per agent); CoMLRL 1.4.3 needs 0.073 s per
 prompt of G=4 joint actions on this setup (one core), 0.155 s at 4 agents, 0.265 s at 883k params
 and 64 tokens; `--peer-s-per-prompt` sets the figure the ratio is computed against.
+
+Figures are medians over `--steps` measured steps. On a shared machine wall time depends on the
+load, so the script also prints process CPU seconds per step and a load-free estimate for two idle
+cores: the step's CPU time with each parallel section (the agents' generate calls of a turn, the
+learners' update jobs) counted at its longest thread instead of its sum (`est_*`; it ignores
+contention between the two threads, e.g. for the GIL, so it is an upper bound on the speed-up).
 """
 
 from __future__ import annotations
@@ -22,8 +28,12 @@ from dataclasses import dataclass, field
 import torch
 import tyro
 
+from textzoo.agents.policy import Policy
 from textzoo.envs import make
+from textzoo.runners import trainer as trainer_module
+from textzoo.runners import update as update_module
 from textzoo.runners.config import AgentConfig, TrainConfig, UpdateConfig
+from textzoo.runners.rollout import Collector
 from textzoo.runners.trainer import Trainer
 
 
@@ -49,6 +59,8 @@ class Args:
     share_prompts: bool = True
     parallel_jobs: int = 2
     """Agents updated at once in threads (update.parallel_jobs): both cores with threads=1."""
+    generate_workers: int = 2
+    """Agents generating at once in threads (TrainConfig.generate_workers)."""
     """Run each distinct prompt once per generate / score call (group prefix sharing)."""
     peer_s_per_prompt: float = 0.0
     """CoMLRL seconds per prompt for the same settings (0 = pick the published figure for the preset)."""
@@ -82,10 +94,41 @@ def config(a: Args) -> TrainConfig:
     return TrainConfig(
         env=env, env_kwargs=env_kwargs, algo=a.algo, agent=agent, steps=a.steps + a.warmup,
         batch_prompts=a.batch_prompts, group_size=a.group_size, threads=a.threads, progress=False, plot=False,
+        generate_workers=a.generate_workers,
         run_dir="/tmp/textzoo-throughput", update=UpdateConfig(micro_batch_size=a.micro_batch_size,
                                                                per_sample_backward=a.per_sample_backward,
                                                                parallel_jobs=a.parallel_jobs),
     )
+
+
+class ThreadClock:
+    """Thread CPU seconds of the calls made inside parallel sections, one list per section."""
+
+    def __init__(self) -> None:
+        self.sections: list[list[float]] = []
+
+    def section(self, fn):
+        def wrapped(*args, **kwargs):
+            self.sections.append([])
+            return fn(*args, **kwargs)
+
+        return wrapped
+
+    def call(self, fn):
+        def wrapped(*args, **kwargs):
+            start = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.sections[-1].append(time.thread_time() - start)
+
+        return wrapped
+
+    def saved(self) -> float:
+        """CPU seconds that two idle cores would overlap: each section's sum minus its longest call."""
+        out = sum(sum(calls) - max(calls) for calls in self.sections if calls)
+        self.sections.clear()
+        return out
 
 
 def main() -> None:
@@ -98,18 +141,26 @@ def main() -> None:
 
         make("textzoo/Team-v0", agents=a.agents, reward_fns=_length_reward)
         cfg.env_kwargs = {"agents": a.agents, "reward_fns": _length_reward}
+    clock = ThreadClock()
+    Collector._generate = clock.section(Collector._generate)
+    Policy.generate = clock.call(Policy.generate)
+    trainer_module.run_jobs = clock.section(update_module.run_jobs)
+    update_module.run_job = clock.call(update_module.run_job)
     trainer = Trainer(cfg)
     for actor in trainer.actors:
         actor.policy.fast_forward = a.fast_forward
         actor.policy.share_prompts = a.share_prompts
     params = sum(p.numel() for p in trainer.actors[0].policy.model.parameters())
-    rows, cpu = [], []
+    rows, cpu, est = [], [], []
     for i in range(a.steps + a.warmup):
         start = time.process_time()
         row = trainer.train_step()
+        used = time.process_time() - start
+        saved = clock.saved()
         if i >= a.warmup:
             rows.append(row)
-            cpu.append(time.process_time() - start)
+            cpu.append(used)
+            est.append(used - saved)
 
     def median(key: str) -> float:
         return statistics.median(r[key] for r in rows)
@@ -128,10 +179,14 @@ def main() -> None:
         "max_new_tokens": a.max_new_tokens,
         "threads": a.threads,
         "parallel_jobs": a.parallel_jobs,
+        "generate_workers": a.generate_workers,
         "s_per_step": round(step_s, 4),
         "s_generate": round(median("time/generate"), 4),
         "s_update": round(median("time/update"), 4),
         "cpu_s_per_step": round(statistics.median(cpu), 4),
+        "est_2core_s_per_step": round(statistics.median(est), 4),
+        "est_2core_joint_actions_per_s": round(a.batch_prompts * a.group_size / statistics.median(est), 1),
+        "est_2core_ratio_vs_peer": round(a.batch_prompts * a.group_size / statistics.median(est) / (a.group_size / _peer_figure(a)), 2),
         "load_avg_1min": round(os.getloadavg()[0], 2),
         "joint_actions_per_s": round(joint, 1),
         "tokens_per_s": round(tokens, 1),

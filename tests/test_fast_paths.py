@@ -1,5 +1,7 @@
 """The fast paths are exact: plain-torch forward vs transformers, shared prompts vs one row each."""
 
+import threading
+
 import pytest
 import torch
 
@@ -156,7 +158,7 @@ def test_single_token_completions_share_prompts():
     torch.testing.assert_close(shared, policy.score(gen.prompt_ids, gen.prompt_mask, ids, mask), atol=1e-6, rtol=0)
 
 
-def _train_two_steps(parallel_jobs: int, **overrides):
+def _train_two_steps(parallel_jobs: int = 1, **overrides):
     from textzoo.runners.config import TrainConfig
     from textzoo.runners.trainer import Trainer
     from textzoo.runners.update import UpdateConfig
@@ -201,3 +203,27 @@ def test_jobs_that_share_modules_or_draw_random_numbers_stay_sequential():
     assert not _independent([Job("a", None, None, epochs=2), Job("b", None, None)], own)
     dropout = {"a": learner(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1))), "b": own["b"]}
     assert not _independent(jobs, dropout)
+
+
+def test_parallel_generation_is_reproducible_and_concurrent():
+    from textzoo.runners.rollout import Collector
+
+    threads = []
+    generate = Policy.generate
+
+    def spy(self, *args, **kwargs):
+        threads.append(threading.get_ident())
+        return generate(self, *args, **kwargs)
+
+    Policy.generate = spy
+    try:
+        torch.manual_seed(0)
+        first = _train_two_steps(generate_workers=2)
+        torch.manual_seed(0)
+        second = _train_two_steps(generate_workers=2)
+    finally:
+        Policy.generate = generate
+    assert threads and threading.main_thread().ident not in threads  # the agents generated in worker threads
+    for a, b in zip(first, second):
+        assert all(torch.equal(a[n], b[n]) for n in a)
+    assert Collector.__init__.__defaults__[-1] == 1  # one at a time unless asked

@@ -187,6 +187,8 @@ class TrainConfig:
     """Held-out prompts per evaluation."""
     env_workers: int = 1
     """Threads stepping env copies (raise for code tasks whose reward runs programs)."""
+    generate_workers: int = 1
+    """Actors on one device that generate at once in threads (2 uses both cores with threads=1)."""
     threads: int = 0
     """torch intra-op threads (0 = leave torch's default)."""
     progress: bool = True
@@ -220,7 +222,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         family, extra = resolve_algorithm(self.algo)
-        for name in ("steps", "batch_prompts", "group_size", "eval_prompts", "env_workers"):
+        for name in ("steps", "batch_prompts", "group_size", "eval_prompts", "env_workers", "generate_workers"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if family == "preference":

@@ -20,6 +20,7 @@ import torch
 from textzoo.agents.batch import ActorStep, Rollout
 from textzoo.agents.policy import Generation
 from textzoo.agents.team import Actor
+from textzoo.runners.update import disjoint_models
 from textzoo.errors import EnvError
 
 
@@ -31,9 +32,11 @@ def prompt_seed(base_seed: int, step: int, prompt: int) -> int:
 class Collector:
     """Plays actors in a pool of env copies built by `env_fn`."""
 
-    def __init__(self, env_fn: Callable[[], Any], actors: Sequence[Actor], env_workers: int = 1):
+    def __init__(self, env_fn: Callable[[], Any], actors: Sequence[Actor], env_workers: int = 1,
+                 generate_workers: int = 1):
         self.env_fn = env_fn
         self.actors = list(actors)
+        self.generate_workers = generate_workers
         self.envs: list[Any] = []
         self.env_workers = env_workers
         self._pool = ThreadPoolExecutor(env_workers) if env_workers > 1 else None
@@ -162,7 +165,17 @@ class Collector:
         for i, (actor, _) in enumerate(requests):
             by_device.setdefault(str(actor.policy.device), []).append(i)
         if len(by_device) < 2:
-            return [actor.policy.generate(prompts, greedy=greedy) for actor, prompts in requests]
+            models = [actor.policy.model for actor, _ in requests]
+            if min(self.generate_workers, len(requests)) < 2 or not disjoint_models(models):
+                return [actor.policy.generate(prompts, greedy=greedy) for actor, prompts in requests]
+            # Actors on one device share its RNG: each samples from its own generator, seeded from
+            # that RNG in actor order, so the draws do not depend on thread timing.
+            device = requests[0][0].policy.device
+            seeds = torch.randint(2**62, (len(requests),)).tolist()
+            generators = [torch.Generator(device).manual_seed(s) for s in seeds]
+            with ThreadPoolExecutor(min(self.generate_workers, len(requests))) as pool:
+                return list(pool.map(lambda i: requests[i][0].policy.generate(
+                    requests[i][1], greedy=greedy, generator=generators[i]), range(len(requests))))
         out: list[Generation | None] = [None] * len(requests)
 
         def run(indices: list[int]) -> None:

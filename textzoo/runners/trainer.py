@@ -118,7 +118,7 @@ class Trainer:
                                       visible_devices(cfg.devices, local_rank), {**overrides, **cfg.device_map})
         if cfg.reinforce.joint_mode == "cross" and len(self.actors) > 6:
             raise ConfigError("joint_mode='cross' evaluates G^N combinations: use it with few agents")
-        self.collector = Collector(self.env_fn, self.actors, cfg.env_workers)
+        self.collector = Collector(self.env_fn, self.actors, cfg.env_workers, cfg.generate_workers)
         self.learners = {
             a.id: build_learner(a.policy.model, cfg.agent_config(a.id) if a.id in self.roles else cfg.agent, cfg.steps)
             for a in self.actors if a.trainable

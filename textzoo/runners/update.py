@@ -70,18 +70,27 @@ class UpdateConfig:
             raise ConfigError(f"update.parallel_jobs must be >= 1 (1 = one learner at a time), got {self.parallel_jobs}")
 
 
-def _independent(jobs: list[Job], learners: dict[str, Learner]) -> bool:
-    """Whether the jobs can run at once without changing results: distinct learners whose models share
-    no module or parameter (a LoRA base or a shared trunk holds state), no dropout and no reshuffling
-    (both draw from the global RNG, whose order threads would make arbitrary)."""
+def disjoint_models(models: list[torch.nn.Module]) -> bool:
+    """Whether no two models share a module or parameter (a LoRA base or a shared trunk holds state
+    that threads running them at once would race on)."""
     seen: set[int] = set()
-    for job in jobs:
-        model = learners[job.learner].model
+    for model in models:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         ids = {id(x) for m in (model, base) for x in (*m.modules(), *m.parameters())}
-        if ids & seen or job.epochs > 1 or job.minibatches > 1:
+        if ids & seen:
             return False
         seen |= ids
+    return True
+
+
+def _independent(jobs: list[Job], learners: dict[str, Learner]) -> bool:
+    """Whether the jobs can run at once without changing results: disjoint models, no dropout and no
+    reshuffling (both draw from the global RNG, whose order threads would make arbitrary)."""
+    models = [learners[job.learner].model for job in jobs]
+    if any(job.epochs > 1 or job.minibatches > 1 for job in jobs) or not disjoint_models(models):
+        return False
+    for model in models:
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
         dropout = [m.p for m in base.modules() if isinstance(m, torch.nn.Dropout)]
         dropout.append(float(getattr(getattr(base, "config", None), "attention_dropout", 0.0) or 0.0))
         if max(dropout) > 0:
