@@ -88,9 +88,11 @@ def _generate(policy: Policy, prompts: list[str], seed: int = 0):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_generation_is_the_same_with_and_without_the_fast_paths(arch):
+@pytest.mark.parametrize("fast_forward,share_prompts", [(True, True), (False, True), (True, False)])
+def test_generation_is_the_same_with_and_without_the_fast_paths(arch, fast_forward, share_prompts):
     policy = _tiny(arch)
     prompts = _grouped(PROMPTS, 3)
+    policy.fast_forward, policy.share_prompts = fast_forward, share_prompts
     fast = _generate(policy, prompts)
     policy.fast_forward, policy.share_prompts = False, False
     plain = _generate(policy, prompts)
@@ -227,3 +229,23 @@ def test_parallel_generation_is_reproducible_and_concurrent():
     for a, b in zip(first, second):
         assert all(torch.equal(a[n], b[n]) for n in a)
     assert Collector.__init__.__defaults__[-1] == 1  # one at a time unless asked
+
+
+def test_scoring_with_active_dropout_gives_each_sample_its_own_prompt_pass(monkeypatch):
+    policy = _tiny("gpt2", dropout=0.1)
+    gen = _generate(policy, _grouped(["p" * 30, "q" * 12], 4))
+    seen: list[tuple[int, int]] = []
+    forward = policy._forward
+
+    def spy(ids, *args, **kwargs):
+        seen.append(tuple(ids.shape))
+        return forward(ids, *args, **kwargs)
+
+    monkeypatch.setattr(policy, "_forward", spy)
+    policy.model.train()
+    policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
+    assert [rows for rows, _ in seen] == [8]  # one pass over all rows: independent dropout masks
+    seen.clear()
+    policy.model.eval()
+    policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
+    assert [rows for rows, _ in seen] == [2, 8]

@@ -5,6 +5,10 @@ Sampling and scoring use one distribution: ``log_softmax(logits / temperature)``
 ``Policy.score`` recomputes exactly them (in eval mode, up to float error). top-k / top-p only
 truncate the distribution that the next token is *drawn* from; they do not change the recorded
 log-probs, so the importance ratio of a fresh sample is 1 and the scored sequence is the sampled one.
+
+Speed without changing results: rows that share a prompt (the G samples of a group) run it once,
+in generation and in scoring, and reuse its keys/values (`share_prompts`); supported decoders run a
+plain-torch forward over the module's own weights (`fast_forward`, see `textzoo.agents.fastlm`).
 """
 
 from __future__ import annotations
@@ -156,6 +160,14 @@ def _last_used_column(mask: torch.Tensor) -> int:
 
 # Decoders whose sdpa attention mask is exactly causal + key padding (no ALiBi, no softcapping masks).
 _PLAIN_MASK_MODELS = frozenset({"gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "granite"})
+
+
+def has_dropout(model: torch.nn.Module) -> bool:
+    """Whether ``model`` drops anything in train mode (a dropout module or attention dropout > 0)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in base.modules()):
+        return True
+    return float(getattr(getattr(base, "config", None), "attention_dropout", 0.0) or 0.0) > 0
 
 
 def _key_mask_suffices(config) -> bool:
@@ -607,7 +619,9 @@ class Policy:
         position = (attention.cumsum(1) - 1).clamp(min=0)  # [S, P+C]
         P = prompt_ids.shape[1]
         fast = self._fast()
-        shared = self._distinct_prompts(prompt_ids, prompt_mask) if C > 0 else None
+        # With dropout in train mode, each sample draws its own masks: a shared prompt pass would not.
+        share = C > 0 and not (self.model.training and has_dropout(self.model))
+        shared = self._distinct_prompts(prompt_ids, prompt_mask) if share else None
         # Logits at the last prompt position and each completion position but the last predict
         # completion tokens 0..C-1; logits at earlier prompt positions are never computed.
         if shared is None:

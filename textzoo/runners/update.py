@@ -17,6 +17,7 @@ import torch
 
 from textzoo.agents.batch import Job
 from textzoo.agents.losses import BatchNorm
+from textzoo.agents.policy import has_dropout
 
 
 @dataclass
@@ -89,13 +90,7 @@ def _independent(jobs: list[Job], learners: dict[str, Learner]) -> bool:
     models = [learners[job.learner].model for job in jobs]
     if any(job.epochs > 1 or job.minibatches > 1 for job in jobs) or not disjoint_models(models):
         return False
-    for model in models:
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        dropout = [m.p for m in base.modules() if isinstance(m, torch.nn.Dropout)]
-        dropout.append(float(getattr(getattr(base, "config", None), "attention_dropout", 0.0) or 0.0))
-        if max(dropout) > 0:
-            return False
-    return True
+    return not any(has_dropout(model) for model in models)
 
 
 def run_jobs(
