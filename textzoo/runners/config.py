@@ -273,6 +273,9 @@ class TrainConfig:
             if self.group_size < 2 and self.preference.comparator == "current":
                 raise ConfigError("madpo pairs the samples of a prompt: set group_size >= 2 (or a comparator)")
             return "preference", extra
+        if self.num_processes > 1:
+            # each replica would fit its own reward model on its own samples, and the replicas' rewards diverge
+            raise ConfigError("marlhf trains its reward model in one process: set num_processes=1")
         family, rl_extra = resolve_algorithm(self.rl_algo)
         if family == "preference":
             raise ConfigError(f"rl_algo must be an online algorithm (magrpo, marloo, iac, ...), got {self.rl_algo!r}")
