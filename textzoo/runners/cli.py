@@ -104,7 +104,11 @@ def _summary(trainer) -> None:
     last = trainer.history[-1]
     first = trainer.history[0]
     print(f"run dir: {trainer.run_dir}")
-    for key in ("eval/greedy/reward/mean", "eval/sampled/reward/mean"):
+    train = [row["reward/mean"] for row in trainer.history if "reward/mean" in row]
+    if train:
+        k = max(1, min(5, len(train) // 4))
+        print(f"train reward (mean of {k} steps): {sum(train[:k]) / k:.3f} -> {sum(train[-k:]) / k:.3f}")
+    for key in ("eval/sampled/reward/mean", "eval/greedy/reward/mean"):
         if key in first and key in last:
             print(f"{key}: {first[key]:.3f} -> {last[key]:.3f}")
 

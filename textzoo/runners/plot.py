@@ -9,7 +9,7 @@ from typing import Any
 from textzoo.errors import TextzooError
 
 PANELS = (
-    ("reward", lambda k: k in ("reward/mean", "eval/greedy/reward/mean")),
+    ("reward", lambda k: k in ("reward/mean", "eval/sampled/reward/mean", "eval/greedy/reward/mean")),
     ("loss", lambda k: k.startswith("agent/") and k.endswith("/loss")),
     ("KL", lambda k: k.startswith("agent/") and k.endswith("/kl")),
     ("completion length", lambda k: k.endswith("/completion_len")),
