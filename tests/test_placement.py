@@ -85,7 +85,8 @@ class _FakePolicy:
 def test_actors_on_distinct_devices_generate_concurrently():
     barrier = threading.Barrier(2)
     actors = [SimpleNamespace(policy=_FakePolicy("cpu", barrier)), SimpleNamespace(policy=_FakePolicy("meta", barrier))]
-    collector = Collector.__new__(Collector)
+    collector = Collector.__new__(Collector)  # only _generate is under test
+    collector.generate_workers = 1  # no threads for actors that share a device
     out = collector._generate([(actors[0], ["x"]), (actors[1], ["y", "z"])], greedy=False)
     assert out == [["cpu:x"], ["meta:y", "meta:z"]]  # results stay in actor order
 
@@ -103,7 +104,8 @@ def test_actors_on_one_device_generate_in_turn():
             calls.append((self.name, threading.current_thread() is threading.main_thread()))
             return self.name
 
-    collector = Collector.__new__(Collector)
+    collector = Collector.__new__(Collector)  # only _generate is under test
+    collector.generate_workers = 1  # no threads for actors that share a device
     out = collector._generate([(SimpleNamespace(policy=Recorder("a")), ["p"]),
                                (SimpleNamespace(policy=Recorder("b")), ["q"])], greedy=False)
     assert out == ["a", "b"] and calls == [("a", True), ("b", True)]
