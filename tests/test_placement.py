@@ -99,6 +99,7 @@ def test_actors_on_one_device_generate_in_turn():
 
         def __init__(self, name):
             self.name = name
+            self.model = torch.nn.Linear(1, 1)
 
         def generate(self, prompts, greedy=False):
             calls.append((self.name, threading.current_thread() is threading.main_thread()))
