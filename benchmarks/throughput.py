@@ -22,6 +22,7 @@ import os
 import resource
 import statistics
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -85,6 +86,14 @@ def _length_reward(prompts, completions, **_):
     return [min(len(c) / 60.0, 1.0) for c in completions]
 
 
+def _writing_prompts() -> list[str]:
+    """The summary prompts of Writing-v0 (~150-250 characters), shared by every Team-v0 agent."""
+    env = make("textzoo/Writing-v0")
+    prompts = [env.reset(seed=0, options={"index": i})[0]["summary"] for i in range(env.num_items())]
+    env.close()
+    return prompts
+
+
 def config(a: Args) -> TrainConfig:
     agent = AgentConfig(n_layer=a.n_layer, n_embd=a.n_embd, n_head=a.n_head, max_new_tokens=a.max_new_tokens)
     if a.agents == 2:
@@ -102,14 +111,14 @@ def config(a: Args) -> TrainConfig:
 
 
 class ThreadClock:
-    """Thread CPU seconds of the calls made inside parallel sections, one list per section."""
+    """Thread CPU seconds of the calls made inside parallel sections, per section and thread."""
 
     def __init__(self) -> None:
-        self.sections: list[list[float]] = []
+        self.sections: list[dict[int, float]] = []
 
     def section(self, fn):
         def wrapped(*args, **kwargs):
-            self.sections.append([])
+            self.sections.append({})
             return fn(*args, **kwargs)
 
         return wrapped
@@ -120,13 +129,15 @@ class ThreadClock:
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.sections[-1].append(time.thread_time() - start)
+                per_thread = self.sections[-1]
+                thread = threading.get_ident()
+                per_thread[thread] = per_thread.get(thread, 0.0) + time.thread_time() - start
 
         return wrapped
 
     def saved(self) -> float:
-        """CPU seconds that two idle cores would overlap: each section's sum minus its longest call."""
-        out = sum(sum(calls) - max(calls) for calls in self.sections if calls)
+        """CPU seconds that idle cores would overlap: per section, all threads' time but the longest's."""
+        out = sum(sum(t.values()) - max(t.values()) for t in self.sections if t)
         self.sections.clear()
         return out
 
@@ -136,11 +147,8 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     cfg = config(a)
     if a.agents != 2:
-        # Team-v0 needs a reward callable, which a config file cannot hold: build it directly
-        from textzoo.envs import registry  # noqa: F401  (registers built-ins)
-
-        make("textzoo/Team-v0", agents=a.agents, reward_fns=_length_reward)
-        cfg.env_kwargs = {"agents": a.agents, "reward_fns": _length_reward}
+        # Team-v0 needs a reward callable, which a config file cannot hold: set it on the config object
+        cfg.env_kwargs = {"agents": a.agents, "reward_fns": _length_reward, "prompts": _writing_prompts(), "split": "all"}
     clock = ThreadClock()
     Collector._generate = clock.section(Collector._generate)
     Policy.generate = clock.call(Policy.generate)
