@@ -131,3 +131,16 @@ def test_tiny_llm_team_learns_the_length_ratio(tmp_path):
     rewards = [r["reward/mean"] for r in history if "reward/mean" in r and r["step"] > 0]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last > first + 0.15, (first, last)
+
+
+def test_evaluation_never_changes_training(tmp_path):
+    """Evaluating more or less often leaves the training trajectory bit-identical."""
+    runs = []
+    for i, every in enumerate((0, 1)):
+        trainer = Trainer(small(steps=3, eval_every=every), run_dir=tmp_path / str(i))
+        history = trainer.train()
+        rows = [{k: v for k, v in r.items() if not k.startswith(("eval/", "time/"))} for r in history if r["step"] > 0]
+        weights = {k: v.clone() for a in trainer.actors for k, v in a.policy.model.state_dict().items()}
+        runs.append((rows, weights))
+    assert runs[0][0] == runs[1][0]
+    assert all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])

@@ -60,9 +60,9 @@ RESUME_SAFE = frozenset({
     "eval_every", "eval_prompts", "devices", "device_map", "num_processes", "agent.device",
 })
 """Config fields a resumed run may change: they do not alter what was learned so far. A longer `steps`
-extends the run (a linear/cosine schedule is then stretched over the new total). Sampled evaluation
-draws from the training RNG, so a changed eval schedule continues validly but not bit-identically
-to an uninterrupted run; the replica count is checked against the checkpoint separately."""
+extends the run (a linear/cosine schedule is then stretched over the new total). Evaluation samples
+from its own stream, so the eval schedule never changes training; the replica count is checked
+against the checkpoint separately."""
 
 
 def find_resumable(cfg: TrainConfig, root: str | Path = "runs") -> Path | None:
@@ -206,11 +206,15 @@ class Trainer:
         items = list(range(n))
         seeds = [prompt_seed(cfg.seed, -1, b) for b in items]
         out: dict[str, float] = {}
-        for mode, greedy in (("greedy", True), ("sampled", False)):
-            rollout = collector.collect(items, seeds, 1, greedy=greedy)
-            for k, v in rollout_metrics(rollout).items():
-                if k.startswith(("reward", "role/", "parse_failure")):
-                    out[f"eval/{mode}/{k}"] = v
+        # evaluation samples from its own stream (seeded by the step) and restores the training RNG
+        # afterwards, so when and how often a run evaluates never changes what it learns
+        with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))):
+            torch.manual_seed(prompt_seed(cfg.seed, -1, 10**9 + self.step))  # apart from item seeds
+            for mode, greedy in (("greedy", True), ("sampled", False)):
+                rollout = collector.collect(items, seeds, 1, greedy=greedy)
+                for k, v in rollout_metrics(rollout).items():
+                    if k.startswith(("reward", "role/", "parse_failure")):
+                        out[f"eval/{mode}/{k}"] = v
         return out
 
     # ---- the loop ----------------------------------------------------------------------------
