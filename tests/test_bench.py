@@ -165,6 +165,8 @@ def test_a_failed_cell_is_reported_and_retried(tmp_path, monkeypatch, capsys):
     assert "| magrpo | decentralized | 0/1 | failed: RuntimeError: out of luck |" in md
 
     assert cli_main(["bench", str(path), "--out-dir", str(tmp_path / "out"), "--dry-run"]) == 0
-    assert "writing magrpo decentralized seed 0" in capsys.readouterr().out
+    assert re.search(r"writing magrpo decentralized seed 0 +failed", capsys.readouterr().out)
+    assert cli_main(["bench", str(path), "--out-dir", str(tmp_path / "out"), "--report"]) == 2
+    assert "| 0/1 | failed: RuntimeError: out of luck |" in (tmp_path / "out" / "results.md").read_text()
     with pytest.raises(TextzooError):
         bench.main([str(tmp_path / "missing.toml")])

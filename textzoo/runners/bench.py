@@ -9,7 +9,7 @@ Grid file (see `benchmarks/grids/cpu-small.toml`)::
     algos = ["magrpo", "iac"]                 # or "all": every algorithm textzoo has when the grid runs
     collaboration = ["decentralized", "centralized"]
     seeds = [0, 1]
-    metric = "eval/greedy/reward/mean"        # the reward the table reports (a metrics.jsonl column)
+    metric = "eval/sampled/reward/mean"       # the reward the table reports (a metrics.jsonl column)
     exclude = [{ algo = "maac", collaboration = "centralized" }]   # cells matching every given key
 
     [base]                                    # TrainConfig fields shared by every cell
@@ -33,7 +33,8 @@ and restarts the others (from their newest checkpoint when they have one), so an
 resumes; a finished cell whose config no longer matches the grid is an error (use a new out_dir).
 At the end (and with `--report` alone) `OUT_DIR/results.md` gets one table per task (start, final
 and best reward as mean ± std over seeds, wall time and tokens/s per cell) and
-`OUT_DIR/curves-<task>.png` the training reward curves (mean over seeds, min-max band).
+`OUT_DIR/curves-<task>.png` the training reward curves (mean over seeds, min-max band). Tables are
+computed from the cells' metrics.jsonl at report time, so a changed `metric` needs no retraining.
 
 `--workers N` trains N cells at once in separate processes (set `threads` in `base` so that
 N x threads fits the cores); those processes see only the tasks registered on import of textzoo.
@@ -112,6 +113,12 @@ class Cell:
         """The finished cell's summary, or None when it has not finished."""
         path = self.run_dir / MARKER
         return json.loads(path.read_text()) if path.is_file() else None
+
+    def error(self) -> str | None:
+        """The last line of the traceback of the cell's last failed run (None when it has none)."""
+        path = self.run_dir / "error.txt"
+        lines = path.read_text().strip().splitlines() if path.is_file() else []
+        return lines[-1] if lines else None
 
 
 @dataclass
@@ -242,6 +249,7 @@ def run_cell(config: dict[str, Any], metric: str) -> dict[str, Any]:
     tmp = run_dir / (MARKER + ".tmp")
     tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, run_dir / MARKER)
+    (run_dir / "error.txt").unlink(missing_ok=True)  # from an earlier failed try
     return summary
 
 
@@ -350,6 +358,11 @@ def write_report(grid: Grid, results: dict[str, dict[str, Any]]) -> Path:
         "start = before training, final = at the last step, best = the highest evaluation after step 0. "
         "Wall time (of the run that finished the cell) and generated tokens/s: mean per cell.",
     ]
+    from textzoo.runners.plot import read_metrics
+
+    results = {c.label: (results[c.label] if "error" in results[c.label]
+                         else {**results[c.label], **summarize(read_metrics(c.run_dir), grid.metric)})
+               for c in grid.cells if c.label in results}
     for task, env_id in grid.tasks.items():
         lines += ["", f"## {task} (`{env_id}`)", "",
                   "| algo | mode | seeds | start | final | best | wall s | tokens/s |",
@@ -432,12 +445,16 @@ def main(argv: list[str]) -> None:
     grid = load_grid(args.grid, args.out_dir)
     if args.dry_run:
         for cell in grid.cells:
-            state = "finished" if cell.summary() is not None else "to train"
+            state = "finished" if cell.summary() is not None else "failed" if cell.error() else "to train"
             print(f"{cell.label:<50} {state:<9} {cell.run_dir}")
         print(f"{len(grid.cells)} cells")
         return
     if args.report:
-        results = {c.label: s for c in grid.cells if (s := c.summary()) is not None}
+        results = {}
+        for cell in grid.cells:
+            summary, error = cell.summary(), cell.error()
+            if summary is not None or error is not None:
+                results[cell.label] = summary if summary is not None else {"error": error}
     else:
         start = time.perf_counter()
         results = run_grid(grid, args.workers, log=lambda line: print(line, flush=True))
