@@ -413,16 +413,18 @@ def plot_task(grid: Grid, task: str, results: dict[str, dict[str, Any]], smooth:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
+    algos = list(dict.fromkeys(algo for algo, _ in curves))  # one colour per algorithm, one line style per mode
     for (algo, mode), seeds in curves.items():
         steps = sorted(set.intersection(*(set(s) for s in seeds)))
         if not steps:
             continue
         per_seed = [_moving_average([s[t] for t in steps], smooth) for s in seeds]
         mean = [statistics.fmean(v) for v in zip(*per_seed)]
-        line, = ax.plot(steps, mean, label=f"{algo}, {mode}", linestyle="-" if mode == "decentralized" else "--")
+        color = plt.get_cmap("tab10")(algos.index(algo) % 10)
+        ax.plot(steps, mean, label=f"{algo}, {mode}", color=color, linestyle="-" if mode == "decentralized" else "--")
         if len(per_seed) > 1:
             ax.fill_between(steps, [min(v) for v in zip(*per_seed)], [max(v) for v in zip(*per_seed)],
-                            color=line.get_color(), alpha=0.12)
+                            color=color, alpha=0.12)
     ax.set_title(f"{grid.name}: {task} ({grid.tasks[task]}), training reward, moving average over {smooth} steps")
     ax.set_xlabel("step")
     ax.set_ylabel("reward/mean")
