@@ -204,7 +204,7 @@ def refine_config(tmp_path, n: int, **kwargs) -> TrainConfig:
     for agent, extra in kwargs.pop("agent_overrides", {}).items():
         overrides.setdefault(agent, {}).update(extra)
     base = dict(env="textzoo/Refine-v0", env_kwargs={"num_refiners": n, "keywords": [[c] for c in letters]},
-                agent=AgentConfig(max_new_tokens=4, lr=1e-2), agent_overrides=overrides, steps=2, batch_prompts=2,
+                agent=AgentConfig(max_new_tokens=4, lr=1e-2), agent_overrides=overrides, steps=4, batch_prompts=4,
                 group_size=8, eval_prompts=1, progress=False, plot=False, run_dir=str(tmp_path), credit="per_agent")
     return TrainConfig(**{**base, **kwargs})
 

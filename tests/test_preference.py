@@ -286,7 +286,7 @@ WRITING = {"terms": {"length_ratio": 1.0}, "max_prompt_chars": 128}
 
 def test_madpo_raises_the_writing_reward(tmp_path):
     """Two tiny GPT-2s trained with MADPO raise Writing-v0's length-ratio reward (seeded, CI-sized)."""
-    cfg = TrainConfig(algo="madpo", steps=20, batch_prompts=4, group_size=4, progress=False, plot=False, seed=0,
+    cfg = TrainConfig(algo="madpo", steps=30, batch_prompts=4, group_size=4, progress=False, plot=False, seed=0,
                       env_kwargs=WRITING, agent=AgentConfig(max_new_tokens=24, lr=5e-3), eval_prompts=1,
                       preference=PreferenceConfig(beta=0.5, epochs=2))
     history = Trainer(cfg, run_dir=tmp_path).train()
