@@ -314,7 +314,7 @@ def test_collector_asks_the_joint_actor_for_active_roles_and_splits_lengths():
         return CountEnv(roles)
 
     def parser(text, asked):
-        # fixed per-role actions of known token lengths (byte tokenizer: one token per byte)
+        # fixed per-role actions of known lengths
         return {r: "a" * (i + 1) for i, r in enumerate(asked)}, False
 
     policy = _policy()
@@ -325,7 +325,7 @@ def test_collector_asks_the_joint_actor_for_active_roles_and_splits_lengths():
     for text in policy.tokenizer.batch_decode(step.gen.prompt_ids, skip_special_tokens=True):
         assert all(f'<task role="{r}">' in text for r in roles) and text.endswith("<r0>")
     metrics = rollout_metrics(rollout)
-    assert [metrics[f"role/{r}/completion_len"] for r in roles] == [1.0, 2.0, 3.0]
+    assert [metrics[f"role/{r}/completion_chars"] for r in roles] == [1.0, 2.0, 3.0]
     assert [metrics[f"role/{r}/reward"] for r in roles] == [1.0, 1.0, 1.0]  # all-letter actions
     assert metrics["parse_failure_rate"] == 0.0
     assert metrics["tokens_generated"] == float(step.gen.completion_mask.sum())
@@ -340,7 +340,7 @@ def test_parse_failures_are_counted_and_score_low():
     metrics = rollout_metrics(rollout)
     assert metrics["parse_failures"] == 3.0 and metrics["parse_failure_rate"] == 1.0
     assert metrics["reward/mean"] == 0.0
-    assert metrics["role/x/completion_len"] == metrics["role/y/completion_len"] == 0.0
+    assert metrics["role/x/completion_chars"] == metrics["role/y/completion_chars"] == 0.0
 
 
 @pytest.mark.parametrize("algo", FAMILY_ALGOS)
@@ -358,7 +358,7 @@ def test_centralized_writing_trains_and_logs_per_role_columns(tmp_path, algo):
     assert any(not torch.equal(b, p) for b, p in zip(before, joint.policy.model.parameters()))
     last = history[-1]
     for role in ("summary", "elaboration"):
-        for key in ("completion_len", "reward", "reward/length_ratio"):
+        for key in ("completion_chars", "reward", "reward/length_ratio"):
             assert f"role/{role}/{key}" in last and f"eval/greedy/role/{role}/{key}" in last
     assert last["agent/joint/optimizer_steps"] >= 1
     assert last["parse_failure_rate"] == 0.0
@@ -400,7 +400,7 @@ def test_centralized_relay_answers_only_the_active_role_each_turn(tmp_path, algo
     dec_cols = {k for k in runs["decentralized"][1][-1] if not k.startswith(("agent/", "time/"))}
     cen_cols = {k for k in history[-1] if not k.startswith(("agent/", "time/"))}
     assert dec_cols == cen_cols
-    assert {"role/sender/completion_len", "role/receiver/completion_len", "role/receiver/reward/correct"} <= cen_cols
+    assert {"role/sender/completion_chars", "role/receiver/completion_chars", "role/receiver/reward/correct"} <= cen_cols
 
 
 def _relay_cfg(tmp_path, algo, mode, steps, name):

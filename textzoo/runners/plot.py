@@ -12,7 +12,8 @@ PANELS = (
     ("reward", lambda k: k in ("reward/mean", "eval/sampled/reward/mean", "eval/greedy/reward/mean")),
     ("loss", lambda k: k.startswith("agent/") and k.endswith("/loss")),
     ("KL", lambda k: k.startswith("agent/") and k.endswith("/kl")),
-    ("completion length", lambda k: k.endswith("/completion_len")),
+    ("completion tokens", lambda k: k.endswith("/completion_len")),
+    ("action characters per role", lambda k: k.startswith("role/") and k.endswith("/completion_chars")),
 )
 
 

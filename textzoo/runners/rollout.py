@@ -84,7 +84,7 @@ class Collector:
         states: list[list[str]] = []
         terms: dict[str, torch.Tensor] = {}
         parse_failures = 0
-        role_tokens: dict[str, list[int]] = {}  # role -> token length of each of its actions
+        role_chars: dict[str, list[int]] = {}  # role -> character length of each of its actions
         time_generate = time_env = 0.0
         t = 0
         while live:
@@ -108,20 +108,13 @@ class Collector:
             time_generate += time.perf_counter() - start
             for (ai, rows, row_roles, _), gen in zip(requests, gens):
                 actor = self.actors[ai]
-                role_texts: dict[str, list[str]] = {}
                 for e, roles, text in zip(rows, row_roles, gen.texts):
                     acts, failed = actor.parse(text, roles)
                     parse_failures += int(failed)
                     actions[e].update(acts)
+                    # per-role action length in characters: one measure for both modes and any tokenizer
                     for r in roles:
-                        role_texts.setdefault(r, []).append(acts.get(r, ""))
-                # per-role action lengths in the actor's tokens: the same measure in both modes
-                # (a toy policy without a tokenizer reports none)
-                tokenizer = getattr(actor.policy, "tokenizer", None)
-                if callable(tokenizer):
-                    for r, texts in role_texts.items():
-                        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
-                        role_tokens.setdefault(r, []).extend(len(x) for x in ids)
+                        role_chars.setdefault(r, []).append(len(acts.get(r, "")))
                 act_t[rows, ai] = True
                 steps.append(ActorStep(actor.id, t, torch.tensor(rows, dtype=torch.long), gen, greedy))
             start = time.perf_counter()
@@ -149,7 +142,7 @@ class Collector:
         rollout = Rollout(
             num_prompts=B, group_size=G, roles=self.roles, actors=[a.id for a in self.actors], items=list(items),
             steps=steps, rewards=rewards_t, actor_rewards=actor_rewards, active=torch.stack(active, dim=-1),
-            states=states, reward_terms=terms, infos={"parse_failures": parse_failures, "role_tokens": role_tokens,
+            states=states, reward_terms=terms, infos={"parse_failures": parse_failures, "role_chars": role_chars,
                    "time_generate": time_generate, "time_env": time_env},
         )
         if cross:

@@ -384,9 +384,9 @@ def rollout_metrics(rollout: Rollout) -> dict[str, float]:
         out[f"role/{role}/reward"] = float(rollout.rewards[:, ri].sum(-1).mean())
         for term, values in sorted(rollout.reward_terms.items()):
             out[f"role/{role}/reward/{term}"] = float(values[:, ri].mean())
-    for role, lengths in sorted(rollout.infos.get("role_tokens", {}).items()):
+    for role, lengths in sorted(rollout.infos.get("role_chars", {}).items()):
         if lengths:
-            out[f"role/{role}/completion_len"] = sum(lengths) / len(lengths)
+            out[f"role/{role}/completion_chars"] = sum(lengths) / len(lengths)
     for actor in rollout.actors:
         lengths = [s.gen.completion_mask.sum(-1).float() for s in rollout.steps_of(actor)]
         if lengths:
