@@ -142,7 +142,7 @@ def run_preset(args: argparse.Namespace) -> None:
     scale = max(float(a.abs().max()) for a in g_batched)
     print(f"\n{args.arch} n_layer={args.n_layer} n_embd={args.n_embd}: {rows[0]['params'] / 1e6:.2f}M params, "
           f"{args.samples} samples x ({args.prompt} prompt + {args.tokens} completion) tokens, {args.device}")
-    print(f"| mode | saved activations (MiB) | peak delta (MiB) | seconds |\n| --- | --- | --- | --- |")
+    print("| mode | saved activations (MiB) | peak delta (MiB) | seconds |\n| --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['mode']} | {r['saved_mib']:.2f} | {r['peak_mib']:.2f} | {r['seconds']:.2f} |")
     print(f"saved-activation ratio batched / per-sample: {rows[0]['saved_mib'] / max(rows[1]['saved_mib'], 1e-9):.1f}x")

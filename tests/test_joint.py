@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from textzoo.agents.batch import ActorStep, Rollout
-from textzoo.agents.joint import JointActor, joint_prompt, parse_joint
+from textzoo.agents.joint import JointActor, parse_joint
 from textzoo.agents.losses import BatchNorm
 from textzoo.agents.policy import GenerationConfig, Policy
 from textzoo.agents.reinforce import ReinforceConfig, ReinforceFamily

@@ -11,7 +11,6 @@ from toy import CategoricalPolicy, TargetWordEnv  # noqa: E402
 
 from textzoo.agents.batch import SampleBatch  # noqa: E402
 from textzoo.agents.losses import BatchNorm, k3_kl, policy_gradient_loss  # noqa: E402
-from textzoo.agents.policy import Generation  # noqa: E402
 from textzoo.agents.reinforce import (  # noqa: E402
     ReinforceConfig,
     ReinforceFamily,

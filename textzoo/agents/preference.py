@@ -20,7 +20,6 @@ A "sample" of the update is a pair: `dpo_loss` returns one contribution per pair
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -31,7 +30,7 @@ import torch.nn.functional as F
 from textzoo.agents.batch import ActorStep, Job, Rollout
 from textzoo.agents.losses import BatchNorm
 from textzoo.agents.policy import Generation, Policy
-from textzoo.agents.team import Actor
+from textzoo.agents.team import Actor, frozen_references
 from textzoo.errors import ConfigError
 
 SELECTIONS = ("gap", "random", "all")
@@ -332,13 +331,7 @@ class MADPOFamily:
         self.actors = {a.id: a for a in actors}
         self.store = PairStore(config.replay_capacity if config.replay_pairs else 0)
         # frozen copies of the initial weights, made before any checkpoint is loaded
-        self.references: dict[str, Policy] = {}
-        if config.reference == "initial":
-            for a in actors:
-                if a.trainable:
-                    ref = copy.deepcopy(a.policy)
-                    ref.model.eval().requires_grad_(False)
-                    self.references[a.id] = ref
+        self.references: dict[str, Policy] = frozen_references(actors) if config.reference == "initial" else {}
 
     def trainable_models(self) -> dict:
         return {}

@@ -18,7 +18,6 @@ Loss: `policy_gradient_loss` (−A·ℓ, or PPO-clip with `clip_range` over seve
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from functools import partial
 
@@ -27,7 +26,7 @@ import torch
 from textzoo.agents.batch import Job, Rollout, SampleBatch
 from textzoo.agents.losses import AGGREGATIONS, BatchNorm, k3_kl, policy_gradient_loss
 from textzoo.agents.policy import Generation, Policy
-from textzoo.agents.team import Actor
+from textzoo.agents.team import Actor, frozen_references
 from textzoo.errors import ConfigError
 
 ESTIMATORS = ("grpo", "rloo", "remax", "reinforce")
@@ -190,13 +189,7 @@ class ReinforceFamily:
         self.needs_greedy_baseline = estimator == "remax"
         self.running_mean: torch.Tensor | None = None
         # frozen copies of the initial weights, made before any checkpoint is loaded
-        self.references: dict[str, Policy] = {}
-        if config.kl_coef > 0:
-            for a in actors:
-                if a.trainable:
-                    ref = copy.deepcopy(a.policy)
-                    ref.model.eval().requires_grad_(False)
-                    self.references[a.id] = ref
+        self.references: dict[str, Policy] = frozen_references(actors) if config.kl_coef > 0 else {}
 
     def trainable_models(self) -> dict:
         return {}

@@ -6,6 +6,7 @@ answers for every role. Runners only see the `Actor` protocol, so both modes sha
 
 from __future__ import annotations
 
+import copy
 from typing import Protocol
 
 from textzoo.agents.policy import Policy
@@ -45,3 +46,14 @@ class AgentActor:
 
     def __repr__(self) -> str:
         return f"AgentActor({self.id!r}, trainable={self.trainable})"
+
+
+def frozen_references(actors: list[Actor]) -> dict[str, Policy]:
+    """Frozen copies of every trainable actor's policy (taken before any checkpoint is loaded)."""
+    refs: dict[str, Policy] = {}
+    for a in actors:
+        if a.trainable:
+            ref = copy.deepcopy(a.policy)
+            ref.model.eval().requires_grad_(False)
+            refs[a.id] = ref
+    return refs
