@@ -35,7 +35,7 @@ from textzoo.agents.policy import GenerationConfig, Policy
 from textzoo.envs import make
 from textzoo.envs.writing_v0 import length_ratio_score
 from textzoo.runners.build import ItemSampler
-from textzoo.runners.config import AgentConfig, TrainConfig
+from textzoo.runners.config import AgentConfig, TrainConfig, UpdateConfig
 from textzoo.runners.trainer import Trainer
 
 ENV_KWARGS = {"terms": {"length_ratio": 1.0}}
@@ -61,6 +61,10 @@ class Args:
     """Steps run before measuring."""
     batch_prompts: int = 8
     """Prompts per step of the second textzoo run (its lock-step batching)."""
+    workers: int = 2
+    """textzoo's threads for generating and updating agents in parallel (both cores; 1 = sequential)."""
+    micro_batch_size: int = 32
+    """textzoo's samples per forward/backward."""
     seed: int = 0
     """textzoo's seed: agent i is built with seed 1000 * seed + i, as textzoo's builder does."""
     side: str = ""
@@ -72,7 +76,9 @@ def textzoo_config(a: Args, batch_prompts: int) -> TrainConfig:
                         temperature=1.0, top_p=1.0, top_k=0)
     return TrainConfig(env="textzoo/Writing-v0", env_kwargs=ENV_KWARGS, algo="magrpo", agent=agent,
                        steps=a.warmup + a.steps, batch_prompts=batch_prompts, group_size=a.group_size, seed=a.seed,
-                       threads=1, progress=False, plot=False, run_dir="runs/peer-comlrl-textzoo")
+                       threads=1, progress=False, plot=False, run_dir="runs/peer-comlrl-textzoo",
+                       generate_workers=a.workers,
+                       update=UpdateConfig(micro_batch_size=a.micro_batch_size, parallel_jobs=a.workers))
 
 
 def run_textzoo(a: Args, batch_prompts: int) -> dict:
