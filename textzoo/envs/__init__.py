@@ -18,6 +18,8 @@ __all__ = [
 ]
 
 register("textzoo/Writing-v0", "textzoo.envs.writing_v0:parallel_env")
+# the pure length-ratio reward of Writing-v0: what `textzoo train` learns by default
+register("textzoo/WritingRatio-v0", "textzoo.envs.writing_v0:parallel_env", terms={"length_ratio": 1.0})
 register("textzoo/Code-v0", "textzoo.envs.code_v0:parallel_env")
 register("textzoo/Relay-v0", "textzoo.envs.relay_v0:parallel_env")
 register("textzoo/Team-v0", "textzoo.envs.team_v0:parallel_env")

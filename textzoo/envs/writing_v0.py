@@ -33,7 +33,8 @@ E = elaboration, X = source. Reward terms, each in [0, 1]:
 Team reward = sum_k w_k term_k / sum_k w_k over the selected terms (`terms`; default: all four,
 weight 1 each, i.e. their mean). Every agent gets the team reward; `infos[agent]["reward_terms"]`
 holds the selected terms (the same for both agents). `terms={"length_ratio": 1.0}` is the pure
-length-ratio task, which a tiny model learns in minutes.
+length-ratio task, which a tiny model learns in minutes; it is registered as
+`textzoo/WritingRatio-v0` (the task `textzoo train` runs by default).
 
 Items: `num_items` procedural paragraphs (default 400, ~90-190 characters, generated from
 templates and word lists with a fixed generator seed, independent of reset seeds) or the

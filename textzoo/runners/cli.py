@@ -2,7 +2,7 @@
 
 `textzoo train --config run.toml --steps 200` loads the file, then applies the flags on top.
 `textzoo train` with no arguments trains the embedded default (two tiny GPT-2 agents on
-`textzoo/Writing-v0`'s length-ratio reward) in a few minutes on a CPU.
+`textzoo/WritingRatio-v0`, Writing-v0 with its length-ratio reward alone) in a few minutes on a CPU.
 """
 
 from __future__ import annotations

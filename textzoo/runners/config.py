@@ -145,9 +145,9 @@ def resolve_algorithm(name: str) -> tuple[str, dict[str, Any]]:
 class TrainConfig:
     """Everything a training run needs. `textzoo train` with no arguments runs these defaults."""
 
-    env: str = "textzoo/Writing-v0"
-    """Registered env id (see textzoo.envs.registry())."""
-    env_kwargs: JsonDict = field(default_factory=lambda: {"terms": {"length_ratio": 1.0}})
+    env: str = "textzoo/WritingRatio-v0"
+    """Registered env id (see textzoo.envs.registry()); the default is Writing-v0's length-ratio reward."""
+    env_kwargs: JsonDict = field(default_factory=dict)
     """Keyword arguments of the env (JSON on the command line)."""
     eval_env_kwargs: JsonDict = field(default_factory=lambda: {"split": "eval"})
     """Extra env arguments for held-out evaluation (merged over env_kwargs)."""
