@@ -301,12 +301,32 @@ def test_cross_mode_learns_through_the_collector():
 
 def test_kl_shaping_pulls_towards_the_reference():
     torch.manual_seed(0)
-    targets = {"a": "gold"}
+    targets = {"a": "none of the words"}  # the task reward is always 0: the KL is the only signal
     actor = AgentActor("a", CategoricalPolicy(WORDS))
-    family = ReinforceFamily(ReinforceConfig(kl_coef=0.5), [actor], "grpo", group_size=4)
-    assert "a" in family.references
+    family = ReinforceFamily(ReinforceConfig(kl_coef=0.5, advantage_scale="none"), [actor], "grpo", group_size=8)
     collector = Collector(lambda: TargetWordEnv(targets), [actor])
-    rollout = collector.collect([0, 1], [1, 2], 4)
+    rollout = collector.collect([0, 1], [1, 2], 8)
+    assert family.jobs(rollout)[1]["agent/a/kl"] == pytest.approx(0.0, abs=1e-7)  # same weights as the reference
+
+    with torch.no_grad():
+        actor.policy.model.logits[0] = 3.0  # drift away from the (uniform) reference
+    rollout = collector.collect([0, 1], [3, 4], 8)
     jobs, stats = family.jobs(rollout)
-    assert stats["agent/a/kl"] == pytest.approx(0.0, abs=1e-7)  # same weights as the reference
-    assert jobs[0].batch.ref_logprobs is not None
+    # k3 by hand for each sampled word: d = log π_ref(w) − log π(w); KL = e^d − d − 1
+    logp = torch.log_softmax(actor.policy.model.logits.detach(), -1)
+    words = jobs[0].batch.gen.completion_ids[:, 0]
+    d = torch.log(torch.tensor(1 / len(WORDS))) - logp[words]
+    kl = torch.exp(d) - d - 1
+    assert stats["agent/a/kl"] == pytest.approx(float(kl.mean()), rel=1e-5)  # logged: k3
+    # shaped returns are −β·log(π/π_ref) (k1); GRPO advantages are their deviations from the group mean
+    shaped = (-0.5 * -d).view(2, 8)
+    expected = (shaped - shaped.mean(1, keepdim=True)).flatten()
+    assert torch.allclose(jobs[0].batch.advantages, expected, atol=1e-6)
+
+    learner = _learner(actor.policy.model, lr=0.1)
+    start = float(actor.policy.probs()[0])
+    for step in range(60):
+        rollout = collector.collect([0, 1], [10 * step, 10 * step + 1], 8)
+        for job in family.jobs(rollout)[0]:
+            run_job(job, learner, UpdateConfig())
+    assert start > 0.8 and float(actor.policy.probs()[0]) < 0.5  # back towards the reference's 0.2

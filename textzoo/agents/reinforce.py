@@ -2,7 +2,9 @@
 
 For env copy e = (b, g), actor i, turn t the credited return is
     R[e,i,t] = Σ_{k>=t} γ^{k-t} r̃[e,i,k],   r̃ = team reward (credit "shared") or own reward ("per_agent"),
-minus β·KL_k3(π_i‖π_ref) when `kl_in="reward"`. The group of (b, i, t) is its G samples; baselines:
+minus β·Σ_k(ℓ_k − ℓ_ref,k) when `kl_in="reward"` (the k1 log-ratio: as a REINFORCE reward its
+gradient is exactly ∇KL(π‖π_ref); the k3 estimator the design doc named is biased as a reward and was
+measured to push the policy away from the reference, so k3 is only logged, and used in the loss). The group of (b, i, t) is its G samples; baselines:
     grpo       A_g = R_g − mean_g R                       (Shao et al. 2024; MAGRPO)
     rloo       A_g = R_g − mean_{g'≠g} R_{g'}             (Ahmadian et al. 2024)
     remax      A_g = R_g − R_greedy                       (Li et al. 2023; one greedy rollout per prompt)
@@ -54,7 +56,7 @@ class ReinforceConfig:
     kl_coef: float = 0.0
     """β of the reference KL (k3); 0 disables the frozen reference copy."""
     kl_in: str = "reward"
-    """"reward": subtract β·KL from the turn's reward; "loss": add β·KL to the loss."""
+    """"reward": subtract β·log(π/π_ref) (k1) from the turn's reward; "loss": add β·KL_k3 per token to the loss."""
     joint_mode: str = "aligned"
     """"aligned": sample g of every agent forms joint action g; "cross": all G^N combinations."""
     reinforce_baseline: str = "none"
@@ -226,9 +228,12 @@ class ReinforceFamily:
             if actor_id in self.references:
                 # the reference may sit on another device (placement spreads models)
                 ref_lp = _score_no_grad(self.references[actor_id], gen).to(gen.logprobs.device)
-                sample_kl = k3_kl(gen.logprobs, ref_lp, gen.completion_mask.to(ref_lp.dtype)).cpu()
-                kl[env_ids, ai, turns] = sample_kl.to(kl.dtype)
-                stats[f"agent/{actor_id}/kl"] = float(sample_kl.mean())
+                mask = gen.completion_mask.to(ref_lp.dtype)
+                # shaping uses the log-ratio (k1): its score-function gradient is exactly ∇KL(π‖π_ref).
+                # k3 as a reward is biased: it penalises rare samples most and pushes *away* from π_ref
+                log_ratio = ((gen.logprobs - ref_lp) * mask).sum(-1).cpu()  # [S]
+                kl[env_ids, ai, turns] = log_ratio.to(kl.dtype)
+                stats[f"agent/{actor_id}/kl"] = float(k3_kl(gen.logprobs, ref_lp, mask).mean())  # low-variance estimate
             batches[actor_id] = (gen, torch.stack([env_ids, turns], 1), ref_lp)
         if cfg.kl_coef > 0 and cfg.kl_in == "reward":
             rewards = rewards - cfg.kl_coef * kl
