@@ -101,25 +101,46 @@ def test_generation_is_the_same_with_and_without_the_fast_paths(arch, fast_forwa
     torch.testing.assert_close(fast.logprobs, plain.logprobs, atol=1e-5, rtol=0)
 
 
-def test_prefill_runs_each_distinct_prompt_once(monkeypatch):
+def _spy_rows(monkeypatch, policy: Policy) -> list[tuple[str, int]]:
+    """Record (call, rows) of every model pass: the fast decoder's prefill/extend, or the module's forward."""
+    seen: list[tuple[str, int]] = []
+    fast = policy._fast()
+    if fast is None:
+        forward = policy._forward
+        monkeypatch.setattr(policy, "_forward", lambda ids, *a, **k: seen.append(("forward", ids.shape[0])) or forward(ids, *a, **k))
+        return seen
+    prefill, extend = fast.prefill, fast.extend
+    monkeypatch.setattr(fast, "prefill", lambda ids, *a, **k: seen.append(("prefill", ids.shape[0])) or prefill(ids, *a, **k))
+    monkeypatch.setattr(fast, "extend", lambda ids, *a, **k: seen.append(("extend", ids.shape[0])) or extend(ids, *a, **k))
+    return seen
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_prefill_runs_each_distinct_prompt_once(monkeypatch, fast_forward):
     policy = _tiny("gpt2")
-    seen: list[tuple[int, int]] = []
-    forward = policy._forward
-
-    def spy(ids, *args, **kwargs):
-        seen.append(tuple(ids.shape))
-        return forward(ids, *args, **kwargs)
-
-    monkeypatch.setattr(policy, "_forward", spy)
+    policy.fast_forward = fast_forward
+    seen = _spy_rows(monkeypatch, policy)
     prompts = ["x" * 20, "y" * 10, "x" * 20, "z" * 5, "x" * 20, "y" * 10]  # 3 distinct, scattered rows
     _generate(policy, prompts)
-    assert seen[0][0] == 3 and all(shape == (6, 1) for shape in seen[1:])
+    assert seen[0][1] == 3 and len(seen) > 1 and all(rows == 6 for _, rows in seen[1:])
     seen.clear()
     gen = _generate(policy, _grouped(["p" * 30, "q" * 12], 4))
-    assert seen[0][0] == 2
+    assert seen[0][1] == 2
     seen.clear()
     policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
-    assert seen[0][0] == 2 and seen[1][0] == 8  # the prompts once, then the completions
+    assert [rows for _, rows in seen] == [2, 8]  # the prompts once, then the completions
+
+
+def test_grouped_rows_read_one_copy_of_their_prompt(monkeypatch):
+    policy = _tiny("gpt2")
+    fast = policy._fast()
+    shares = []
+    share = fast.share
+    monkeypatch.setattr(fast, "share", lambda prefix, inverse, group: shares.append(group) or share(prefix, inverse, group))
+    gen = _generate(policy, _grouped(["p" * 30, "q" * 12, "r"], 4))
+    policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
+    _generate(policy, ["b" * 9, "a", "b" * 9])  # not contiguous groups: each row gets its prompt's copy
+    assert shares == [4, 4, 0]
 
 
 def _score_and_grads(policy: Policy, gen, weights: torch.Tensor):
@@ -234,18 +255,46 @@ def test_parallel_generation_is_reproducible_and_concurrent():
 def test_scoring_with_active_dropout_gives_each_sample_its_own_prompt_pass(monkeypatch):
     policy = _tiny("gpt2", dropout=0.1)
     gen = _generate(policy, _grouped(["p" * 30, "q" * 12], 4))
-    seen: list[tuple[int, int]] = []
-    forward = policy._forward
-
-    def spy(ids, *args, **kwargs):
-        seen.append(tuple(ids.shape))
-        return forward(ids, *args, **kwargs)
-
-    monkeypatch.setattr(policy, "_forward", spy)
     policy.model.train()
+    assert policy._fast() is None  # only the module reproduces dropout
+    seen = _spy_rows(monkeypatch, policy)
     policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
-    assert [rows for rows, _ in seen] == [8]  # one pass over all rows: independent dropout masks
-    seen.clear()
+    assert [rows for _, rows in seen] == [8]  # one pass over all rows: independent dropout masks
     policy.model.eval()
+    seen = _spy_rows(monkeypatch, policy)
     policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
-    assert [rows for rows, _ in seen] == [2, 8]
+    assert [rows for _, rows in seen] == [2, 8]
+
+
+def _gqa_policy() -> Policy:
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from textzoo.agents.tokenizer import byte_tokenizer
+
+    tokenizer = byte_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return Policy(AutoModelForCausalLM.from_config(config), tokenizer, GenerationConfig(max_new_tokens=6))
+
+
+@pytest.mark.parametrize("layout", ["groups", "scattered"])
+def test_grouped_query_attention_models_take_the_grouped_path_exactly(layout):
+    policy = _gqa_policy()
+    assert policy._fast() is not None and policy._fast().kv_heads == 2 and policy._fast().heads == 4
+    prompts = _grouped(PROMPTS, 3) if layout == "groups" else ["b" * 9, "a", "b" * 9, "c" * 4]
+    fast = _generate(policy, prompts)
+    weights = torch.linspace(-1.0, 2.0, len(prompts))
+    policy.model.train()
+    fast_logp, fast_grads = _score_and_grads(policy, fast, weights)
+    policy.fast_forward, policy.share_prompts = False, False
+    plain = _generate(policy, prompts)
+    assert torch.equal(fast.completion_ids, plain.completion_ids)
+    torch.testing.assert_close(fast.logprobs, plain.logprobs, atol=1e-5, rtol=0)
+    plain_logp, plain_grads = _score_and_grads(policy, fast, weights)
+    torch.testing.assert_close(fast_logp, plain_logp, atol=1e-5, rtol=0)
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(fast_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)

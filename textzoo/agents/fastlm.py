@@ -8,13 +8,19 @@ Llama / Qwen2 / Mistral (full attention, no sliding window) with unwrapped `nn.L
 layers: a LoRA- or otherwise-wrapped layer, cross-attention, or active dropout makes `usable` false
 and callers fall back to the module.
 
-`KVCache` holds keys and values per layer ([S, H_kv, T, D]); with `capacity` set it writes appended
-steps into preallocated room (decoding), otherwise it concatenates (differentiable, for scoring).
-`reorder_cache(index)` selects rows the way transformers' caches do, so one prefill of each unique
-prompt serves all of its samples.
+Two ways to run it:
+
+- `decoder(ids, attention, position, cache, keep)`: any left-padded batch, with a `KVCache`.
+- `prefill(ids, lengths)` then `extend(ids, position, prefix, cache, keep)`: the prompts of a batch
+  run once each (`Prefix`), and the rows that share a prompt (a group of G samples) attend to its
+  keys/values in one grouped matmul instead of G copies of them. For a decode step this reads the
+  prompt's keys once per group rather than once per row (attention is memory-bound there), and in
+  scoring the prompt's gradient is accumulated by the same matmul instead of a scatter of copies.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -87,6 +93,25 @@ def attention_bias(attention: torch.Tensor, queries: int, dtype: torch.dtype) ->
     return torch.zeros(visible.shape, dtype=dtype, device=attention.device).masked_fill_(~visible, float("-inf"))
 
 
+@dataclass
+class Prefix:
+    """Keys/values of U distinct prompts (real tokens first, then padding) shared by the rows of a batch.
+
+    Row s attends to prompt ``s // group`` when ``group`` > 0 (the runner's layout: U contiguous runs
+    of G rows); `FastDecoder.share` makes a prefix of one prompt per row for other layouts.
+    """
+
+    keys: list[torch.Tensor]  # per layer [U, H_kv, P, D]
+    values: list[torch.Tensor]  # per layer [U, H_kv, P, D]
+    bias: torch.Tensor  # [U, 1, 1, P] additive: 0 on a prompt's tokens, -inf on its padding
+    lengths: torch.Tensor  # [U] prompt lengths (the first completion token's position)
+    group: int = 1
+
+    @property
+    def prompts(self) -> int:
+        return self.bias.shape[0]
+
+
 class FastDecoder:
     """Forward of a supported causal LM in plain torch ops, reading the module's parameters."""
 
@@ -129,6 +154,7 @@ class FastDecoder:
     def new_cache(self, capacity: int = 0) -> KVCache:
         return KVCache(len(self.layers), capacity)
 
+    # ------------------------------------------------------------------------ any left-padded batch
     def __call__(
         self,
         ids: torch.Tensor,
@@ -142,19 +168,116 @@ class FastDecoder:
         ``attention`` is the 2D key mask over cached + new positions ([S, K]) or a ready additive
         mask ([S, 1, T, K]); ``position`` ([S, T]) the position ids; new keys go to ``cache``.
         """
-        dtype = self.body.get_input_embeddings().weight.dtype
         if attention.dim() == 2:
-            attention = attention_bias(attention, ids.shape[1], dtype)  # [S, 1, T, K]
-        if self.kind == "gpt2":
-            hidden = self._gpt2(ids, attention, position, cache)  # [S, T, d]
-            hidden = _layer_norm(hidden[:, -keep:], self.body.ln_f)
-        else:
-            hidden = self._llama(ids, attention, position, cache)
-            hidden = _rms_norm(hidden[:, -keep:], self.body.norm)
-        head = self.model.lm_head
-        return F.linear(hidden, head.weight, head.bias)  # [S, keep, V]
+            attention = attention_bias(attention, ids.shape[1], self._dtype)  # [S, 1, T, K]
 
-    def _gpt2(self, ids, attention, position, cache) -> torch.Tensor:
+        def attend(i, q, k, v, scale):  # [S, T, H(_kv), D] each -> [S, T, H*D]
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [S, H, T, D]
+            if cache is not None:
+                k, v = cache.update(i, k, v)  # [S, H_kv, K, D]
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attention, scale=scale, enable_gqa=self.kv_heads != self.heads
+            )  # [S, H, T, D]
+            return out.transpose(1, 2).flatten(2)
+
+        return self._logits(self._hidden(ids, position, attend)[:, -keep:])
+
+    # ----------------------------------------------------------------- shared prompts, grouped rows
+    def prefill(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[Prefix, torch.Tensor]:
+        """Run U prompts ([U, P], real tokens first); return their `Prefix` and the logits ([U, V])
+        at each prompt's last token."""
+        U, P = ids.shape
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+
+        def attend(i, q, k, v, scale):  # padding sits after a prompt's tokens: causal attention is exact
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+            keys.append(k)  # [U, H_kv, P, D]
+            values.append(v)
+            out = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=scale, enable_gqa=self.kv_heads != self.heads
+            )  # [U, H, P, D]
+            return out.transpose(1, 2).flatten(2)
+
+        position = torch.arange(P, device=ids.device).expand(U, P)  # [U, P]
+        hidden = self._hidden(ids, position, attend)  # [U, P, d]
+        last = hidden[torch.arange(U, device=ids.device), lengths - 1]  # [U, d]
+        real = torch.arange(P, device=ids.device) < lengths[:, None]  # [U, P]
+        bias = torch.zeros((U, 1, 1, P), dtype=hidden.dtype, device=ids.device)
+        bias.masked_fill_(~real[:, None, None, :], float("-inf"))
+        return Prefix(keys, values, bias, lengths), self._logits(last)
+
+    @staticmethod
+    def share(prefix: Prefix, inverse: torch.Tensor, group: int) -> Prefix:
+        """The prefix for rows whose prompt is ``inverse`` ([S]): grouped when the rows are contiguous
+        runs of ``group`` (> 0) copies, else gathered to one prompt per row."""
+        if group:
+            return Prefix(prefix.keys, prefix.values, prefix.bias, prefix.lengths, group)
+        return Prefix(
+            [k.index_select(0, inverse) for k in prefix.keys],
+            [v.index_select(0, inverse) for v in prefix.values],
+            prefix.bias.index_select(0, inverse),
+            prefix.lengths.index_select(0, inverse),
+            1,
+        )
+
+    def extend(
+        self, ids: torch.Tensor, position: torch.Tensor, prefix: Prefix, cache: KVCache, keep: int
+    ) -> torch.Tensor:
+        """Logits ([S, keep, V]) at the last ``keep`` of T completion positions ``ids`` ([S, T]) that
+        follow ``prefix`` and the completion tokens already in ``cache`` (which gets the new ones)."""
+        S, T = ids.shape
+        U, G = prefix.prompts, prefix.group
+        if U * G != S:
+            raise ValueError(f"{S} rows do not match a prefix of {U} prompts x {G} rows each")
+        H_kv, rep = self.kv_heads, self.heads // self.kv_heads
+        past = cache.get_seq_length()
+        causal = None
+        if T > 1:  # query t sees the completion keys up to its own
+            k_pos = torch.arange(past + T, device=ids.device)
+            q_pos = torch.arange(T, device=ids.device)[:, None] + past
+            causal = torch.zeros((T, past + T), dtype=self._dtype, device=ids.device)
+            causal.masked_fill_(k_pos > q_pos, float("-inf"))  # [T, past+T]
+
+        def attend(i, q, k, v, scale):  # q [S, T, H, D], k/v [S, T, H_kv, D] -> [S, T, H*D]
+            D = q.shape[-1]
+            # Layout [U, H_kv, G, rep, T, D]: a group's queries of one kv head are one matmul batch.
+            q = (q * scale).view(U, G, T, H_kv, rep, D).permute(0, 3, 1, 4, 2, 5).reshape(U, H_kv, G * rep * T, D)
+            k = k.view(U, G, T, H_kv, D).permute(0, 3, 1, 2, 4).reshape(U * H_kv, G, T, D)
+            v = v.view(U, G, T, H_kv, D).permute(0, 3, 1, 2, 4).reshape(U * H_kv, G, T, D)
+            kc, vc = cache.update(i, k, v)  # [U*H_kv, G, past+T, D]
+            Tc = kc.shape[2]
+            kc, vc = kc.view(U, H_kv, G, Tc, D), vc.view(U, H_kv, G, Tc, D)
+            kp, vp = prefix.keys[i], prefix.values[i]  # [U, H_kv, P, D]
+            P = kp.shape[2]
+            on_prompt = (q @ kp.transpose(-1, -2) + prefix.bias).view(U, H_kv, G, rep * T, P)
+            on_completion = q.view(U, H_kv, G, rep * T, D) @ kc.transpose(-1, -2)  # [U, H_kv, G, rep*T, Tc]
+            if causal is not None:
+                on_completion = (on_completion.view(U, H_kv, G, rep, T, Tc) + causal).view(U, H_kv, G, rep * T, Tc)
+            weights = torch.cat([on_prompt, on_completion], -1).softmax(-1, dtype=torch.float32).to(q.dtype)
+            out = weights[..., :P].reshape(U, H_kv, G * rep * T, P) @ vp  # [U, H_kv, G*rep*T, D]
+            out = out.view(U, H_kv, G, rep * T, D) + weights[..., P:] @ vc  # [U, H_kv, G, rep*T, D]
+            return out.view(U, H_kv, G, rep, T, D).permute(0, 2, 4, 1, 3, 5).reshape(S, T, H_kv * rep * D)
+
+        return self._logits(self._hidden(ids, position, attend)[:, -keep:])
+
+    # ------------------------------------------------------------------------------------ layers
+    @property
+    def _dtype(self) -> torch.dtype:
+        return self.body.get_input_embeddings().weight.dtype
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head on hidden states ([..., d] -> [..., V])."""
+        norm = _layer_norm if self.kind == "gpt2" else _rms_norm
+        hidden = norm(hidden, self.body.ln_f if self.kind == "gpt2" else self.body.norm)
+        head = self.model.lm_head
+        return F.linear(hidden, head.weight, head.bias)
+
+    def _hidden(self, ids: torch.Tensor, position: torch.Tensor, attend) -> torch.Tensor:
+        """Hidden states ([S, T, d]) before the final norm; ``attend(layer, q, k, v, scale)`` mixes positions."""
+        return self._gpt2(ids, position, attend) if self.kind == "gpt2" else self._llama(ids, position, attend)
+
+    def _gpt2(self, ids, position, attend) -> torch.Tensor:
         S, T = ids.shape
         body = self.body
         hidden = body.wte(ids) + body.wpe(position)  # [S, T, d] (the modules: padding_idx keeps a zero gradient)
@@ -163,35 +286,28 @@ class FastDecoder:
             attn, mlp = block.attn, block.mlp
             x = _layer_norm(hidden, block.ln_1).view(S * T, d)
             qkv = torch.addmm(attn.c_attn.bias, x, attn.c_attn.weight).view(S, T, 3, self.heads, -1)  # [S, T, 3, H, D]
-            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x [S, H, T, D]
-            if cache is not None:
-                k, v = cache.update(i, k, v)  # [S, H, K, D]
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention, scale=attn.scaling)  # [S, H, T, D]
-            out = out.transpose(1, 2).reshape(S * T, d)
+            q, k, v = qkv.unbind(2)  # 3 x [S, T, H, D]
+            out = attend(i, q, k, v, attn.scaling).reshape(S * T, d)
             hidden = hidden + torch.addmm(attn.c_proj.bias, out, attn.c_proj.weight).view(S, T, d)
             x = _layer_norm(hidden, block.ln_2).view(S * T, d)
             x = mlp.act(torch.addmm(mlp.c_fc.bias, x, mlp.c_fc.weight))  # [S*T, 4d]
             hidden = hidden + torch.addmm(mlp.c_proj.bias, x, mlp.c_proj.weight).view(S, T, d)
         return hidden
 
-    def _llama(self, ids, attention, position, cache) -> torch.Tensor:
+    def _llama(self, ids, position, attend) -> torch.Tensor:
         S, T = ids.shape
         body = self.body
         hidden = body.embed_tokens(ids)  # [S, T, d] (the module: padding_idx keeps a zero gradient)
         cos, sin = body.rotary_emb(hidden, position)  # [S, T, D] each
-        cos, sin = cos[:, None], sin[:, None]  # [S, 1, T, D]
-        gqa = self.kv_heads != self.heads
+        cos, sin = cos[:, :, None], sin[:, :, None]  # [S, T, 1, D]
         for i, layer in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
             x = _rms_norm(hidden, layer.input_layernorm)
-            q = _linear(x, attn.q_proj).view(S, T, self.heads, -1).transpose(1, 2)  # [S, H, T, D]
-            k = _linear(x, attn.k_proj).view(S, T, self.kv_heads, -1).transpose(1, 2)  # [S, H_kv, T, D]
-            v = _linear(x, attn.v_proj).view(S, T, self.kv_heads, -1).transpose(1, 2)
+            q = _linear(x, attn.q_proj).view(S, T, self.heads, -1)  # [S, T, H, D]
+            k = _linear(x, attn.k_proj).view(S, T, self.kv_heads, -1)  # [S, T, H_kv, D]
+            v = _linear(x, attn.v_proj).view(S, T, self.kv_heads, -1)
             q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-            if cache is not None:
-                k, v = cache.update(i, k, v)  # [S, H_kv, K, D]
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention, scale=attn.scaling, enable_gqa=gqa)
-            hidden = hidden + _linear(out.transpose(1, 2).reshape(S, T, -1), attn.o_proj)
+            hidden = hidden + _linear(attend(i, q, k, v, attn.scaling), attn.o_proj)
             x = _rms_norm(hidden, layer.post_attention_layernorm)
             hidden = hidden + _linear(mlp.act_fn(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj), mlp.down_proj)
         return hidden

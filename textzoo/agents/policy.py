@@ -32,7 +32,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from textzoo.agents.fastlm import FastDecoder, KVCache
+from textzoo.agents.fastlm import FastDecoder
 from textzoo.agents.tokenizer import byte_tokenizer
 from textzoo.errors import ConfigError, ModelError
 
@@ -448,40 +448,15 @@ class Policy:
         done = torch.zeros(S, dtype=torch.bool, device=device)  # [S]
         by_stop = torch.zeros(S, dtype=torch.bool, device=device)  # [S]
         stop_window = 4 * max((len(s) for s in cfg.stop_strings), default=0) + 4
-        attention = torch.cat([prompt_mask, prompt_mask.new_ones((S, N))], 1)  # [S, P+N]
-        position = (prompt_mask.cumsum(1) - 1).clamp(min=0)  # [S, P]
         # Per-step results go to lists and are stacked once: indexed writes cost more per step.
         tokens, token_logps, done_after = [], [], []  # each N' x [S]
 
         was_training = self.model.training
         self.model.eval()
         try:
-            fast = self._fast()
-            step_attention = attention
-            if fast is not None:
-                # One query position sees every real key: the additive mask is the key padding mask.
-                step_attention = torch.zeros((S, 1, 1, P + N), device=device).masked_fill_(
-                    ~attention.bool()[:, None, None, :], float("-inf")
-                )  # [S, 1, 1, P+N]
-            elif _key_mask_suffices(self.model.config):
-                # For one query position the mask is just the key padding mask (causality is implied):
-                # a ready 4D boolean mask skips transformers' per-step mask construction (~10% faster).
-                step_attention = attention.bool()[:, None, None, :]  # [S, 1, 1, P+N]
-            cache = fast.new_cache(capacity=P + N) if fast is not None else DynamicCache(config=self.model.config)
-            # Prefill: each distinct prompt once; its keys/values are then copied to all of its rows.
-            shared = self._distinct_prompts(prompt_ids, prompt_mask)
-            if shared is None:
-                logits = self._forward(prompt_ids, attention[:, :P], position, cache, 1, fast)[:, -1]  # [S, V]
-            else:
-                first = shared.first
-                logits = self._forward(prompt_ids[first], attention[first, :P], position[first], cache, 1, fast)
-                self._expand_cache(cache, shared)
-                logits = logits[shared.inverse, -1]  # [S, V]
+            logits, step = self._start_decoding(prompt_ids, prompt_mask, N)  # [S, V]
+            bias = self._allowed_bias(logits.shape[-1])
             for t in range(N):
-                if t > 0:
-                    logits = self._forward(step_ids, step_mask, position, cache, 1, fast)[:, -1]  # [S, V]
-                else:
-                    bias = self._allowed_bias(logits.shape[-1])
                 logp = self._log_probs(logits, bias)  # [S, V]
                 token = logp.argmax(-1) if greedy else self._draw(logp, generator)  # [S]
                 token = token.masked_fill(done, self.pad_id)  # finished rows emit padding
@@ -494,11 +469,9 @@ class Policy:
                     by_stop |= hit
                     done = done | hit
                 done_after.append(done)
-                if bool(done.all()):
+                if bool(done.all()) or t + 1 == N:
                     break
-                step_ids = token[:, None]  # [S, 1]
-                step_mask = step_attention[..., : P + t + 1]  # [S, P+t+1] or [S, 1, 1, P+t+1]
-                position = position[:, -1:] + 1  # [S, 1]
+                logits = step(token)  # [S, V]
         finally:
             self.model.train(was_training)
 
@@ -510,6 +483,66 @@ class Policy:
         logprobs = torch.stack(token_logps, 1).masked_fill(done_before, 0.0)  # [S, C]
         texts = self._texts(completion, completion_mask, by_stop)
         return Generation(prompt_ids, prompt_mask, completion, completion_mask, logprobs, texts)
+
+    def _start_decoding(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, N: int):
+        """Run the prompts; return the logits of the first completion token ([S, V]) and
+        ``step(token)``, which appends tokens ([S]) and returns the next logits ([S, V])."""
+        fast = self._fast()
+        if fast is not None:
+            prefix, logits, lengths = self._fast_prefix(prompt_ids, prompt_mask, fast)
+            cache = fast.new_cache(capacity=N)
+            position = lengths[:, None]  # [S, 1] the first completion token's position
+
+            def fast_step(token: torch.Tensor) -> torch.Tensor:
+                nonlocal position
+                out = fast.extend(token[:, None], position, prefix, cache, 1)[:, -1]  # [S, V]
+                position = position + 1
+                return out
+
+            return logits, fast_step
+        S, P = prompt_ids.shape
+        attention = torch.cat([prompt_mask, prompt_mask.new_ones((S, N))], 1)  # [S, P+N]
+        position = (prompt_mask.cumsum(1) - 1).clamp(min=0)  # [S, P]
+        step_attention = attention
+        if _key_mask_suffices(self.model.config):
+            # For one query position the mask is just the key padding mask (causality is implied):
+            # a ready 4D boolean mask skips transformers' per-step mask construction (~10% faster).
+            step_attention = attention.bool()[:, None, None, :]  # [S, 1, 1, P+N]
+        cache = DynamicCache(config=self.model.config)
+        # Prefill: each distinct prompt once; its keys/values are then copied to all of its rows.
+        shared = self._distinct_prompts(prompt_ids, prompt_mask)
+        if shared is None:
+            logits = self._forward(prompt_ids, attention[:, :P], position, cache, 1)[:, -1]  # [S, V]
+        else:
+            first = shared.first
+            logits = self._forward(prompt_ids[first], attention[first, :P], position[first], cache, 1)
+            self._expand_cache(cache, shared)
+            logits = logits[shared.inverse, -1]  # [S, V]
+        position = position[:, -1:]  # [S, 1]
+        seen = P
+
+        def module_step(token: torch.Tensor) -> torch.Tensor:
+            nonlocal position, seen
+            position, seen = position + 1, seen + 1
+            return self._forward(token[:, None], step_attention[..., :seen], position, cache, 1)[:, -1]
+
+        return logits, module_step
+
+    def _fast_prefix(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, fast: FastDecoder):
+        """Each distinct prompt through ``fast`` once: the rows' `Prefix`, the logits of their first
+        completion token ([S, V]) and their prompt lengths ([S])."""
+        shared = self._prompt_runs(prompt_ids, prompt_mask) or self._distinct_prompts(prompt_ids, prompt_mask)
+        if shared is None:
+            rows = torch.arange(prompt_ids.shape[0], device=prompt_ids.device)
+            first, inverse, group = rows, rows, 1
+        else:
+            first, inverse, group = shared.first, shared.inverse, shared.group
+        ids, lengths = prompt_ids[first], prompt_mask[first].sum(1)  # [U, P], [U] (left-padded, contiguous)
+        width = ids.shape[1]
+        # Real tokens first: padding after a prompt is causally invisible to it.
+        column = torch.arange(int(lengths.max()), device=ids.device)[None, :] + (width - lengths)[:, None]
+        prefix, logits = fast.prefill(ids.gather(1, column.clamp(max=width - 1)), lengths)  # [U, V]
+        return fast.share(prefix, inverse, group), logits[inverse], lengths[inverse]
 
     def _fast(self) -> FastDecoder | None:
         """The plain-torch forward of this model when it is supported and exact in the current mode."""
@@ -538,8 +571,24 @@ class Policy:
         group = S // U if S % U == 0 and torch.equal(inverse, rows // (S // U)) else 0
         return _Shared(first, inverse, group)
 
+    def _prompt_runs(self, ids: torch.Tensor, mask: torch.Tensor) -> _Shared | None:
+        """The runner's layout: the rows are runs of G > 1 copies of a prompt (two runs may hold the
+        same prompt, e.g. an item drawn twice); None for any other layout."""
+        S = ids.shape[0]
+        if not self.share_prompts or S < 2:
+            return None
+        same = ((ids[1:] == ids[:-1]) & (mask[1:] == mask[:-1])).all(1)  # [S-1] row s+1 repeats row s
+        G = int(same.logical_not().nonzero()[0]) + 1 if not bool(same.all()) else S
+        if G < 2 or S % G:
+            return None
+        runs = torch.arange(S - 1, device=ids.device) % G != G - 1  # [S-1] True inside a run
+        if not torch.equal(same, runs):
+            return None
+        first = torch.arange(0, S, G, device=ids.device)  # [U]
+        return _Shared(first, torch.arange(S, device=ids.device) // G, G)
+
     @staticmethod
-    def _expand_cache(cache: DynamicCache | KVCache, shared: _Shared) -> None:
+    def _expand_cache(cache: DynamicCache, shared: _Shared) -> None:
         """Give every row its prompt's keys/values: contiguous equal groups repeat (whose backward
         is a cheap sum), other layouts gather rows."""
         if shared.group:
@@ -552,13 +601,10 @@ class Policy:
         ids: torch.Tensor,
         attention: torch.Tensor,
         position: torch.Tensor,
-        cache: DynamicCache | KVCache | None,
+        cache: DynamicCache | None,
         keep: int,
-        fast: FastDecoder | None = None,
     ) -> torch.Tensor:
-        """Logits ([S, keep, V]) at the last ``keep`` positions of one model forward (``fast`` when given)."""
-        if fast is not None:
-            return fast(ids, attention, position, cache, keep)
+        """Logits ([S, keep, V]) at the last ``keep`` positions of one forward of the transformers module."""
         kwargs = {"input_ids": ids, "attention_mask": attention, "position_ids": position}
         if cache is not None:
             kwargs.update({self._cache_kwarg: cache, "use_cache": True})
@@ -615,29 +661,18 @@ class Policy:
         C = completion_ids.shape[1]
         if prompt_ids.shape[1] == 0:
             raise ValueError("score needs at least one prompt token per sample (generate adds BOS to empty prompts)")
-        attention = torch.cat([prompt_mask, torch.ones_like(completion_ids)], 1)  # [S, P+C]
-        position = (attention.cumsum(1) - 1).clamp(min=0)  # [S, P+C]
-        P = prompt_ids.shape[1]
         fast = self._fast()
-        # With dropout in train mode, each sample draws its own masks: a shared prompt pass would not.
-        share = C > 0 and not (self.model.training and has_dropout(self.model))
-        shared = self._distinct_prompts(prompt_ids, prompt_mask) if share else None
-        # Logits at the last prompt position and each completion position but the last predict
-        # completion tokens 0..C-1; logits at earlier prompt positions are never computed.
-        if shared is None:
-            ids = torch.cat([prompt_ids, completion_ids], 1)  # [S, P+C]
-            logits = self._forward(ids, attention, position, None, C + 1, fast)[:, :C]  # [S, C, V]
-        else:
-            # Each distinct prompt runs once; its keys/values (with their graph) are indexed out to
-            # its samples' completions, so the prompt's gradient is the sum over those samples.
-            first = shared.first
-            cache = fast.new_cache() if fast is not None else DynamicCache(config=self.model.config)
-            last = self._forward(prompt_ids[first], prompt_mask[first], position[first, :P], cache, 1, fast)  # [U, 1, V]
-            logits = last[shared.inverse]  # [S, 1, V]
+        if fast is not None and C > 0:
+            # Each distinct prompt runs once; its samples' completions attend to its keys/values (with
+            # their graph) in one grouped matmul, so the prompt's gradient is the sum over its samples.
+            prefix, logits, lengths = self._fast_prefix(*self._prepare_prompts(prompt_ids, prompt_mask), fast)
+            logits = logits[:, None]  # [S, 1, V]
             if C > 1:
-                self._expand_cache(cache, shared)
-                rest = self._forward(completion_ids[:, :-1], attention[:, :-1], position[:, P:-1], cache, C - 1, fast)
+                position = lengths[:, None] + torch.arange(C - 1, device=device)  # [S, C-1]
+                rest = fast.extend(completion_ids[:, :-1], position, prefix, fast.new_cache(), C - 1)
                 logits = torch.cat([logits, rest], 1)  # [S, C, V]
+        else:
+            logits = self._module_logits(prompt_ids, prompt_mask, completion_ids)  # [S, C, V]
         logp = self._log_probs(logits, self._allowed_bias(logits.shape[-1]))  # [S, C, V]
         token_logp = logp.gather(2, completion_ids[..., None]).squeeze(2)  # [S, C]
         scored = completion_mask.bool()
@@ -646,3 +681,30 @@ class Policy:
             return token_logp
         entropy = torch.special.entr(logp.exp()).sum(-1).masked_fill(~scored, 0.0)  # [S, C]
         return token_logp, entropy
+
+    def _module_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor):
+        """Logits ([S, C, V]) predicting each completion token, through the transformers module."""
+        C = completion_ids.shape[1]
+        attention = torch.cat([prompt_mask, torch.ones_like(completion_ids)], 1)  # [S, P+C]
+        position = (attention.cumsum(1) - 1).clamp(min=0)  # [S, P+C]
+        P = prompt_ids.shape[1]
+        # With dropout in train mode, each sample draws its own masks: a shared prompt pass would not.
+        share = C > 0 and not (self.model.training and has_dropout(self.model))
+        shared = self._distinct_prompts(prompt_ids, prompt_mask) if share else None
+        # Logits at the last prompt position and each completion position but the last predict
+        # completion tokens 0..C-1; logits at earlier prompt positions are never computed.
+        if shared is None:
+            ids = torch.cat([prompt_ids, completion_ids], 1)  # [S, P+C]
+            logits = self._forward(ids, attention, position, None, C + 1)[:, :C]  # [S, C, V]
+        else:
+            # Each distinct prompt runs once; its keys/values (with their graph) are indexed out to
+            # its samples' completions, so the prompt's gradient is the sum over those samples.
+            first = shared.first
+            cache = DynamicCache(config=self.model.config)
+            last = self._forward(prompt_ids[first], prompt_mask[first], position[first, :P], cache, 1)  # [U, 1, V]
+            logits = last[shared.inverse]  # [S, 1, V]
+            if C > 1:
+                self._expand_cache(cache, shared)
+                rest = self._forward(completion_ids[:, :-1], attention[:, :-1], position[:, P:-1], cache, C - 1)
+                logits = torch.cat([logits, rest], 1)  # [S, C, V]
+        return logits
