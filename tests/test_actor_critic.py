@@ -147,10 +147,20 @@ class Counter:
             setattr(policy, method, counted)
 
     def wrap_critic(self, name: str, critic: Critic) -> None:
+        """Module path: rows through the trunk under `name`. Fast path: prompt rows through `prefill`
+        under `name`, completion rows through `extend` under `name + "+completion"`."""
+
         def hook(module, args, kwargs):
-            self.rows[name] = self.rows.get(name, 0) + kwargs["input_ids"].shape[0]
+            self.add(name, kwargs["input_ids"].shape[0])
 
         critic.trunk.register_forward_pre_hook(hook, with_kwargs=True)
+        fast = critic._fast_decoder
+        prefill, extend = fast.prefill, fast.extend
+        fast.prefill = lambda ids, *a, **k: self.add(name, ids.shape[0]) or prefill(ids, *a, **k)
+        fast.extend = lambda ids, *a, **k: self.add(f"{name}+completion", ids.shape[0]) or extend(ids, *a, **k)
+
+    def add(self, key: str, rows: int) -> None:
+        self.rows[key] = self.rows.get(key, 0) + rows
 
 
 def build_team(env_id: str, env_kwargs: dict, centralized: bool, cfg: ActorCriticConfig, credit: str = "shared"):
@@ -165,11 +175,14 @@ def build_team(env_id: str, env_kwargs: dict, centralized: bool, cfg: ActorCriti
     return Collector(env_fn, actors), actors, critics, family, learners
 
 
+@pytest.mark.parametrize("fast_forward", [False, True])
 @pytest.mark.parametrize("centralized", [False, True])
-def test_each_value_and_log_prob_is_computed_once(centralized):
+def test_each_value_and_log_prob_is_computed_once(centralized, fast_forward):
     # a Q critic reads the completions, so no two of its inputs are alike and every row is a forward
     cfg = ActorCriticConfig(critic_type="q", clip_range=0.2, epochs=2).for_algorithm({})
     collector, actors, critics, family, learners = build_team("textzoo/Writing-v0", WRITING, centralized, cfg)
+    for critic in critics.values():
+        critic.fast_forward = fast_forward
     counter = Counter()
     for a in actors:
         counter.wrap_policy(a.id, a.policy)
@@ -186,7 +199,13 @@ def test_each_value_and_log_prob_is_computed_once(centralized):
         expected[f"{a.id}.generate"] = E  # sampling, one batched call per turn
         expected[f"{a.id}.score"] = 2 * E  # one scoring per epoch; old log-probs come from sampling
     for name in critics:
-        expected[name] = E + 2 * E  # old values once, then one forward per epoch
+        # old values once, then one forward per epoch; the fast path runs an IAC critic's B prompts
+        # once per call and reads their completions (MAAC's critic reads state + actions as one text)
+        key = f"{name}+completion" if fast_forward and not centralized else name
+        expected[key] = E + 2 * E
+    if fast_forward and not centralized:
+        for name in critics:
+            assert 2 <= counter.rows.pop(name) <= 2 + 2 * 2 * B  # the distinct prompts of each call
     assert counter.rows == expected
     # MAAC's one critic takes one optimizer step per epoch, not one per agent
     for name in critics:
@@ -194,10 +213,13 @@ def test_each_value_and_log_prob_is_computed_once(centralized):
     assert sorted(j.learner for j in jobs) == sorted([a.id for a in actors] + list(critics))
 
 
+@pytest.mark.parametrize("fast_forward", [False, True])
 @pytest.mark.parametrize("centralized", [False, True])
-def test_a_v_critic_runs_each_distinct_state_once(centralized):
+def test_a_v_critic_runs_each_distinct_state_once(centralized, fast_forward):
     collector, actors, critics, family, learners = build_team("textzoo/Writing-v0", WRITING, centralized,
                                                                ActorCriticConfig())
+    for critic in critics.values():
+        critic.fast_forward = fast_forward
     counter = Counter()
     for name, critic in critics.items():
         counter.wrap_critic(name, critic)
@@ -321,3 +343,33 @@ def test_resume_restores_critics_and_their_optimizers_exactly(tmp_path):
         sa, sb = a.optimizer.state_dict()["state"], b.optimizer.state_dict()["state"]
         assert sa.keys() == sb.keys() and all(torch.equal(sa[k]["exp_avg_sq"], sb[k]["exp_avg_sq"]) for k in sa)
         assert a.version == b.version == 6
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("critic_type", ["v", "q"])
+@pytest.mark.parametrize("layout", ["groups", "scattered"])
+def test_the_fast_critic_gives_the_module_values_and_gradients(arch, critic_type, layout):
+    critic = Critic.from_policy(Policy.tiny(arch, n_layer=2, n_embd=32, n_head=2, seed=3), seed=3, init_std=0.5)
+    assert critic._fast() is not None
+    prompts = ["alpha beta", "gamma", "a much longer prompt here"]
+    prompts = [p for p in prompts for _ in range(3)] if layout == "groups" else prompts + prompts[:1]
+    policy = Policy.tiny(arch, n_layer=2, n_embd=32, n_head=2, generation=GenerationConfig(max_new_tokens=5))
+    gen = policy.generate(prompts, generator=torch.Generator().manual_seed(0))
+    comp = (gen.completion_ids, gen.completion_mask) if critic_type == "q" else ()
+    weights = torch.linspace(-1.0, 1.5, len(prompts))
+    out = {}
+    for fast in (True, False):
+        critic.fast_forward = fast
+        critic.zero_grad()
+        values = critic(gen.prompt_ids, gen.prompt_mask, *comp)
+        (values * weights).sum().backward()
+        out[fast] = values.detach(), {n: p.grad.clone() for n, p in critic.named_parameters() if p.grad is not None}
+    torch.testing.assert_close(out[True][0], out[False][0], atol=1e-5, rtol=0)
+    assert out[True][1].keys() == out[False][1].keys()
+    for name, grad in out[False][1].items():
+        torch.testing.assert_close(out[True][1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    # an input longer than critic_max_tokens keeps its last tokens on the module path
+    critic.fast_forward, critic.max_tokens = True, 4
+    short = critic(gen.prompt_ids, gen.prompt_mask, *comp)
+    critic.fast_forward = False
+    torch.testing.assert_close(short, critic(gen.prompt_ids, gen.prompt_mask, *comp), atol=1e-5, rtol=0)

@@ -136,7 +136,7 @@ def test_grouped_rows_read_one_copy_of_their_prompt(monkeypatch):
     fast = policy._fast()
     shares = []
     share = fast.share
-    monkeypatch.setattr(fast, "share", lambda prefix, inverse, group: shares.append(group) or share(prefix, inverse, group))
+    monkeypatch.setattr(fast, "share", lambda prefix, rows: shares.append(rows.group) or share(prefix, rows))
     gen = _generate(policy, _grouped(["p" * 30, "q" * 12, "r"], 4))
     policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
     _generate(policy, ["b" * 9, "a", "b" * 9])  # not contiguous groups: each row gets its prompt's copy

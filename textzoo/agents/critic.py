@@ -4,6 +4,10 @@ A V critic reads a state (a prompt) and answers V(s) at its last token; a Q crit
 followed by an action (a completion) and answers Q(s, a) at the action's last token. The trunk is
 the transformer without its LM head (`model.base_model`), so a critic can start from the same
 pretrained weights as an actor or be a tiny model built locally.
+
+Supported trunks (see `textzoo.agents.fastlm`) run the plain-torch forward: each distinct prompt once
+(the G samples of a group share their state), and a Q critic's completions attend to their prompt's
+keys/values in one grouped matmul, as `Policy.score` does. Others run the transformers module.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from textzoo.agents.fastlm import FastDecoder, first_tokens_first, shared_rows
 from textzoo.agents.policy import Policy
 
 
@@ -46,6 +51,9 @@ class Critic(torch.nn.Module):
             torch.nn.init.normal_(out.weight, std=init_std) if init_std > 0 else torch.nn.init.zeros_(out.weight)
             torch.nn.init.zeros_(out.bias)
             self.head = torch.nn.Sequential(*layers, out).to(device)
+        self.fast_forward = True
+        """Run the plain-torch forward of `textzoo.agents.fastlm` when the trunk supports it."""
+        self._fast_decoder: FastDecoder | None = FastDecoder.build(trunk)
 
     @classmethod
     def from_policy(cls, policy: Policy, **kwargs) -> "Critic":
@@ -80,6 +88,10 @@ class Critic(torch.nn.Module):
         """
         device = self.device
         ids, attention = prompt_ids.to(device), prompt_mask.to(device).long()  # [S, P]
+        fast = self._fast()
+        width = ids.shape[1] + (0 if completion_ids is None else completion_ids.shape[1])
+        if fast is not None and ids.shape[0] and width <= self.max_tokens and bool(attention[:, -1].all()):
+            return self._fast_values(fast, ids, attention, completion_ids, completion_mask)
         last = torch.full((ids.shape[0],), ids.shape[1] - 1, dtype=torch.long, device=device)  # [S]
         if completion_ids is not None:
             completion_mask = completion_mask.to(device).long()
@@ -99,6 +111,25 @@ class Critic(torch.nn.Module):
             first = torch.full((U,), ids.shape[0], device=device).scatter_reduce(0, inverse, rows, "amin")  # [U]
             return self._values(ids[first], attention[first], last[first])[inverse]  # [S]
         return self._values(ids, attention, last)
+
+    def _fast(self) -> FastDecoder | None:
+        fast = self._fast_decoder
+        return fast if self.fast_forward and fast is not None and fast.usable else None
+
+    def _fast_values(self, fast, ids, attention, completion_ids, completion_mask) -> torch.Tensor:
+        """`forward` through the plain-torch decoder: each distinct prompt once; Q reads its completion."""
+        rows = shared_rows(ids, attention)
+        prefix, hidden = fast.prefill(*first_tokens_first(ids[rows.first], attention[rows.first]))  # [U, d]
+        if completion_ids is None:
+            hidden = hidden[rows.inverse]  # [S, d]
+        else:
+            completion_ids = completion_ids.to(ids.device)
+            C = completion_ids.shape[1]
+            position = prefix.lengths[rows.inverse][:, None] + torch.arange(C, device=ids.device)  # [S, C]
+            states = fast.extend(completion_ids, position, fast.share(prefix, rows), fast.new_cache(), C)  # [S, C, d]
+            last = completion_mask.to(ids.device).long().sum(1).clamp(min=1) - 1  # [S]
+            hidden = states[torch.arange(len(last), device=ids.device), last]  # [S, d]
+        return self.head(hidden.to(self.head[-1].weight.dtype)).squeeze(-1)  # [S]
 
     def _values(self, ids: torch.Tensor, attention: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         """Value head on the trunk's hidden state at column `last` of each row ([S, L] -> [S])."""

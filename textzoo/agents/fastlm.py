@@ -94,6 +94,72 @@ def attention_bias(attention: torch.Tensor, queries: int, dtype: torch.dtype) ->
 
 
 @dataclass
+class SharedRows:
+    """Rows that share a prompt: prompt u is row ``first[u]``; row s has prompt ``inverse[s]``.
+
+    ``group`` = G when the rows are U contiguous runs of G copies (the runner's layout), else 0.
+    """
+
+    first: torch.Tensor  # [U]
+    inverse: torch.Tensor  # [S]
+    group: int
+
+    @classmethod
+    def each(cls, rows: int, device: torch.device | str = "cpu") -> SharedRows:
+        """Every row its own prompt."""
+        index = torch.arange(rows, device=device)
+        return cls(index, index, 1)
+
+
+def distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> SharedRows | None:
+    """Rows with equal ids and mask share a prompt (numbered by first occurrence); None when all differ."""
+    S = ids.shape[0]
+    if S < 2:
+        return None
+    _, inverse = torch.unique(torch.cat([ids, mask], 1), dim=0, return_inverse=True)  # [S] sorted labels
+    U = int(inverse.max()) + 1
+    if U == S:
+        return None
+    rows = torch.arange(S, device=ids.device)
+    first = torch.full((U,), S, device=ids.device).scatter_reduce(0, inverse, rows, "amin")  # [U]
+    first, rank = first.sort()
+    relabel = torch.empty_like(rank)
+    relabel[rank] = torch.arange(U, device=ids.device)
+    inverse = relabel[inverse]  # [S] prompt u's first row comes before prompt u+1's
+    group = S // U if S % U == 0 and torch.equal(inverse, rows // (S // U)) else 0
+    return SharedRows(first, inverse, group)
+
+
+def prompt_runs(ids: torch.Tensor, mask: torch.Tensor) -> SharedRows | None:
+    """The runner's layout: runs of G > 1 copies of a prompt (two runs may hold the same prompt, e.g.
+    an item drawn twice); None for any other layout."""
+    S = ids.shape[0]
+    if S < 2:
+        return None
+    same = ((ids[1:] == ids[:-1]) & (mask[1:] == mask[:-1])).all(1)  # [S-1] row s+1 repeats row s
+    G = int(same.logical_not().nonzero()[0]) + 1 if not bool(same.all()) else S
+    if G < 2 or S % G:
+        return None
+    if not torch.equal(same, torch.arange(S - 1, device=ids.device) % G != G - 1):
+        return None
+    return SharedRows(torch.arange(0, S, G, device=ids.device), torch.arange(S, device=ids.device) // G, G)
+
+
+def shared_rows(ids: torch.Tensor, mask: torch.Tensor) -> SharedRows:
+    """Runs of copies when the rows form them, else distinct prompts, else one prompt per row."""
+    return prompt_runs(ids, mask) or distinct_rows(ids, mask) or SharedRows.each(ids.shape[0], ids.device)
+
+
+def first_tokens_first(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded rows ([S, P], real tokens contiguous) with their tokens moved to the front, trimmed
+    to the longest; and the row lengths ([S])."""
+    lengths = mask.sum(1)  # [S]
+    width = ids.shape[1]
+    column = torch.arange(int(lengths.max()), device=ids.device)[None, :] + (width - lengths)[:, None]
+    return ids.gather(1, column.clamp(max=width - 1)), lengths
+
+
+@dataclass
 class Prefix:
     """Keys/values of U distinct prompts (real tokens first, then padding) shared by the rows of a batch.
 
@@ -119,28 +185,31 @@ class FastDecoder:
         self.model = model
         self.kind = kind
         config = model.config
+        self.lm_head: nn.Linear | None = getattr(model, "lm_head", None)
         if kind == "gpt2":
-            self.body = model.transformer
-            self.layers = list(model.transformer.h)
+            self.body = model.transformer if self.lm_head is not None else model
+            self.layers = list(self.body.h)
             self.heads = config.n_head
             self.kv_heads = config.n_head
             self.dropout = max(config.resid_pdrop, config.embd_pdrop, config.attn_pdrop)
         else:
-            self.body = model.model
-            self.layers = list(model.model.layers)
+            self.body = model.model if self.lm_head is not None else model
+            self.layers = list(self.body.layers)
             self.heads = config.num_attention_heads
             self.kv_heads = config.num_key_value_heads
             self.dropout = float(config.attention_dropout)
 
     @classmethod
     def build(cls, model: nn.Module) -> FastDecoder | None:
-        """A decoder for ``model`` when its architecture is supported exactly, else None."""
+        """A decoder for ``model`` (a causal LM, or its trunk without the LM head) when its
+        architecture is supported exactly, else None."""
         config = getattr(model, "config", None)
         kind = getattr(config, "model_type", None)
         try:
-            if kind == "gpt2" and _plain_gpt2(model):
+            head = getattr(model, "lm_head", None)
+            if kind == "gpt2" and _plain_gpt2(model.transformer if head is not None else model, head):
                 return cls(model, kind)
-            if kind in _LLAMA_LIKE and _plain_llama(model):
+            if kind in _LLAMA_LIKE and _plain_llama(model.model if head is not None else model, head, config):
                 return cls(model, kind)
         except AttributeError:  # a module layout this version of transformers does not have
             return None
@@ -180,12 +249,12 @@ class FastDecoder:
             )  # [S, H, T, D]
             return out.transpose(1, 2).flatten(2)
 
-        return self._logits(self._hidden(ids, position, attend)[:, -keep:])
+        return self.head(self.norm(self._hidden(ids, position, attend)[:, -keep:]))
 
     # ----------------------------------------------------------------- shared prompts, grouped rows
     def prefill(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[Prefix, torch.Tensor]:
-        """Run U prompts ([U, P], real tokens first); return their `Prefix` and the logits ([U, V])
-        at each prompt's last token."""
+        """Run U prompts ([U, P], real tokens first, see `first_tokens_first`); return their `Prefix`
+        and the final hidden state ([U, d], after the last norm) at each prompt's last token."""
         U, P = ids.shape
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
@@ -205,14 +274,15 @@ class FastDecoder:
         real = torch.arange(P, device=ids.device) < lengths[:, None]  # [U, P]
         bias = torch.zeros((U, 1, 1, P), dtype=hidden.dtype, device=ids.device)
         bias.masked_fill_(~real[:, None, None, :], float("-inf"))
-        return Prefix(keys, values, bias, lengths), self._logits(last)
+        return Prefix(keys, values, bias, lengths), self.norm(last)
 
     @staticmethod
-    def share(prefix: Prefix, inverse: torch.Tensor, group: int) -> Prefix:
-        """The prefix for rows whose prompt is ``inverse`` ([S]): grouped when the rows are contiguous
-        runs of ``group`` (> 0) copies, else gathered to one prompt per row."""
-        if group:
-            return Prefix(prefix.keys, prefix.values, prefix.bias, prefix.lengths, group)
+    def share(prefix: Prefix, rows: SharedRows) -> Prefix:
+        """The prefix of the batch's rows (``prefix`` holds prompts ``rows.first``): grouped when the
+        rows are contiguous runs of copies, else gathered to one prompt per row."""
+        if rows.group:
+            return Prefix(prefix.keys, prefix.values, prefix.bias, prefix.lengths, rows.group)
+        inverse = rows.inverse
         return Prefix(
             [k.index_select(0, inverse) for k in prefix.keys],
             [v.index_select(0, inverse) for v in prefix.values],
@@ -224,8 +294,8 @@ class FastDecoder:
     def extend(
         self, ids: torch.Tensor, position: torch.Tensor, prefix: Prefix, cache: KVCache, keep: int
     ) -> torch.Tensor:
-        """Logits ([S, keep, V]) at the last ``keep`` of T completion positions ``ids`` ([S, T]) that
-        follow ``prefix`` and the completion tokens already in ``cache`` (which gets the new ones)."""
+        """Final hidden states ([S, keep, d], after the last norm) at the last ``keep`` of T positions
+        ``ids`` ([S, T]) that follow ``prefix`` and the tokens already in ``cache`` (which gets the new ones)."""
         S, T = ids.shape
         U, G = prefix.prompts, prefix.group
         if U * G != S:
@@ -259,19 +329,24 @@ class FastDecoder:
             out = out.view(U, H_kv, G, rep * T, D) + weights[..., P:] @ vc  # [U, H_kv, G, rep*T, D]
             return out.view(U, H_kv, G, rep, T, D).permute(0, 2, 4, 1, 3, 5).reshape(S, T, H_kv * rep * D)
 
-        return self._logits(self._hidden(ids, position, attend)[:, -keep:])
+        return self.norm(self._hidden(ids, position, attend)[:, -keep:])
 
     # ------------------------------------------------------------------------------------ layers
     @property
     def _dtype(self) -> torch.dtype:
         return self.body.get_input_embeddings().weight.dtype
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final norm + LM head on hidden states ([..., d] -> [..., V])."""
-        norm = _layer_norm if self.kind == "gpt2" else _rms_norm
-        hidden = norm(hidden, self.body.ln_f if self.kind == "gpt2" else self.body.norm)
-        head = self.model.lm_head
-        return F.linear(hidden, head.weight, head.bias)
+    def norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The trunk's final norm ([..., d])."""
+        if self.kind == "gpt2":
+            return _layer_norm(hidden, self.body.ln_f)
+        return _rms_norm(hidden, self.body.norm)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head on final hidden states ([..., d] -> [..., V])."""
+        if self.lm_head is None:
+            raise ValueError("this decoder runs a trunk without an LM head: it has hidden states, not logits")
+        return F.linear(hidden, self.lm_head.weight, self.lm_head.bias)
 
     def _hidden(self, ids: torch.Tensor, position: torch.Tensor, attend) -> torch.Tensor:
         """Hidden states ([S, T, d]) before the final norm; ``attend(layer, q, k, v, scale)`` mixes positions."""
@@ -333,28 +408,26 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _plain_gpt2(model: nn.Module) -> bool:
-    config = model.config
-    if config.add_cross_attention or type(model.lm_head) is not nn.Linear:
+def _plain_gpt2(body: nn.Module, head: nn.Module | None) -> bool:
+    if body.config.add_cross_attention or (head is not None and type(head) is not nn.Linear):
         return False
-    for block in model.transformer.h:
+    for block in body.h:
         convs = (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj)
         norms = (block.ln_1, block.ln_2)
         if any(type(c) is not Conv1D for c in convs) or any(type(n) is not nn.LayerNorm for n in norms):
             return False
-    return type(model.transformer.ln_f) is nn.LayerNorm
+    return type(body.ln_f) is nn.LayerNorm
 
 
-def _plain_llama(model: nn.Module) -> bool:
-    config = model.config
+def _plain_llama(body: nn.Module, head: nn.Module | None, config) -> bool:
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
     if any(kind != "full_attention" for kind in layer_types):
         return False
     if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
         return False
-    if type(model.lm_head) is not nn.Linear:
+    if head is not None and type(head) is not nn.Linear:
         return False
-    for layer in model.model.layers:
+    for layer in body.layers:
         attn, mlp = layer.self_attn, layer.mlp
         linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         if any(type(m) is not nn.Linear for m in linears):
@@ -363,4 +436,4 @@ def _plain_llama(model: nn.Module) -> bool:
             return False  # extra sub-layers (e.g. q/k norms) this forward does not apply
         if set(dict(attn.named_children())) != {"q_proj", "k_proj", "v_proj", "o_proj"}:
             return False
-    return hasattr(model.model.norm, "variance_epsilon")
+    return hasattr(body.norm, "variance_epsilon")

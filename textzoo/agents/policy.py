@@ -32,7 +32,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from textzoo.agents.fastlm import FastDecoder
+from textzoo.agents.fastlm import FastDecoder, SharedRows, distinct_rows, first_tokens_first, shared_rows
 from textzoo.agents.tokenizer import byte_tokenizer
 from textzoo.errors import ConfigError, ModelError
 
@@ -178,18 +178,6 @@ def _key_mask_suffices(config) -> bool:
     if layer_types is not None:
         return all(kind == "full_attention" for kind in layer_types)
     return getattr(config, "sliding_window", None) is None or not getattr(config, "use_sliding_window", True)
-
-
-@dataclass
-class _Shared:
-    """Rows that share a prompt: prompt u starts at row ``first[u]``; row s has prompt ``inverse[s]``.
-
-    ``group`` = G when the rows are U contiguous runs of G copies (the runner's layout), else 0.
-    """
-
-    first: torch.Tensor  # [U]
-    inverse: torch.Tensor  # [S]
-    group: int
 
 
 class Policy:
@@ -495,7 +483,7 @@ class Policy:
 
             def fast_step(token: torch.Tensor) -> torch.Tensor:
                 nonlocal position
-                out = fast.extend(token[:, None], position, prefix, cache, 1)[:, -1]  # [S, V]
+                out = fast.head(fast.extend(token[:, None], position, prefix, cache, 1)[:, -1])  # [S, V]
                 position = position + 1
                 return out
 
@@ -531,18 +519,13 @@ class Policy:
     def _fast_prefix(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, fast: FastDecoder):
         """Each distinct prompt through ``fast`` once: the rows' `Prefix`, the logits of their first
         completion token ([S, V]) and their prompt lengths ([S])."""
-        shared = self._prompt_runs(prompt_ids, prompt_mask) or self._distinct_prompts(prompt_ids, prompt_mask)
-        if shared is None:
-            rows = torch.arange(prompt_ids.shape[0], device=prompt_ids.device)
-            first, inverse, group = rows, rows, 1
-        else:
-            first, inverse, group = shared.first, shared.inverse, shared.group
-        ids, lengths = prompt_ids[first], prompt_mask[first].sum(1)  # [U, P], [U] (left-padded, contiguous)
-        width = ids.shape[1]
-        # Real tokens first: padding after a prompt is causally invisible to it.
-        column = torch.arange(int(lengths.max()), device=ids.device)[None, :] + (width - lengths)[:, None]
-        prefix, logits = fast.prefill(ids.gather(1, column.clamp(max=width - 1)), lengths)  # [U, V]
-        return fast.share(prefix, inverse, group), logits[inverse], lengths[inverse]
+        rows = (
+            shared_rows(prompt_ids, prompt_mask)
+            if self.share_prompts
+            else SharedRows.each(prompt_ids.shape[0], prompt_ids.device)
+        )
+        prefix, last = fast.prefill(*first_tokens_first(prompt_ids[rows.first], prompt_mask[rows.first]))
+        return fast.share(prefix, rows), fast.head(last)[rows.inverse], prefix.lengths[rows.inverse]
 
     def _fast(self) -> FastDecoder | None:
         """The plain-torch forward of this model when it is supported and exact in the current mode."""
@@ -553,42 +536,12 @@ class Policy:
         fast = self._fast_decoder
         return fast if fast is not None and fast.usable else None
 
-    def _distinct_prompts(self, ids: torch.Tensor, mask: torch.Tensor) -> _Shared | None:
-        """Which rows share a prompt (numbered by first occurrence); None when every row differs."""
-        S = ids.shape[0]
-        if not self.share_prompts or S < 2:
-            return None
-        _, inverse = torch.unique(torch.cat([ids, mask], 1), dim=0, return_inverse=True)  # [S] sorted labels
-        U = int(inverse.max()) + 1
-        if U == S:
-            return None
-        rows = torch.arange(S, device=ids.device)
-        first = torch.full((U,), S, device=ids.device).scatter_reduce(0, inverse, rows, "amin")  # [U]
-        first, rank = first.sort()
-        relabel = torch.empty_like(rank)
-        relabel[rank] = torch.arange(U, device=ids.device)
-        inverse = relabel[inverse]  # [S] prompt u's first row comes before prompt u+1's
-        group = S // U if S % U == 0 and torch.equal(inverse, rows // (S // U)) else 0
-        return _Shared(first, inverse, group)
-
-    def _prompt_runs(self, ids: torch.Tensor, mask: torch.Tensor) -> _Shared | None:
-        """The runner's layout: the rows are runs of G > 1 copies of a prompt (two runs may hold the
-        same prompt, e.g. an item drawn twice); None for any other layout."""
-        S = ids.shape[0]
-        if not self.share_prompts or S < 2:
-            return None
-        same = ((ids[1:] == ids[:-1]) & (mask[1:] == mask[:-1])).all(1)  # [S-1] row s+1 repeats row s
-        G = int(same.logical_not().nonzero()[0]) + 1 if not bool(same.all()) else S
-        if G < 2 or S % G:
-            return None
-        runs = torch.arange(S - 1, device=ids.device) % G != G - 1  # [S-1] True inside a run
-        if not torch.equal(same, runs):
-            return None
-        first = torch.arange(0, S, G, device=ids.device)  # [U]
-        return _Shared(first, torch.arange(S, device=ids.device) // G, G)
+    def _distinct_prompts(self, ids: torch.Tensor, mask: torch.Tensor) -> SharedRows | None:
+        """Which rows share a prompt (None when sharing is off or every row differs)."""
+        return distinct_rows(ids, mask) if self.share_prompts else None
 
     @staticmethod
-    def _expand_cache(cache: DynamicCache, shared: _Shared) -> None:
+    def _expand_cache(cache: DynamicCache, shared: SharedRows) -> None:
         """Give every row its prompt's keys/values: contiguous equal groups repeat (whose backward
         is a cheap sum), other layouts gather rows."""
         if shared.group:
@@ -669,7 +622,7 @@ class Policy:
             logits = logits[:, None]  # [S, 1, V]
             if C > 1:
                 position = lengths[:, None] + torch.arange(C - 1, device=device)  # [S, C-1]
-                rest = fast.extend(completion_ids[:, :-1], position, prefix, fast.new_cache(), C - 1)
+                rest = fast.head(fast.extend(completion_ids[:, :-1], position, prefix, fast.new_cache(), C - 1))
                 logits = torch.cat([logits, rest], 1)  # [S, C, V]
         else:
             logits = self._module_logits(prompt_ids, prompt_mask, completion_ids)  # [S, C, V]
