@@ -270,12 +270,12 @@ def test_a_critic_with_another_vocabulary_reads_decoded_text():
     rollout = collector.collect([0], [3], 2)
     name = critic_name(actors[0].id)
     gen = rollout.steps_of(actors[0].id)[0].gen
-    by_ids = family._values(critics[name], family._own_inputs(name, actors[0].policy, gen))
+    by_ids = family._values(critics[name], family._own_inputs(name, actors[0].policy, gen))[0]
     family.reads_ids[name] = False  # as if the critic's tokenizer differed: decode, then re-encode
     as_text = family._own_inputs(name, actors[0].policy, gen)
     assert as_text.gen is not gen and as_text.gen.completion_ids.shape[1] == 0
     # the byte tokenizer round-trips, so the V read from text equals the V read from the ids
-    assert torch.allclose(family._values(critics[name], as_text), by_ids, atol=1e-5)
+    assert torch.allclose(family._values(critics[name], as_text)[0], by_ids, atol=1e-5)
 
 
 # ---- config ---------------------------------------------------------------------------------------
@@ -320,16 +320,19 @@ def test_writing_reward_rises(algo, tmp_path):
     assert last > first + 0.08, rewards
 
 
-def test_resume_restores_critics_and_their_optimizers_exactly(tmp_path):
+@pytest.mark.parametrize("critic_model", ["", "actor"])
+def test_resume_restores_critics_and_their_optimizers_exactly(tmp_path, critic_model):
     import shutil
 
     from textzoo.runners.config import AgentConfig
     from textzoo.runners.trainer import Trainer
 
     def config(run_dir):
-        return TrainConfig(env_kwargs=WRITING, algo="ippo", steps=3, batch_prompts=2, group_size=2, seed=0,
-                           agent=AgentConfig(max_new_tokens=8), progress=False, plot=False, run_dir=str(run_dir),
-                           save_every=1, keep_last=5, eval_prompts=2)
+        cfg = TrainConfig(env_kwargs=WRITING, algo="ippo", steps=3, batch_prompts=2, group_size=2, seed=0,
+                          agent=AgentConfig(max_new_tokens=8), progress=False, plot=False, run_dir=str(run_dir),
+                          save_every=1, keep_last=5, eval_prompts=2)
+        cfg.actor_critic.critic_model = critic_model
+        return cfg
 
     full = Trainer(config(tmp_path / "full"))
     full.train()
@@ -373,3 +376,32 @@ def test_the_fast_critic_gives_the_module_values_and_gradients(arch, critic_type
     short = critic(gen.prompt_ids, gen.prompt_mask, *comp)
     critic.fast_forward = False
     torch.testing.assert_close(short, critic(gen.prompt_ids, gen.prompt_mask, *comp), atol=1e-5, rtol=0)
+
+
+def test_iac_critic_on_the_actors_trunk_trains_only_a_head_on_stored_features(tmp_path):
+    from textzoo.runners.trainer import Trainer
+
+    cfg = TrainConfig(algo="iac", steps=3, batch_prompts=2, group_size=2, progress=False, plot=False, threads=1,
+                      run_dir=str(tmp_path / "run"))
+    cfg.actor_critic.critic_model = "actor"
+    trainer = Trainer(cfg)
+    for actor in trainer.actors:
+        critic = trainer.family.critics[critic_name(actor.id)]
+        assert critic.trunk is actor.policy.model.base_model and critic.shared_trunk
+        assert {id(p) for p in critic.parameters()} == {id(p) for p in critic.head.parameters()}  # no trunk copy
+        assert set(critic.state_dict()) == {f"head.{k}" for k in critic.head.state_dict()}
+    heads = {n: [p.detach().clone() for p in c.head.parameters()] for n, c in trainer.family.critics.items()}
+    reads = []
+    for critic in trainer.family.critics.values():
+        inner = critic._features
+        critic._features = lambda *a, _inner=inner, **k: reads.append(a[0].shape[0]) or _inner(*a, **k)
+    row = trainer.train_step()
+    # features were read once per sample at collection; the critic jobs trained the head on them
+    assert reads == [4, 4]
+    assert all(not torch.equal(p, q) for n, c in trainer.family.critics.items()
+               for p, q in zip(c.head.parameters(), heads[n]) if p.dim() > 1)
+    assert all(math.isfinite(v) for k, v in row.items() if k.startswith("agent/summary.critic/"))
+    with pytest.raises(ConfigError, match="critic_model='actor'"):
+        bad = TrainConfig(algo="maac", steps=1, progress=False, plot=False, run_dir=str(tmp_path / "bad"))
+        bad.actor_critic.critic_model = "actor"
+        Trainer(bad)

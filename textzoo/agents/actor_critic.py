@@ -43,7 +43,9 @@ class ActorCriticConfig:
     critic_type: str = "v"
     """"v": V(s) at the last prompt token; "q": Q(s, a) at the last completion token."""
     critic_model: str = ""
-    """Critic trunk: "" = the same model as the actor (IAC) / as `agent.model` (MAAC), else a model spec."""
+    """Critic trunk: "" = a copy of the actor's model (IAC) / of `agent.model` (MAAC); "actor" = a value
+    head on the actor's own trunk (IAC/IPPO: no second model; only the head learns from the value
+    loss, on features read once per batch); else a model spec."""
     critic_lr: float | None = None
     """AdamW learning rate of the critics; None = the agent's lr."""
     value_head_hidden: int = 0
@@ -191,7 +193,10 @@ def value_job_loss(critic: Critic, cfg: ActorCriticConfig, at_completion: bool, 
                    norm: BatchNorm):
     """Critic loss of one micro-batch: values with gradient against the stored targets and old values."""
     g = batch.gen
-    values = critic(g.prompt_ids, g.prompt_mask, *((g.completion_ids, g.completion_mask) if at_completion else ()))
+    if "features" in batch.extra:  # a head on an actor's trunk learns from the features read at collection
+        values = critic.value(batch.extra["features"])
+    else:
+        values = critic(g.prompt_ids, g.prompt_mask, *((g.completion_ids, g.completion_mask) if at_completion else ()))
     old = batch.extra["old_values"].to(values.device)
     targets = batch.extra["targets"].to(values.device)
     return critic_loss(values, old, targets, norm, cfg.value_coef, cfg.value_clip)
@@ -278,7 +283,7 @@ class ActorCriticFamily:
             decided = rollout.active.any(1)  # [E, T] some actor acted
             where = decided.nonzero()  # [N, 2] (env, turn)
             inputs = self._central_inputs(rollout, where)
-            old = self._values(self.critics["critic"], inputs)  # [N]
+            old, _ = self._values(self.critics["critic"], inputs)  # [N]
             values = torch.zeros(E, T)
             values[where[:, 0], where[:, 1]] = old.cpu()
             team_adv, targets = gae(rollout.team_rewards, values, decided, self.gamma, cfg.gae_lambda)  # [E, T]
@@ -294,12 +299,13 @@ class ActorCriticFamily:
                     continue
                 gen, env_ids, turns = samples[actor_id]
                 inputs = self._own_inputs(name, self.actors[actor_id].policy, gen)
-                old = self._values(self.critics[name], inputs)  # [S]
+                old, features = self._values(self.critics[name], inputs)  # [S], [S, d] or None
                 values = torch.zeros(E, T)
                 values[env_ids, turns] = old.cpu()
                 a_adv, targets = gae(rewards[:, ai], values, rollout.active[:, ai], self.gamma, cfg.gae_lambda)
                 adv[:, ai] = a_adv
-                critic_jobs.append(self._critic_job(name, inputs, old, targets[env_ids, turns], a_adv[env_ids, turns]))
+                critic_jobs.append(self._critic_job(name, inputs, old, targets[env_ids, turns], a_adv[env_ids, turns],
+                                                    features))
                 stats.update(self._value_stats(name, old, targets[env_ids, turns]))
 
         jobs = []
@@ -341,25 +347,32 @@ class ActorCriticFamily:
         return CriticInput(_text_generation(critic, texts), at_completion=False)
 
     @torch.no_grad()
-    def _values(self, critic: Critic, inputs: CriticInput, chunk: int = 256) -> torch.Tensor:
-        """Values [S] of every sample, once, in eval mode (no dropout): the old values of this batch."""
+    def _values(self, critic: Critic, inputs: CriticInput, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Values [S] of every sample, once, in eval mode (no dropout): the old values of this batch;
+        and, for a head on an actor's trunk, the trunk features [S, d] its job trains the head on."""
         was_training = critic.training
         critic.eval()
         try:
             g = inputs.gen
-            out = []
+            out, feats = [], []
             for i in range(0, len(g), chunk):
                 part = g.select(torch.arange(i, min(i + chunk, len(g))))
                 comp = (part.completion_ids, part.completion_mask) if inputs.at_completion else ()
-                out.append(critic(part.prompt_ids, part.prompt_mask, *comp).float().cpu())
-            return torch.cat(out) if out else torch.zeros(0)
+                features = critic.features(part.prompt_ids, part.prompt_mask, *comp)  # [s, d]
+                out.append(critic.value(features).float().cpu())
+                feats.append(features)
+            values = torch.cat(out) if out else torch.zeros(0)
+            return values, (torch.cat(feats) if critic.shared_trunk and feats else None)
         finally:
             critic.train(was_training)
 
     def _critic_job(self, name: str, inputs: CriticInput, old: torch.Tensor, targets: torch.Tensor,
-                    advantages: torch.Tensor) -> Job:
+                    advantages: torch.Tensor, features: torch.Tensor | None = None) -> Job:
         cfg = self.config
-        batch = SampleBatch(inputs.gen, advantages, extra={"old_values": old, "targets": targets})
+        extra = {"old_values": old, "targets": targets}
+        if features is not None:
+            extra["features"] = features
+        batch = SampleBatch(inputs.gen, advantages, extra=extra)
         return Job(name, batch, partial(value_job_loss, self.critics[name], cfg, inputs.at_completion),
                    epochs=cfg.epochs, minibatches=cfg.minibatches)
 

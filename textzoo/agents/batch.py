@@ -70,7 +70,7 @@ class SampleBatch:
     gen: Generation
     advantages: torch.Tensor  # [S]
     ref_logprobs: torch.Tensor | None = None  # [S, C]
-    extra: dict[str, torch.Tensor] = field(default_factory=dict)  # family-specific per-row tensors
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)  # family-specific per-row tensors [S, ...]
 
     def __len__(self) -> int:
         return len(self.gen)
@@ -79,7 +79,7 @@ class SampleBatch:
         gen = self.gen.select(index)
         width = gen.completion_ids.shape[1]
         ref = None if self.ref_logprobs is None else self.ref_logprobs[index][:, :width]
-        extra = {k: (v[index][:, :width] if v.dim() == 2 else v[index]) for k, v in self.extra.items()}
+        extra = {k: v[index.to(v.device)] for k, v in self.extra.items()}  # per-row: never cropped
         return SampleBatch(gen, self.advantages[index], ref, extra)
 
 

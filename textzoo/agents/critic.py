@@ -31,9 +31,16 @@ class Critic(torch.nn.Module):
         init_std: float = 0.0,
         max_tokens: int = 1024,
         seed: int = 0,
+        shared_trunk: bool = False,
     ) -> None:
         super().__init__()
-        self.trunk = trunk
+        self.shared_trunk = shared_trunk
+        """The trunk belongs to an actor: it is not this module's parameter, and values do not
+        back-propagate into it (only the head learns; see `features`)."""
+        if shared_trunk:
+            object.__setattr__(self, "trunk", trunk)  # not a submodule: parameters() and state_dict() are the head's
+        else:
+            self.trunk = trunk
         self.tokenizer = tokenizer
         config = trunk.config
         width = getattr(config, "hidden_size", None) or config.n_embd
@@ -57,7 +64,8 @@ class Critic(torch.nn.Module):
 
     @classmethod
     def from_policy(cls, policy: Policy, **kwargs) -> "Critic":
-        """A critic on the trunk (and tokenizer) of `policy`'s model; the LM head is dropped."""
+        """A critic on the trunk (and tokenizer) of `policy`'s model; the LM head is dropped. With
+        ``shared_trunk=True`` it is a value head on that very trunk (IAC's "head on the actor")."""
         return cls(policy.model.base_model, policy.tokenizer, **kwargs)
 
     @property
@@ -86,12 +94,38 @@ class Critic(torch.nn.Module):
 
         Prompts are left-padded ([S, P]); completions right-padded ([S, C]) with at least one token.
         """
+        return self.value(self.features(prompt_ids, prompt_mask, completion_ids, completion_mask))
+
+    def value(self, features: torch.Tensor) -> torch.Tensor:
+        """The value head on trunk features ([S, d] -> [S])."""
+        return self.head(features.to(self.head[-1].weight.device, self.head[-1].weight.dtype)).squeeze(-1)
+
+    def features(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        completion_ids: torch.Tensor | None = None,
+        completion_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The trunk's final hidden state ([S, d]) at the token `forward` reads; without gradient
+        when the trunk is shared with an actor."""
+        if self.shared_trunk:  # the actor's trunk, read as it samples: no gradient, no dropout
+            was_training = self.trunk.training
+            self.trunk.eval()
+            try:
+                with torch.no_grad():
+                    return self._features(prompt_ids, prompt_mask, completion_ids, completion_mask)
+            finally:
+                self.trunk.train(was_training)
+        return self._features(prompt_ids, prompt_mask, completion_ids, completion_mask)
+
+    def _features(self, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
         device = self.device
         ids, attention = prompt_ids.to(device), prompt_mask.to(device).long()  # [S, P]
         fast = self._fast()
         width = ids.shape[1] + (0 if completion_ids is None else completion_ids.shape[1])
         if fast is not None and ids.shape[0] and width <= self.max_tokens and bool(attention[:, -1].all()):
-            return self._fast_values(fast, ids, attention, completion_ids, completion_mask)
+            return self._fast_features(fast, ids, attention, completion_ids, completion_mask)
         last = torch.full((ids.shape[0],), ids.shape[1] - 1, dtype=torch.long, device=device)  # [S]
         if completion_ids is not None:
             completion_mask = completion_mask.to(device).long()
@@ -109,15 +143,15 @@ class Critic(torch.nn.Module):
         if U < ids.shape[0]:
             rows = torch.arange(ids.shape[0], device=device)
             first = torch.full((U,), ids.shape[0], device=device).scatter_reduce(0, inverse, rows, "amin")  # [U]
-            return self._values(ids[first], attention[first], last[first])[inverse]  # [S]
-        return self._values(ids, attention, last)
+            return self._module_features(ids[first], attention[first], last[first])[inverse]  # [S, d]
+        return self._module_features(ids, attention, last)
 
     def _fast(self) -> FastDecoder | None:
         fast = self._fast_decoder
         return fast if self.fast_forward and fast is not None and fast.usable else None
 
-    def _fast_values(self, fast, ids, attention, completion_ids, completion_mask) -> torch.Tensor:
-        """`forward` through the plain-torch decoder: each distinct prompt once; Q reads its completion."""
+    def _fast_features(self, fast, ids, attention, completion_ids, completion_mask) -> torch.Tensor:
+        """`features` through the plain-torch decoder: each distinct prompt once; Q reads its completion."""
         rows = shared_rows(ids, attention)
         prefix, hidden = fast.prefill(*first_tokens_first(ids[rows.first], attention[rows.first]))  # [U, d]
         if completion_ids is None:
@@ -129,15 +163,14 @@ class Critic(torch.nn.Module):
             states = fast.extend(completion_ids, position, fast.share(prefix, rows), fast.new_cache(), C)  # [S, C, d]
             last = completion_mask.to(ids.device).long().sum(1).clamp(min=1) - 1  # [S]
             hidden = states[torch.arange(len(last), device=ids.device), last]  # [S, d]
-        return self.head(hidden.to(self.head[-1].weight.dtype)).squeeze(-1)  # [S]
+        return hidden
 
-    def _values(self, ids: torch.Tensor, attention: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-        """Value head on the trunk's hidden state at column `last` of each row ([S, L] -> [S])."""
+    def _module_features(self, ids: torch.Tensor, attention: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """The transformers trunk's final hidden state at column `last` of each row ([S, L] -> [S, d])."""
         position = (attention.cumsum(1) - 1).clamp(min=0)  # [S, L] explicit for left padding (GPT-2)
         hidden = self.trunk(input_ids=ids, attention_mask=attention, position_ids=position,
                             use_cache=False).last_hidden_state  # [S, L, D]
-        at = hidden[torch.arange(ids.shape[0], device=ids.device), last]  # [S, D]
-        return self.head(at.to(self.head[-1].weight.dtype)).squeeze(-1)  # [S]
+        return hidden[torch.arange(ids.shape[0], device=ids.device), last]  # [S, D]
 
     def values_of_texts(self, texts: list[str]) -> torch.Tensor:
         """Values [S] of whole texts (read at each text's last token)."""

@@ -189,17 +189,26 @@ def build_actor_critic(cfg: TrainConfig, actors: list[Actor], centralized: bool)
     """IAC / IPPO (a critic per trainable actor) or MAAC / MAPPO (one centralized critic)."""
     ac = cfg.actor_critic
 
-    def critic(agent: AgentConfig, seed: int) -> tuple[Critic, AgentConfig]:
+    on_actor = ac.critic_model == "actor"
+    if on_actor and centralized:
+        raise ConfigError("actor_critic.critic_model='actor' puts a value head on each actor's trunk: use it with "
+                          "iac/ippo (maac/mappo's critic reads the whole state, not one actor's prompt)")
+
+    def critic(agent: AgentConfig, seed: int, actor: Actor | None = None) -> tuple[Critic, AgentConfig]:
         # the critic's model and learner settings: the agent's, with the critic's model and lr
+        head = dict(hidden=ac.value_head_hidden, init_std=ac.value_head_init_std, max_tokens=ac.critic_max_tokens,
+                    seed=seed)
+        if on_actor:
+            return Critic.from_policy(actor.policy, shared_trunk=True, **head), \
+                dataclasses.replace(agent, lr=ac.critic_lr or agent.lr)
         settings = dataclasses.replace(agent, model=ac.critic_model or agent.model, lr=ac.critic_lr or agent.lr)
         policy = build_policy(settings, seed, build_device(settings.device))
-        return Critic.from_policy(policy, hidden=ac.value_head_hidden, init_std=ac.value_head_init_std,
-                                  max_tokens=ac.critic_max_tokens, seed=seed), settings
+        return Critic.from_policy(policy, **head), settings
 
     if centralized:
         built = {"critic": critic(cfg.agent, cfg.seed * 1000 + 999)}
     else:
-        built = {critic_name(a.id): critic(cfg.agent_config(a.id), cfg.seed * 1000 + 500 + i)
+        built = {critic_name(a.id): critic(cfg.agent_config(a.id), cfg.seed * 1000 + 500 + i, a)
                  for i, a in enumerate(actors) if a.trainable}
     return ActorCriticFamily(ac, actors, {k: v[0] for k, v in built.items()}, centralized, cfg.gamma, cfg.credit,
                              critic_settings={k: v[1] for k, v in built.items()})
