@@ -1,25 +1,62 @@
-"""Side by side: CoMLRL 1.4.3 (MAGRPO) and textzoo (magrpo) train the same tiny models, offline.
+"""Side by side: CoMLRL 1.4.3 and textzoo train the same tiny models, offline, with the same algorithm.
 
     pip install --no-deps comlrl==1.4.3 && pip install datasets wandb   # CoMLRL imports both; torch untouched
-    OMP_NUM_THREADS=1 python benchmarks/peer_comlrl.py
+    OMP_NUM_THREADS=1 python benchmarks/peer_comlrl.py                   # MAGRPO (the default --algo magrpo)
     OMP_NUM_THREADS=1 python benchmarks/peer_comlrl.py --max-new-tokens 64 --steps 12
+    OMP_NUM_THREADS=1 python benchmarks/peer_comlrl.py --algo iac        # CoMLRL IACTrainer vs textzoo algo=iac
+    OMP_NUM_THREADS=1 python benchmarks/peer_comlrl.py --algo maac       # CoMLRL MAACTrainer vs textzoo algo=maac
+
+`--algo` picks the pair: `magrpo` (CoMLRL's MAGRPOTrainer), `iac` (IACTrainer) or `maac` (MAACTrainer)
+against textzoo's `TrainConfig.algo` of the same name.
 
 Same for both: two tiny GPT-2 agents built locally by `Policy.tiny` (identical initial weights: the
 seeds textzoo's builder uses), the byte tokenizer, `textzoo/Writing-v0`'s length-ratio reward
 (`length_ratio_score(summary, elaboration)`), the same prompts in the same order, G samples per
 prompt, `max_new_tokens`, temperature 1 with top-p and top-k off, AdamW at the same learning rate,
-one prompt per step and one update per step (CoMLRL trains one prompt per step; its
-`rollout_buffer_size=1` updates after each). CoMLRL is handed the model and tokenizer objects, so
-it loads and downloads nothing; wandb stays off.
+one prompt per step and one update per step (CoMLRL trains one prompt per step; MAGRPO's
+`rollout_buffer_size=1` updates after each; IAC/MAAC get `rollout_buffer_size = train_batch_size = G`,
+so each agent takes one optimizer step per prompt over its G samples). CoMLRL is handed the model
+and tokenizer objects (and, for IAC/MAAC, the critic models), so it loads and downloads nothing;
+wandb stays off.
+
+Critics (`--algo iac` / `maac`), set on the CoMLRL side to textzoo's `ActorCriticConfig` defaults
+where CoMLRL has the setting: V critics (`critic_type="v"`, the value at the last prompt token), a
+linear value head whose weights and bias start at 0 (textzoo's `value_head_init_std=0`; CoMLRL's
+`ValueHead` draws N(0, 0.02) weights, so the benchmark hands CoMLRL `CausalLMWithValueHead` critics
+and zeroes their heads), critic learning rate = the agents' lr, value loss weight 1 (CoMLRL's
+`value_loss_coef` defaults to 0.6), no value clipping, no advantage normalization (CoMLRL's default
+normalizes), single turn with gamma 1 (advantage = reward - V(prompt), value target = reward).
+The critic trunks are tiny GPT-2s of the agents' shape built by `Policy.tiny` with textzoo's critic
+seeds, so both sides start from the same critic weights: IAC has one critic per agent (seed
+1000 * seed + 500 + i), reading that agent's own prompt; MAAC has one centralized critic (seed
+1000 * seed + 999) reading a joint text of both prompts.
+
+Not equal, and not settable from here:
+- MAAC's critic text: CoMLRL reads "[Agent 0] <prompt 0>\n\n[Agent 1] <prompt 1>"; textzoo reads
+  the env's `state()` ("[turn 0] <summary prompt>\n..." for both roles), about 35 bytes longer. Texts
+  over the 512 positions of the tiny GPT-2 keep their last 512 tokens on both sides (the byte
+  tokenizer truncates on the left; textzoo's critic cuts the same way): 27 of the 320 training items
+  on CoMLRL's side, 121 on textzoo's.
+- MAAC's critic updates: CoMLRL steps its shared critic once per agent per prompt (2 steps per prompt,
+  each on that agent's G copies of the joint text); textzoo steps it once per batch over all samples.
+- CoMLRL's critics are whole LMs (`CausalLMWithValueHead` runs the LM head too, unused); textzoo's
+  critic runs the trunk without the LM head. CoMLRL's updates run log-probs and values one sample at
+  a time (the critic reads the same prompt G times); textzoo batches them and its critics run the G
+  identical prompts of a group once.
+- Optimizer details (every --algo): CoMLRL's AdamW has torch's default weight decay 0.01 and no
+  gradient clipping; textzoo's agents and critics use weight decay 0 and `max_grad_norm=1`.
 
 Each side runs in its own process (so peak RSS is its own) for `warmup` + `steps` prompts; the
 figures are means over the `steps` measured ones. A joint action is one set of completions, one per
 agent (G per prompt). textzoo is measured twice: with CoMLRL's settings (B = 1 prompt per step) and
 with `--batch-prompts` prompts per step in lock-step (its batched design; same per-prompt work).
+CoMLRL's step time covers its whole step: for MAGRPO `_train_step_returns`, for IAC/MAAC `_run_batch`
+(rollouts, rewards, values and the actor and critic updates of one prompt).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import resource
@@ -27,6 +64,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 import torch
 import tyro
@@ -39,12 +77,15 @@ from textzoo.runners.config import AgentConfig, TrainConfig, UpdateConfig
 from textzoo.runners.trainer import Trainer
 
 ENV_KWARGS = {"terms": {"length_ratio": 1.0}}
+COMLRL_TRAINERS = {"magrpo": "MAGRPOTrainer", "iac": "IACTrainer", "maac": "MAACTrainer"}
 
 
 @dataclass
 class Args:
     """Benchmark settings shared by both libraries."""
 
+    algo: Literal["magrpo", "iac", "maac"] = "magrpo"
+    """Algorithm on both sides: CoMLRL's MAGRPOTrainer / IACTrainer / MAACTrainer vs textzoo's algo of that name."""
     group_size: int = 4
     """Samples per prompt (CoMLRL's num_generations)."""
     max_new_tokens: int = 32
@@ -74,7 +115,7 @@ class Args:
 def textzoo_config(a: Args, batch_prompts: int) -> TrainConfig:
     agent = AgentConfig(n_layer=a.n_layer, n_embd=a.n_embd, n_head=2, lr=a.lr, max_new_tokens=a.max_new_tokens,
                         temperature=1.0, top_p=1.0, top_k=0)
-    return TrainConfig(env="textzoo/Writing-v0", env_kwargs=ENV_KWARGS, algo="magrpo", agent=agent,
+    return TrainConfig(env="textzoo/Writing-v0", env_kwargs=ENV_KWARGS, algo=a.algo, agent=agent,
                        steps=a.warmup + a.steps, batch_prompts=batch_prompts, group_size=a.group_size, seed=a.seed,
                        threads=1, progress=False, plot=False, run_dir="runs/peer-comlrl-textzoo",
                        generate_workers=a.workers,
@@ -96,7 +137,6 @@ def run_textzoo(a: Args, batch_prompts: int) -> dict:
 def run_comlrl(a: Args) -> dict:
     os.environ.setdefault("WANDB_MODE", "disabled")
     from datasets import Dataset
-    from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
 
     env = make("textzoo/Writing-v0", **ENV_KWARGS)
     roles = env.possible_agents  # summary, elaboration
@@ -113,23 +153,16 @@ def run_comlrl(a: Args) -> dict:
     def reward(summaries, elaborations):
         return [length_ratio_score(s, e) for s, e in zip(summaries, elaborations)]
 
-    config = MAGRPOConfig(
-        num_train_epochs=1, agent_learning_rate=a.lr, logging_steps=10**6, num_agents=len(roles),
-        num_generations=a.group_size, max_new_tokens=a.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
-        num_turns=1, eval_interval=0, rollout_buffer_size=1,
-    )
-    trainer = MAGRPOTrainer(
-        agents=[p.model for p in policies], num_agents=len(roles), tokenizer=policies[0].tokenizer,
-        train_dataset=Dataset.from_list(rows), reward_func=reward,
-        formatters=[lambda item, role=role: item[role] for role in roles], args=config,
-    )
+    common = dict(tokenizer=policies[0].tokenizer, train_dataset=Dataset.from_list(rows), reward_func=reward,
+                  formatters=[lambda item, role=role: item[role] for role in roles])
+    build = comlrl_magrpo if a.algo == "magrpo" else comlrl_actor_critic
+    trainer, names = build(a, [p.model for p in policies], common)
     step_times: list[float] = []
     tokens: list[int] = []
     rewards: list[float] = []
-    generate, train_step, compute_rewards = (trainer._generate_completions, trainer._train_step_returns,
-                                             trainer._compute_rewards)
+    generate, step, collect = (getattr(trainer, name) for name in names)
 
-    # instance-level wrappers: count what CoMLRL generates and time each of its steps
+    # instance-level wrappers: count what CoMLRL generates, time each of its steps, record the joint rewards
     def counted_generate(*args, **kwargs):
         out = generate(*args, **kwargs)
         tokens[-1] += sum(out["response_lens"])
@@ -138,27 +171,77 @@ def run_comlrl(a: Args) -> dict:
     def timed_step(*args, **kwargs):
         tokens.append(0)
         start = time.perf_counter()
-        out = train_step(*args, **kwargs)
+        out = step(*args, **kwargs)
         step_times.append(time.perf_counter() - start)
         return out
 
     def recorded_rewards(*args, **kwargs):
-        out = compute_rewards(*args, **kwargs)
-        rewards.extend(out)
+        out = collect(*args, **kwargs)
+        if a.algo == "magrpo":
+            rewards.extend(out)
+        else:  # rollout samples: every agent holds the joint reward of each of the G joint actions
+            rewards.extend(float(sample.reward.view(-1)[0]) for sample in out if sample.agent_idx == 0)
         return out
 
-    trainer._generate_completions, trainer._train_step_returns, trainer._compute_rewards = (
-        counted_generate, timed_step, recorded_rewards)
+    for name, wrapper in zip(names, (counted_generate, timed_step, recorded_rewards)):
+        setattr(trainer, name, wrapper)
     trainer.verbose = False
     trainer.train()
     seconds = sum(step_times[a.warmup:])
     measured = len(step_times) - a.warmup
+    if len(rewards) != len(step_times) * a.group_size:
+        raise RuntimeError(f"recorded {len(rewards)} rewards for {len(step_times)} steps of G={a.group_size}")
     return {
         "s_per_step": seconds / measured,
         "joint_actions_per_s": a.group_size * measured / seconds,
         "tokens_per_s": sum(tokens[a.warmup:]) / seconds,
         "reward_mean": sum(rewards[a.warmup * a.group_size:]) / (measured * a.group_size),
     }
+
+
+def comlrl_magrpo(a: Args, models: list, common: dict):
+    """CoMLRL's MAGRPOTrainer, and its methods that generate, run one step and compute rewards."""
+    from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
+
+    config = MAGRPOConfig(
+        num_train_epochs=1, agent_learning_rate=a.lr, logging_steps=10**6, num_agents=len(models),
+        num_generations=a.group_size, max_new_tokens=a.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
+        num_turns=1, eval_interval=0, rollout_buffer_size=1,
+    )
+    trainer = MAGRPOTrainer(agents=models, num_agents=len(models), args=config, **common)
+    return trainer, ("_generate_completions", "_train_step_returns", "_compute_rewards")
+
+
+def comlrl_actor_critic(a: Args, models: list, common: dict):
+    """CoMLRL's IACTrainer (a critic per agent) or MAACTrainer (one centralized critic), with V critics
+    set to textzoo's ActorCriticConfig defaults where CoMLRL has the setting (see the module docstring),
+    and its methods that generate (per agent), run one prompt's step and collect the rollouts."""
+    from comlrl.models.actor_critic import CausalLMWithValueHead
+    from comlrl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+
+    def critic(seed: int) -> CausalLMWithValueHead:
+        # a tiny GPT-2 of the agents' shape (textzoo's critic seed) with a linear value head starting at 0
+        trunk = Policy.tiny("gpt2", n_layer=a.n_layer, n_embd=a.n_embd, n_head=2, seed=seed).model
+        model = CausalLMWithValueHead(trunk, value_head_hidden_dim=None, attach_value_head=True)
+        torch.nn.init.zeros_(model.value_head.value_projection.weight)
+        torch.nn.init.zeros_(model.value_head.value_projection.bias)
+        return model
+
+    settings = dict(
+        num_train_epochs=1, agent_learning_rate=a.lr, critic_learning_rate=a.lr, logging_steps=10**6,
+        num_agents=len(models), num_generations=a.group_size, max_new_tokens=a.max_new_tokens,
+        temperature=1.0, top_p=1.0, top_k=0, num_turns=1, eval_interval=0,
+        rollout_buffer_size=a.group_size, train_batch_size=a.group_size,
+        critic_type="v", value_loss_coef=1.0, advantage_normalization=False,
+    )
+    if a.algo == "iac":
+        config = IACConfig(**settings, use_separate_critic=True, value_clip_range=None)
+        critics = [critic(1000 * a.seed + 500 + i) for i in range(len(models))]
+        trainer = IACTrainer(agents=models, critics=critics, args=config, **common)
+        return trainer, ("_generate_rollout", "_run_batch", "_collect_rollouts")
+    config = MAACConfig(**settings)
+    trainer = MAACTrainer(agents=models, critics=[critic(1000 * a.seed + 999)], args=config, **common)
+    return trainer, ("_generate", "_run_batch", "_collect_rollouts")
 
 
 def run_side(a: Args) -> None:
@@ -185,14 +268,17 @@ def main() -> None:
     if a.side:
         return run_side(a)
     try:
-        import comlrl  # noqa: F401
+        importlib.import_module("comlrl")
     except ImportError as e:
         raise SystemExit(f"CoMLRL is not installed ({e}): pip install --no-deps comlrl==1.4.3 && "
                          "pip install datasets wandb") from e
     results = {"comlrl": child(a, "comlrl"), "textzoo": child(a, "textzoo"), "textzoo_batched": child(a, "textzoo_batched")}
-    columns = [("CoMLRL 1.4.3", "comlrl"), ("textzoo B=1", "textzoo"), (f"textzoo B={a.batch_prompts}", "textzoo_batched")]
-    print(f"tiny GPT-2 ({a.n_layer} layers x {a.n_embd}), 2 agents, G={a.group_size}, {a.max_new_tokens} new tokens, "
-          f"{a.steps} measured steps after {a.warmup}, 1 thread each\n")
+    columns = [(f"CoMLRL 1.4.3 {a.algo}", "comlrl"), (f"textzoo {a.algo} B=1", "textzoo"),
+               (f"textzoo {a.algo} B={a.batch_prompts}", "textzoo_batched")]
+    print(f"{a.algo}: CoMLRL 1.4.3 {COMLRL_TRAINERS[a.algo]} vs textzoo algo={a.algo}; tiny GPT-2 "
+          f"({a.n_layer} layers x {a.n_embd}), 2 agents, G={a.group_size}, {a.max_new_tokens} new tokens, "
+          f"{a.steps} measured steps after {a.warmup}, 1 torch thread per process "
+          f"(textzoo: {a.workers} generate/update workers)\n")
     print("| figure | " + " | ".join(name for name, _ in columns) + " | textzoo B=1 / CoMLRL | "
           f"textzoo B={a.batch_prompts} / CoMLRL |")
     print("| --- " * (len(columns) + 3) + "|")
