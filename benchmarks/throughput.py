@@ -24,7 +24,7 @@ import statistics
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import tyro
@@ -65,7 +65,8 @@ class Args:
     """Run each distinct prompt once per generate / score call (group prefix sharing)."""
     peer_s_per_prompt: float = 0.0
     """CoMLRL seconds per prompt for the same settings (0 = pick the published figure for the preset)."""
-    extra: dict = field(default_factory=dict)
+    critic_model: str = ""
+    """iac/ippo: "actor" puts the value head on the actor's trunk (actor_critic.critic_model)."""
 
 
 def _peer_figure(a: Args) -> float:
@@ -100,7 +101,7 @@ def config(a: Args) -> TrainConfig:
         env, env_kwargs = "textzoo/Writing-v0", {"terms": {"length_ratio": 1.0}}
     else:
         env, env_kwargs = "textzoo/Team-v0", {"agents": a.agents}
-    return TrainConfig(
+    cfg = TrainConfig(
         env=env, env_kwargs=env_kwargs, algo=a.algo, agent=agent, steps=a.steps + a.warmup,
         batch_prompts=a.batch_prompts, group_size=a.group_size, threads=a.threads, progress=False, plot=False,
         generate_workers=a.generate_workers,
@@ -108,6 +109,8 @@ def config(a: Args) -> TrainConfig:
                                                                per_sample_backward=a.per_sample_backward,
                                                                parallel_jobs=a.parallel_jobs),
     )
+    cfg.actor_critic.critic_model = a.critic_model
+    return cfg
 
 
 class ThreadClock:

@@ -396,11 +396,24 @@ def test_iac_critic_on_the_actors_trunk_trains_only_a_head_on_stored_features(tm
         inner = critic._features
         critic._features = lambda *a, _inner=inner, **k: reads.append(a[0].shape[0]) or _inner(*a, **k)
     row = trainer.train_step()
-    # features were read once per sample at collection; the critic jobs trained the head on them
-    assert reads == [4, 4]
+    # the actors' sampling pass produced the features (no second trunk pass); the heads learned on them
+    assert reads == []
     assert all(not torch.equal(p, q) for n, c in trainer.family.critics.items()
                for p, q in zip(c.head.parameters(), heads[n]) if p.dim() > 1)
     assert all(math.isfinite(v) for k, v in row.items() if k.startswith("agent/summary.critic/"))
+    # without the plain-torch decoder the sampling pass has no features: the critic reads them once
+    for actor in trainer.actors:
+        actor.policy.fast_forward = False
+    trainer.train_step()
+    assert reads == [4, 4]
+    # what sampling hands over is what the critic would read itself
+    actor = trainer.actors[0]
+    actor.policy.fast_forward = True
+    gen = actor.policy.generate(["one two", "one two", "three", "three"], generator=torch.Generator().manual_seed(0))
+    critic = trainer.family.critics[critic_name(actor.id)]
+    torch.testing.assert_close(gen.prompt_features, critic._features(gen.prompt_ids, gen.prompt_mask, None, None),
+                               atol=1e-5, rtol=0)
+    assert gen.select([1, 2]).prompt_features.shape == (2, gen.prompt_features.shape[1])
     with pytest.raises(ConfigError, match="critic_model='actor'"):
         bad = TrainConfig(algo="maac", steps=1, progress=False, plot=False, run_dir=str(tmp_path / "bad"))
         bad.actor_critic.critic_model = "actor"

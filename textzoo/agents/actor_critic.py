@@ -358,7 +358,10 @@ class ActorCriticFamily:
             for i in range(0, len(g), chunk):
                 part = g.select(torch.arange(i, min(i + chunk, len(g))))
                 comp = (part.completion_ids, part.completion_mask) if inputs.at_completion else ()
-                features = critic.features(part.prompt_ids, part.prompt_mask, *comp)  # [s, d]
+                if critic.shared_trunk and not comp and part.prompt_features is not None:
+                    features = part.prompt_features  # the actor's sampling pass read them (same weights)
+                else:
+                    features = critic.features(part.prompt_ids, part.prompt_mask, *comp)  # [s, d]
                 out.append(critic.value(features).float().cpu())
                 feats.append(features)
             values = torch.cat(out) if out else torch.zeros(0)

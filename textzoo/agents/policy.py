@@ -96,6 +96,9 @@ class Generation:
     completion_mask: torch.Tensor  # [S, C] 1 on scored tokens
     logprobs: torch.Tensor  # [S, C] sampling log-probs, 0 where the mask is 0
     texts: list[str] = field(default_factory=list)
+    prompt_features: torch.Tensor | None = None
+    """[S, d] the model's final hidden state at each prompt's last token, when the sampling pass
+    produced it (the plain-torch decoder does): what a value head on this model's trunk reads."""
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -114,13 +117,14 @@ class Generation:
             completion_mask=completion_mask[:, :last],
             logprobs=self.logprobs[idx, :last],
             texts=[self.texts[i] for i in idx.tolist()],
+            prompt_features=None if self.prompt_features is None else self.prompt_features[idx],
         )
 
     def to(self, device: torch.device | str) -> Generation:
         """A copy with every tensor on ``device``."""
-        return Generation(
-            *(getattr(self, f.name).to(device) for f in fields(self) if f.name != "texts"), texts=list(self.texts)
-        )
+        tensors = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "texts"}
+        moved = {name: None if t is None else t.to(device) for name, t in tensors.items()}
+        return Generation(**moved, texts=list(self.texts))
 
     @staticmethod
     def cat(items: list[Generation], pad_id: int) -> Generation:
@@ -143,6 +147,8 @@ class Generation:
             completion_mask=torch.cat([right(g.completion_mask, 0) for g in items]),  # [S, C]
             logprobs=torch.cat([right(g.logprobs, 0.0) for g in items]),  # [S, C]
             texts=[t for g in items for t in g.texts],
+            prompt_features=None if any(g.prompt_features is None for g in items)
+            else torch.cat([g.prompt_features for g in items]),
         )
 
 
@@ -442,7 +448,7 @@ class Policy:
         was_training = self.model.training
         self.model.eval()
         try:
-            logits, step = self._start_decoding(prompt_ids, prompt_mask, N)  # [S, V]
+            logits, step, features = self._start_decoding(prompt_ids, prompt_mask, N)  # [S, V], fn, [S, d] | None
             bias = self._allowed_bias(logits.shape[-1])
             for t in range(N):
                 logp = self._log_probs(logits, bias)  # [S, V]
@@ -470,14 +476,15 @@ class Policy:
         completion_mask = (~done_before).long()  # [S, C]
         logprobs = torch.stack(token_logps, 1).masked_fill(done_before, 0.0)  # [S, C]
         texts = self._texts(completion, completion_mask, by_stop)
-        return Generation(prompt_ids, prompt_mask, completion, completion_mask, logprobs, texts)
+        return Generation(prompt_ids, prompt_mask, completion, completion_mask, logprobs, texts, features)
 
     def _start_decoding(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, N: int):
-        """Run the prompts; return the logits of the first completion token ([S, V]) and
-        ``step(token)``, which appends tokens ([S]) and returns the next logits ([S, V])."""
+        """Run the prompts; return the logits of the first completion token ([S, V]), ``step(token)``,
+        which appends tokens ([S]) and returns the next logits ([S, V]), and the prompts' final hidden
+        states ([S, d]) when this pass has them (else None)."""
         fast = self._fast()
         if fast is not None:
-            prefix, logits, lengths = self._fast_prefix(prompt_ids, prompt_mask, fast)
+            prefix, logits, lengths, features = self._fast_prefix(prompt_ids, prompt_mask, fast)
             cache = fast.new_cache(capacity=N)
             position = lengths[:, None]  # [S, 1] the first completion token's position
 
@@ -487,7 +494,7 @@ class Policy:
                 position = position + 1
                 return out
 
-            return logits, fast_step
+            return logits, fast_step, features
         S, P = prompt_ids.shape
         attention = torch.cat([prompt_mask, prompt_mask.new_ones((S, N))], 1)  # [S, P+N]
         position = (prompt_mask.cumsum(1) - 1).clamp(min=0)  # [S, P]
@@ -514,18 +521,19 @@ class Policy:
             position, seen = position + 1, seen + 1
             return self._forward(token[:, None], step_attention[..., :seen], position, cache, 1)[:, -1]
 
-        return logits, module_step
+        return logits, module_step, None
 
     def _fast_prefix(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, fast: FastDecoder):
         """Each distinct prompt through ``fast`` once: the rows' `Prefix`, the logits of their first
-        completion token ([S, V]) and their prompt lengths ([S])."""
+        completion token ([S, V]), their prompt lengths ([S]) and final hidden states ([S, d])."""
         rows = (
             shared_rows(prompt_ids, prompt_mask)
             if self.share_prompts
             else SharedRows.each(prompt_ids.shape[0], prompt_ids.device)
         )
         prefix, last = fast.prefill(*first_tokens_first(prompt_ids[rows.first], prompt_mask[rows.first]))
-        return fast.share(prefix, rows), fast.head(last)[rows.inverse], prefix.lengths[rows.inverse]
+        features = last[rows.inverse]  # [S, d]
+        return fast.share(prefix, rows), fast.head(features), prefix.lengths[rows.inverse], features
 
     def _fast(self) -> FastDecoder | None:
         """The plain-torch forward of this model when it is supported and exact in the current mode."""
@@ -618,7 +626,7 @@ class Policy:
         if fast is not None and C > 0:
             # Each distinct prompt runs once; its samples' completions attend to its keys/values (with
             # their graph) in one grouped matmul, so the prompt's gradient is the sum over its samples.
-            prefix, logits, lengths = self._fast_prefix(*self._prepare_prompts(prompt_ids, prompt_mask), fast)
+            prefix, logits, lengths, _ = self._fast_prefix(*self._prepare_prompts(prompt_ids, prompt_mask), fast)
             logits = logits[:, None]  # [S, 1, V]
             if C > 1:
                 position = lengths[:, None] + torch.arange(C - 1, device=device)  # [S, C-1]
