@@ -254,27 +254,32 @@ class FastDecoder:
     # ----------------------------------------------------------------- shared prompts, grouped rows
     def prefill(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[Prefix, torch.Tensor]:
         """Run U prompts ([U, P], real tokens first, see `first_tokens_first`); return their `Prefix`
-        and the final hidden state ([U, d], after the last norm) at each prompt's last token."""
+        and the final hidden state ([U, d], after the last norm) at each prompt's last token.
+
+        Later tokens only read a prompt's keys/values, so the last layer runs its attention and MLP
+        for each prompt's last token alone (the other positions' outputs would never be read).
+        """
         U, P = ids.shape
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
+        real = torch.arange(P, device=ids.device) < lengths[:, None]  # [U, P]
+        bias = torch.zeros((U, 1, 1, P), dtype=self._dtype, device=ids.device)
+        bias.masked_fill_(~real[:, None, None, :], float("-inf"))
 
         def attend(i, q, k, v, scale):  # padding sits after a prompt's tokens: causal attention is exact
             q, k, v = q.transpose(1, 2), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
             keys.append(k)  # [U, H_kv, P, D]
             values.append(v)
-            out = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=scale, enable_gqa=self.kv_heads != self.heads
-            )  # [U, H, P, D]
+            gqa = self.kv_heads != self.heads
+            if q.shape[2] == 1 < P:  # the last layer's query at each prompt's last token: sees its real keys
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale, enable_gqa=gqa)  # [U, H, 1, D]
+            else:
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)  # [U, H, P, D]
             return out.transpose(1, 2).flatten(2)
 
         position = torch.arange(P, device=ids.device).expand(U, P)  # [U, P]
-        hidden = self._hidden(ids, position, attend)  # [U, P, d]
-        last = hidden[torch.arange(U, device=ids.device), lengths - 1]  # [U, d]
-        real = torch.arange(P, device=ids.device) < lengths[:, None]  # [U, P]
-        bias = torch.zeros((U, 1, 1, P), dtype=hidden.dtype, device=ids.device)
-        bias.masked_fill_(~real[:, None, None, :], float("-inf"))
-        return Prefix(keys, values, bias, lengths), self.norm(last)
+        hidden = self._hidden(ids, position, attend, last=lengths - 1)  # [U, 1, d]
+        return Prefix(keys, values, bias, lengths), self.norm(hidden[:, 0])
 
     @staticmethod
     def share(prefix: Prefix, rows: SharedRows) -> Prefix:
@@ -348,20 +353,26 @@ class FastDecoder:
             raise ValueError("this decoder runs a trunk without an LM head: it has hidden states, not logits")
         return F.linear(hidden, self.lm_head.weight, self.lm_head.bias)
 
-    def _hidden(self, ids: torch.Tensor, position: torch.Tensor, attend) -> torch.Tensor:
-        """Hidden states ([S, T, d]) before the final norm; ``attend(layer, q, k, v, scale)`` mixes positions."""
-        return self._gpt2(ids, position, attend) if self.kind == "gpt2" else self._llama(ids, position, attend)
+    def _hidden(self, ids: torch.Tensor, position: torch.Tensor, attend, last: torch.Tensor | None = None):
+        """Hidden states ([S, T, d]) before the final norm; ``attend(layer, q, k, v, scale)`` mixes positions.
 
-    def _gpt2(self, ids, position, attend) -> torch.Tensor:
-        S, T = ids.shape
+        With ``last`` ([S] column per row), the last layer computes keys/values at every position but
+        its output at column ``last`` only ([S, 1, d]).
+        """
+        layers = self._gpt2 if self.kind == "gpt2" else self._llama
+        return layers(ids, position, attend, last)
+
+    def _gpt2(self, ids, position, attend, last=None) -> torch.Tensor:
         body = self.body
         hidden = body.wte(ids) + body.wpe(position)  # [S, T, d] (the modules: padding_idx keeps a zero gradient)
-        d = hidden.shape[-1]
         for i, block in enumerate(self.layers):
+            S, T, d = hidden.shape
             attn, mlp = block.attn, block.mlp
             x = _layer_norm(hidden, block.ln_1).view(S * T, d)
             qkv = torch.addmm(attn.c_attn.bias, x, attn.c_attn.weight).view(S, T, 3, self.heads, -1)  # [S, T, 3, H, D]
             q, k, v = qkv.unbind(2)  # 3 x [S, T, H, D]
+            if last is not None and i == len(self.layers) - 1:
+                q, hidden, T = _at(q, last), _at(hidden, last), 1  # [S, 1, H, D], [S, 1, d]
             out = attend(i, q, k, v, attn.scaling).reshape(S * T, d)
             hidden = hidden + torch.addmm(attn.c_proj.bias, out, attn.c_proj.weight).view(S, T, d)
             x = _layer_norm(hidden, block.ln_2).view(S * T, d)
@@ -369,23 +380,33 @@ class FastDecoder:
             hidden = hidden + torch.addmm(mlp.c_proj.bias, x, mlp.c_proj.weight).view(S, T, d)
         return hidden
 
-    def _llama(self, ids, position, attend) -> torch.Tensor:
-        S, T = ids.shape
+    def _llama(self, ids, position, attend, last=None) -> torch.Tensor:
         body = self.body
         hidden = body.embed_tokens(ids)  # [S, T, d] (the module: padding_idx keeps a zero gradient)
         cos, sin = body.rotary_emb(hidden, position)  # [S, T, D] each
         cos, sin = cos[:, :, None], sin[:, :, None]  # [S, T, 1, D]
         for i, layer in enumerate(self.layers):
+            S, T, _ = hidden.shape
             attn, mlp = layer.self_attn, layer.mlp
             x = _rms_norm(hidden, layer.input_layernorm)
-            q = _linear(x, attn.q_proj).view(S, T, self.heads, -1)  # [S, T, H, D]
             k = _linear(x, attn.k_proj).view(S, T, self.kv_heads, -1)  # [S, T, H_kv, D]
             v = _linear(x, attn.v_proj).view(S, T, self.kv_heads, -1)
-            q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+            k = k * cos + _rotate_half(k) * sin
+            if last is not None and i == len(self.layers) - 1:  # queries and outputs at `last` only
+                x, hidden, q_cos, q_sin = _at(x, last), _at(hidden, last), _at(cos, last), _at(sin, last)
+            else:
+                q_cos, q_sin = cos, sin
+            q = _linear(x, attn.q_proj).view(S, x.shape[1], self.heads, -1)  # [S, T', H, D]
+            q = q * q_cos + _rotate_half(q) * q_sin
             hidden = hidden + _linear(attend(i, q, k, v, attn.scaling), attn.o_proj)
             x = _rms_norm(hidden, layer.post_attention_layernorm)
             hidden = hidden + _linear(mlp.act_fn(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj), mlp.down_proj)
         return hidden
+
+
+def _at(x: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
+    """Row s's entry at ``column[s]`` of the second axis, keeping that axis ([S, T, ...] -> [S, 1, ...])."""
+    return x[torch.arange(x.shape[0], device=x.device), column][:, None]
 
 
 def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
