@@ -3,6 +3,7 @@
     pip install --no-deps comlrl==1.4.3 && pip install datasets wandb   # CoMLRL imports both; torch untouched
     OMP_NUM_THREADS=1 python benchmarks/peer_comlrl.py                   # MAGRPO (the default --algo magrpo)
     OMP_NUM_THREADS=1 python benchmarks/peer_comlrl.py --max-new-tokens 64 --steps 12
+    OMP_NUM_THREADS=1 python benchmarks/peer_comlrl.py --source-words 5    # ~95-token prompts instead of ~245
     OMP_NUM_THREADS=1 python benchmarks/peer_comlrl.py --algo iac        # CoMLRL IACTrainer vs textzoo algo=iac
     OMP_NUM_THREADS=1 python benchmarks/peer_comlrl.py --algo maac       # CoMLRL MAACTrainer vs textzoo algo=maac
 
@@ -71,12 +72,21 @@ import tyro
 
 from textzoo.agents.policy import GenerationConfig, Policy
 from textzoo.envs import make
-from textzoo.envs.writing_v0 import length_ratio_score
+from textzoo.envs._sources import procedural_paragraph
+from textzoo.envs.writing_v0 import GENERATOR_SEED, length_ratio_score
 from textzoo.runners.build import ItemSampler
 from textzoo.runners.config import AgentConfig, TrainConfig, UpdateConfig
 from textzoo.runners.trainer import Trainer
 
 ENV_KWARGS = {"terms": {"length_ratio": 1.0}}
+
+
+def env_kwargs(a: Args) -> dict:
+    """Writing-v0's kwargs for both sides: the length-ratio reward, sources cut to `source_words`."""
+    if not a.source_words:
+        return dict(ENV_KWARGS)
+    texts = [" ".join(procedural_paragraph(k, GENERATOR_SEED).split()[: a.source_words]) for k in range(400)]
+    return {**ENV_KWARGS, "dataset": [{"text": text} for text in texts]}
 COMLRL_TRAINERS = {"magrpo": "MAGRPOTrainer", "iac": "IACTrainer", "maac": "MAACTrainer"}
 
 
@@ -108,6 +118,9 @@ class Args:
     """textzoo's samples per forward/backward."""
     seed: int = 0
     """textzoo's seed: agent i is built with seed 1000 * seed + i, as textzoo's builder does."""
+    source_words: int = 0
+    """Cut each Writing-v0 source text to its first N words (0 = whole paragraphs, ~190-250-token
+    prompts); e.g. 8 gives ~90-token prompts. Both sides read the same cut texts."""
     side: str = ""
     """Internal: run one side ("comlrl" or "textzoo") in this process and print its JSON."""
 
@@ -115,7 +128,7 @@ class Args:
 def textzoo_config(a: Args, batch_prompts: int) -> TrainConfig:
     agent = AgentConfig(n_layer=a.n_layer, n_embd=a.n_embd, n_head=2, lr=a.lr, max_new_tokens=a.max_new_tokens,
                         temperature=1.0, top_p=1.0, top_k=0)
-    return TrainConfig(env="textzoo/Writing-v0", env_kwargs=ENV_KWARGS, algo=a.algo, agent=agent,
+    return TrainConfig(env="textzoo/Writing-v0", env_kwargs=env_kwargs(a), algo=a.algo, agent=agent,
                        steps=a.warmup + a.steps, batch_prompts=batch_prompts, group_size=a.group_size, seed=a.seed,
                        threads=1, progress=False, plot=False, run_dir="runs/peer-comlrl-textzoo",
                        generate_workers=a.workers,
@@ -138,7 +151,7 @@ def run_comlrl(a: Args) -> dict:
     os.environ.setdefault("WANDB_MODE", "disabled")
     from datasets import Dataset
 
-    env = make("textzoo/Writing-v0", **ENV_KWARGS)
+    env = make("textzoo/Writing-v0", **env_kwargs(a))
     roles = env.possible_agents  # summary, elaboration
     # the prompts textzoo's sampler serves, in its order
     items = ItemSampler(env.num_items(), a.seed).next(a.warmup + a.steps)
@@ -277,7 +290,8 @@ def main() -> None:
                (f"textzoo {a.algo} B={a.batch_prompts}", "textzoo_batched")]
     print(f"{a.algo}: CoMLRL 1.4.3 {COMLRL_TRAINERS[a.algo]} vs textzoo algo={a.algo}; tiny GPT-2 "
           f"({a.n_layer} layers x {a.n_embd}), 2 agents, G={a.group_size}, {a.max_new_tokens} new tokens, "
-          f"{a.steps} measured steps after {a.warmup}, 1 torch thread per process "
+          f"{a.steps} measured steps after {a.warmup}, 1 torch thread per process, "
+          f"{'whole source texts' if not a.source_words else f'source texts cut to {a.source_words} words'} "
           f"(textzoo: {a.workers} generate/update workers)\n")
     print("| figure | " + " | ".join(name for name, _ in columns) + " | textzoo B=1 / CoMLRL | "
           f"textzoo B={a.batch_prompts} / CoMLRL |")
