@@ -110,7 +110,7 @@ class Args:
     """Measured steps (prompts for CoMLRL)."""
     warmup: int = 2
     """Steps run before measuring."""
-    batch_prompts: int = 8
+    batch_prompts: int = 32
     """Prompts per step of the second textzoo run (its lock-step batching)."""
     workers: int = 2
     """textzoo's threads for generating and updating agents in parallel (both cores; 1 = sequential)."""
