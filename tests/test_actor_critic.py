@@ -285,6 +285,9 @@ def test_algorithm_names_set_ppo_defaults_and_explicit_values_win():
     assert TrainConfig(algo="iac").actor_critic.clip_range is None
     cfg = TrainConfig(algo="ippo", actor_critic=ActorCriticConfig(clip_range=0.1, epochs=4))
     assert (cfg.actor_critic.clip_range, cfg.actor_critic.epochs) == (0.1, 4)
+    # an explicit value equal to the plain default is still explicit
+    assert TrainConfig(algo="ippo", actor_critic=ActorCriticConfig(epochs=1)).actor_critic.epochs == 1
+    assert TrainConfig(algo="iac").actor_critic.epochs == 1
     with pytest.raises(ConfigError, match="clip_range"):
         TrainConfig(algo="iac", actor_critic=ActorCriticConfig(epochs=2))
     with pytest.raises(ConfigError, match="critic_type"):

@@ -68,8 +68,9 @@ class ActorCriticConfig:
     """seq_sum | seq_mean | token_mean | constant (see textzoo.agents.losses)."""
     clip_range: float | None = None
     """PPO ratio clip ε of the actor loss; None = on-policy gradient. ippo / mappo default it to 0.2."""
-    epochs: int = 1
-    """Passes over each batch, actors and critics alike (>1 needs clip_range). ippo / mappo default it to 2."""
+    epochs: int | None = None
+    """Passes over each batch, actors and critics alike (>1 needs clip_range); None = the algorithm's
+    default: 1, or 2 for ippo / mappo."""
     minibatches: int = 1
     """Optimizer steps per pass over a batch."""
 
@@ -98,7 +99,7 @@ class ActorCriticConfig:
             )
         if self.clip_range is not None and not 0 < self.clip_range < 1:
             raise ConfigError(f"actor_critic.clip_range must be in (0, 1) or None, got {self.clip_range}")
-        if self.epochs < 1 or self.minibatches < 1:
+        if (self.epochs is not None and self.epochs < 1) or self.minibatches < 1:
             raise ConfigError("actor_critic.epochs and actor_critic.minibatches must be >= 1")
 
     def for_algorithm(self, defaults: dict[str, Any]) -> "ActorCriticConfig":
@@ -107,6 +108,8 @@ class ActorCriticConfig:
         base = {f.name: f.default for f in dataclasses.fields(self)}
         fill = {k: v for k, v in defaults.items() if k in base and getattr(self, k) == base[k]}
         out = dataclasses.replace(self, **fill)
+        if out.epochs is None:
+            out.epochs = 1
         if out.epochs > 1 and out.clip_range is None:
             raise ConfigError("actor_critic.epochs > 1 reuses samples off-policy: set actor_critic.clip_range (e.g. 0.2)")
         return out
