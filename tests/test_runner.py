@@ -144,3 +144,24 @@ def test_evaluation_never_changes_training(tmp_path):
         runs.append((rows, weights))
     assert runs[0][0] == runs[1][0]
     assert all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])
+
+
+def test_prompt_budget_leaves_room_for_the_completion_within_the_models_positions(tmp_path):
+    # tiny GPT-2s have 512 learned positions: a 384-token prompt + 200 new tokens would index past them
+    cfg = TrainConfig(steps=1, batch_prompts=1, group_size=2, progress=False, plot=False, run_dir=str(tmp_path / "a"),
+                      agent=AgentConfig(max_new_tokens=200, max_prompt_tokens=384), eval_every=0)
+    trainer = Trainer(cfg)
+    assert all(a.policy.generation.max_prompt_tokens == 312 for a in trainer.actors)
+    prompts = ["x" * 600, "y" * 600]  # longer than the budget: the last 312 tokens are kept
+    gen = trainer.actors[0].policy.generate(prompts, generator=torch.Generator().manual_seed(0))
+    assert gen.prompt_mask.sum(1).tolist() == [312, 312]
+    assert int(gen.prompt_mask.sum(1).max()) + gen.completion_ids.shape[1] <= 512
+    # the centralized joint actor reads every role's prompt: N x the agent's budget, within positions
+    joint = Trainer(TrainConfig(steps=1, collaboration="centralized", progress=False, plot=False,
+                                run_dir=str(tmp_path / "j")))
+    assert joint.actors[0].policy.generation.max_prompt_tokens == 512 - 2 * 32
+    with pytest.raises(ConfigError, match="max_new_tokens=512 leaves no room"):
+        Trainer(TrainConfig(steps=1, progress=False, plot=False, run_dir=str(tmp_path / "b"),
+                            agent=AgentConfig(max_new_tokens=512)))
+    with pytest.raises(ConfigError, match="max_prompt_tokens"):
+        AgentConfig(max_prompt_tokens=0)

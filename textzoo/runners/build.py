@@ -90,12 +90,33 @@ def build_policy(agent: AgentConfig, seed: int, device: torch.device) -> Policy:
 
 
 def generation_config(agent: AgentConfig, policy: Policy) -> GenerationConfig:
-    """The agent's sampling settings; its allowed outputs become token ids of `policy`'s tokenizer."""
+    """The agent's sampling settings; its allowed outputs become token ids of `policy`'s tokenizer, and
+    its prompt budget shrinks so that prompt + completion fit the model's positions."""
     allowed = allowed_token_ids(policy, agent.allowed_outputs) if agent.allowed_outputs else None
+    prompt_budget = agent.max_prompt_tokens
+    positions = position_limit(policy.model)
+    if positions:
+        if agent.max_new_tokens >= positions:
+            raise ConfigError(
+                f"agent.max_new_tokens={agent.max_new_tokens} leaves no room for a prompt in model "
+                f"{agent.model!r}, which has {positions} positions; lower max_new_tokens"
+            )
+        prompt_budget = min(prompt_budget, positions - agent.max_new_tokens)
     return GenerationConfig(
         max_new_tokens=agent.max_new_tokens, temperature=agent.temperature, top_p=agent.top_p,
         top_k=agent.top_k, stop_strings=tuple(agent.stop_strings), allowed_tokens=allowed,
+        max_prompt_tokens=prompt_budget,
     )
+
+
+def position_limit(model: torch.nn.Module) -> int:
+    """How many positions a model with learned or bounded positions handles (0 = unknown)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return 0
+    if getattr(config, "model_type", None) == "gpt2":  # learned absolute positions: a hard limit
+        return int(config.n_positions)
+    return int(getattr(config, "max_position_embeddings", 0) or 0)
 
 
 def lora_policy(agent: AgentConfig, agent_id: str, seed: int, bases: dict[tuple, SharedBase]) -> Policy:
@@ -134,7 +155,8 @@ def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
                 "put its settings in `agent` and drop agent_overrides"
             )
         budget = cfg.joint_max_new_tokens or len(roles) * cfg.agent.max_new_tokens
-        agent = dataclasses.replace(cfg.agent, max_new_tokens=budget)
+        agent = dataclasses.replace(cfg.agent, max_new_tokens=budget,
+                                    max_prompt_tokens=len(roles) * cfg.agent.max_prompt_tokens)
         if agent.lora_rank:
             policy = lora_policy(agent, "joint", cfg.seed, {})
         else:

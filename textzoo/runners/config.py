@@ -74,6 +74,9 @@ class AgentConfig:
     """Nucleus sampling threshold."""
     top_k: int = 0
     """Top-k sampling (0 = off)."""
+    max_prompt_tokens: int = 384
+    """Longer prompts keep their last tokens; lowered further when prompt + completion would not fit
+    the model's positions (the centralized joint actor gets N roles x this)."""
     stop_strings: tuple[str, ...] = ()
     """Strings that end a completion."""
     allowed_outputs: tuple[str, ...] = ()
@@ -101,6 +104,8 @@ class AgentConfig:
             raise ConfigError(f"agent.lr must be > 0, got {self.lr}")
         if self.max_new_tokens < 1:
             raise ConfigError(f"agent.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.max_prompt_tokens < 1:
+            raise ConfigError(f"agent.max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
         if self.lr_schedule not in ("constant", "linear", "cosine"):
             raise ConfigError(f"agent.lr_schedule must be constant, linear or cosine, got {self.lr_schedule!r}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
