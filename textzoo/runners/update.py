@@ -107,9 +107,18 @@ def run_jobs(
     workers = min(cfg.parallel_jobs, len(jobs))
     if workers < 2 or grad_sync is not None or not _independent(jobs, learners):
         return {job.learner: run_job(job, learners[job.learner], cfg, grad_sync=grad_sync) for job in jobs}
+    # Longest first (by tokens) keeps the threads busy to the end: e.g. MAAC's critic over long states
+    # starts at once instead of after an actor. Order cannot change results: the jobs are independent.
+    order = sorted(jobs, key=_job_tokens, reverse=True)
     with ThreadPoolExecutor(workers) as pool:
-        stats = list(pool.map(lambda job: run_job(job, learners[job.learner], cfg), jobs))
-    return {job.learner: s for job, s in zip(jobs, stats)}
+        stats = dict(zip((job.learner for job in order), pool.map(lambda job: run_job(job, learners[job.learner], cfg), order)))
+    return {job.learner: stats[job.learner] for job in jobs}
+
+
+def _job_tokens(job: Job) -> int:
+    """A job's size: the prompt and completion tokens its batch runs through the model."""
+    gen = job.batch.gen
+    return int(gen.prompt_mask.sum()) + int(gen.completion_mask.sum())
 
 
 def run_job(
