@@ -148,3 +148,39 @@ def test_lora_team_trains_adapters_only_and_resumes_exactly(tmp_path):
         return {k: v for k, v in row.items() if not k.startswith("time/")}
 
     assert [learning(r) for r in rows_a] == [learning(r) for r in rows_b]
+
+
+def test_a_lora_agents_reference_is_a_frozen_adapter_on_the_same_base():
+    from textzoo.agents.team import AgentActor, frozen_references
+
+    shared, (a, b) = team()
+    perturb(a, 0.02)  # the agent as it starts RL (e.g. after a warm-up): not the bare base
+    base_ids = {id(p) for _, p in shared.base_parameters()}
+    gen = a.generate(["hello there", "x"], generator=torch.Generator().manual_seed(0))
+    start = scored(a, gen)
+    refs = frozen_references([AgentActor("a", a), AgentActor("b", b, trainable=False)])
+    assert list(refs) == ["a"]
+    ref = refs["a"]
+    assert ref.model.shared is shared and {id(p) for _, p in shared.base_parameters()} == base_ids  # no base copy
+    assert all(not p.requires_grad for p in ref.model.parameters())
+    assert sum(p.numel() for p in ref.model.parameters()) == sum(p.numel() for p in a.model.parameters())
+    torch.testing.assert_close(scored(ref, gen), start, atol=0, rtol=0)
+    perturb(a, -0.03)  # training moves the agent; its reference stays where it started
+    assert not torch.allclose(scored(a, gen), start)
+    torch.testing.assert_close(scored(ref, gen), start, atol=0, rtol=0)
+    # the agent's learner sees only its own adapter; the reference's adapter stays frozen after switches
+    a.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask).sum().backward()
+    assert all(p.grad is None for p in ref.model.parameters())
+    assert all(p.requires_grad for p in a.model.parameters())
+
+
+def test_lora_dropout_is_off_in_a_frozen_reference():
+    shared = SharedBase(Policy.tiny("gpt2", seed=3, generation=GenerationConfig(max_new_tokens=5)))
+    agent = shared.add("agent", 4, dropout=0.5, seed=1)
+    perturb(agent, 0.05)
+    ref = shared.frozen_copy(agent, "agent-reference")
+    gen = agent.generate(["abc", "de"], generator=torch.Generator().manual_seed(0))
+    agent.model.train()  # the base is in train mode during updates
+    first, second = scored(ref, gen), scored(ref, gen)
+    assert torch.equal(first, second)  # no dropout draws
+    assert shared.model.training  # and the base's mode is restored

@@ -92,6 +92,22 @@ class SharedBase:
         self._set_requires_grad()
         return Policy(view, self.tokenizer, generation or self.generation, name=f"{agent_id}@lora")
 
+    def frozen_copy(self, policy: Policy, agent_id: str) -> Policy:
+        """A frozen copy of `policy`'s adapter on this same base (an adapter's worth of memory, not a
+        second base): e.g. the reference a KL term or DPO compares an agent with."""
+        source: AdapterView = policy.model
+        name = adapter_name(agent_id)
+        if name in self.views:
+            raise ConfigError(f"adapter {name!r} already exists on this base; pick another name for the copy")
+        self.model.add_adapter(name, self.model.peft_config[source.adapter])
+        view = AdapterView(self, name)
+        self.views[name] = view
+        self.active = None
+        self._set_requires_grad()
+        load_adapter_state_dict(view, adapter_state_dict(source))
+        view.training, view.frozen = False, True
+        return Policy(view, self.tokenizer, policy.generation, name=f"{agent_id}@lora")
+
     def activate(self, name: str) -> None:
         """Route forwards through adapter `name` (a no-op when it is already active)."""
         if self.active != name:
@@ -122,6 +138,8 @@ class AdapterView(torch.nn.Module):
         self.shared = shared  # a plain object, not a submodule: parameters() must not list the base
         self.adapter = name
         self._infix = f".{name}."
+        self.frozen = False
+        """A frozen copy (`SharedBase.frozen_copy`): runs in eval mode whatever the base's mode."""
 
     # ---- what a model is to Policy, learners and checkpoints ---------------------------------
     @property
@@ -140,6 +158,12 @@ class AdapterView(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self.shared.activate(self.adapter)
+        if self.frozen and self.shared.model.training:  # a frozen copy never drops anything
+            self.shared.model.eval()
+            try:
+                return self.shared.model(*args, **kwargs)
+            finally:
+                self.shared.model.train(True)
         return self.shared.model(*args, **kwargs)
 
     def adapter_parameters(self) -> dict[str, torch.nn.Parameter]:

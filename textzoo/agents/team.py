@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Protocol
 
+from textzoo.agents.lora import AdapterView
 from textzoo.agents.policy import Policy
 
 
@@ -49,11 +50,18 @@ class AgentActor:
 
 
 def frozen_references(actors: list[Actor]) -> dict[str, Policy]:
-    """Frozen copies of every trainable actor's policy (taken before any checkpoint is loaded)."""
+    """Frozen copies of every trainable actor's policy (taken before any checkpoint is loaded).
+
+    A LoRA agent's copy is a frozen second adapter on its shared base, not a copy of the base.
+    """
     refs: dict[str, Policy] = {}
     for a in actors:
-        if a.trainable:
-            ref = copy.deepcopy(a.policy)
-            ref.model.eval().requires_grad_(False)
-            refs[a.id] = ref
+        if not a.trainable:
+            continue
+        if isinstance(a.policy.model, AdapterView):
+            refs[a.id] = a.policy.model.shared.frozen_copy(a.policy, f"{a.id}-reference")
+            continue
+        ref = copy.deepcopy(a.policy)
+        ref.model.eval().requires_grad_(False)
+        refs[a.id] = ref
     return refs
