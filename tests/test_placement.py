@@ -134,3 +134,35 @@ def test_bf16_and_gradient_checkpointing_are_per_agent_options():
         torch.testing.assert_close(g_ckpt, g_plain, rtol=1e-5, atol=1e-6)
     bf16 = build_policy(AgentConfig(n_layer=1, n_embd=32, dtype="bfloat16"), seed=0, device=torch.device("cpu"))
     assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
+
+
+def test_models_that_share_weights_are_placed_as_one_unit():
+    from textzoo.agents.critic import Critic
+    from textzoo.agents.lora import SharedBase
+    from textzoo.agents.policy import Policy
+    from textzoo.agents.team import AgentActor, frozen_references
+    from textzoo.runners.placement import place_models, shared_units
+
+    shared = SharedBase(Policy.tiny("gpt2", seed=1))
+    a, b = shared.add("a", 4, seed=1), shared.add("b", 4, seed=2)
+    refs = frozen_references([AgentActor("a", a), AgentActor("b", b)])
+    own = Policy.tiny("gpt2", seed=2)
+    head = Critic.from_policy(own, shared_trunk=True)  # a value head on `own`'s trunk
+    alone = Policy.tiny("gpt2", seed=3)
+    models = {"a": (a.model, "actor", True), "own": (own.model, "actor", True), "b": (b.model, "actor", True),
+              "alone": (alone.model, "actor", True), "own.critic": (head, "critic", True),
+              "a-ref": (refs["a"].model, "reference", False), "b-ref": (refs["b"].model, "reference", False)}
+    assert shared_units({n: m for n, (m, _, _) in models.items()}) == [["a", "b", "a-ref", "b-ref"], ["own", "own.critic"],
+                                                                       ["alone"]]
+    # two (fake) devices: every member of a unit lands where its unit goes, and the unit's bytes count
+    # the shared base once (a view's own parameters are only its adapter)
+    devices = [DeviceSpec("cpu", 100 * GB), DeviceSpec("cpu:0", 100 * GB)]
+    rows = {r["model"]: r for r in place_models(models, devices, {})}
+    assert len({rows[n]["device"] for n in ("a", "b", "a-ref", "b-ref")}) == 1
+    assert rows["own"]["device"] == rows["own.critic"]["device"]
+    assert rows["a"]["shares_weights_with"] == ["b", "a-ref", "b-ref"] and "shares_weights_with" not in rows["alone"]
+    assert rows["a"]["device"] != rows["own"]["device"]  # the two largest units spread over both devices
+    rows = {r["model"]: r for r in place_models(models, devices, {"a-ref": "cpu:0"})}
+    assert {rows[n]["device"] for n in ("a", "b", "a-ref", "b-ref")} == {"cpu:0"}  # one member placed: all go
+    with pytest.raises(ConfigError, match="share weights"):
+        place_models(models, devices, {"a": "cpu", "b-ref": "cpu:0"})

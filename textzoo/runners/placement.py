@@ -101,16 +101,76 @@ def place_models(
     devices: Sequence[DeviceSpec],
     overrides: Mapping[str, str],
 ) -> list[dict[str, Any]]:
-    """Resolve and move `models` (name -> (module, kind, trained)); return one log row per model."""
-    specs = [ModelSpec(name, kind, model_bytes(module, trained)) for name, (module, kind, trained) in models.items()]
-    placement = resolve_placement(specs, devices, overrides)
+    """Resolve and move `models` (name -> (module, kind, trained)); return one log row per model.
+
+    Models that share weights (LoRA agents of one base and their references, a value head on an
+    actor's trunk) are placed as one unit: moving one moves the others, so they share a device.
+    """
+    units = shared_units({name: module for name, (module, _, _) in models.items()})
+    specs, members = [], {}
+    for unit in units:
+        name = "+".join(unit)
+        members[name] = unit
+        params = {id(p): p for member in unit for p in _footprint(models[member][0])}
+        total = sum(p.numel() * p.element_size() for p in params.values())
+        trained = {id(p): p for member in unit if models[member][2] for p in models[member][0].parameters()
+                   if p.requires_grad}
+        total += ADAM_COPIES * sum(p.numel() * p.element_size() for p in trained.values())
+        specs.append(ModelSpec(name, models[unit[0]][1], total))
+    unit_overrides: dict[str, str] = {}
+    unknown = sorted(set(overrides) - set(models))
+    if unknown:
+        raise ConfigError(f"device_map names {unknown}, which are not models of this run; models: {list(models)}")
+    for name, unit in members.items():
+        asked = {overrides[m] for m in unit if m in overrides}
+        if len(asked) > 1:
+            raise ConfigError(f"device_map puts {unit}, which share weights, on different devices {sorted(asked)}: "
+                              "give them one device")
+        if asked:
+            unit_overrides[name] = asked.pop()
+    placement = resolve_placement(specs, devices, unit_overrides)
     rows = []
     for spec in specs:
-        module = models[spec.name][0]
-        module.to(placement[spec.name])
-        rows.append({"model": spec.name, "kind": spec.kind, "device": placement[spec.name],
-                     "gib": round(spec.bytes / 2**30, 3)})
+        for member in members[spec.name]:
+            module, kind, trained = models[member]
+            module.to(placement[spec.name])
+            rows.append({"model": member, "kind": kind, "device": placement[spec.name],
+                         "gib": round(model_bytes(module, trained) / 2**30, 3),
+                         **({"shares_weights_with": [m for m in members[spec.name] if m != member]}
+                            if len(members[spec.name]) > 1 else {})})
     return rows
+
+
+def shared_units(modules: Mapping[str, torch.nn.Module]) -> list[list[str]]:
+    """Names grouped by shared weights (in first-seen order): modules that hold a parameter in common."""
+    owner: dict[int, int] = {}  # parameter id -> unit index
+    units: list[list[str]] = []
+    for name, module in modules.items():
+        hits = sorted({owner[id(p)] for p in _footprint(module) if id(p) in owner})
+        if not hits:
+            units.append([name])
+            index = len(units) - 1
+        else:
+            index = hits[0]
+            for other in hits[1:]:  # this module joins units that were separate so far
+                units[index] += units[other]
+                units[other] = []
+                owner.update({k: index for k, v in owner.items() if v == other})
+            units[index].append(name)
+        owner.update({id(p): index for p in _footprint(module)})
+    return [u for u in units if u]
+
+
+def _footprint(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """Every parameter a module needs on its device, including weights it uses but does not own
+    (a LoRA view's shared base, a value head's shared trunk)."""
+    shared = getattr(module, "shared", None)
+    if shared is not None and hasattr(shared, "model"):  # lora.AdapterView
+        return list(shared.model.parameters())
+    trunk = getattr(module, "trunk", None)
+    if getattr(module, "shared_trunk", False) and trunk is not None:  # critic.Critic on an actor's trunk
+        return [*module.parameters(), *trunk.parameters()]
+    return list(module.parameters())
 
 
 def team_models(actors: Sequence[Any], family: Any) -> dict[str, tuple[torch.nn.Module, str, bool]]:
@@ -133,4 +193,10 @@ def team_models(actors: Sequence[Any], family: Any) -> dict[str, tuple[torch.nn.
 
 
 def format_placement(rows: list[dict[str, Any]]) -> str:
-    return "placement: " + ", ".join(f"{r['model']} ({r['kind']}, {r['gib']} GiB) -> {r['device']}" for r in rows)
+    """One line: each model, its kind and size, and its device (and what it shares weights with)."""
+
+    def shares(r: dict[str, Any]) -> str:
+        return f", with {'+'.join(r['shares_weights_with'])}" if r.get("shares_weights_with") else ""
+
+    return "placement: " + ", ".join(f"{r['model']} ({r['kind']}, {r['gib']} GiB{shares(r)}) -> {r['device']}"
+                                     for r in rows)
