@@ -31,10 +31,13 @@ from textzoo.agents.policy import Generation, Policy
 from textzoo.agents.reinforce import ReinforceConfig, reinforce_loss
 from textzoo.runners.update import Learner, UpdateConfig, run_job
 
-MODES = {"batched": lambda s: UpdateConfig(micro_batch_size=s), "per_sample": lambda s: UpdateConfig(per_sample_backward=True)}
+MODES = ["batched", "per_sample", "per_sample_shared"]
+"""batched: micro-batches of all samples; per_sample: one sample per backward, each running its
+prompt; per_sample_shared: one sample per backward, the G samples of a prompt sharing its forward
+(`Policy.prompt_cache`, what the trainer uses)."""
 PRESETS = {
-    "tiny": dict(arch="gpt2", n_layer=2, n_embd=64, n_head=2, samples=8, prompt=16, tokens=32),
-    "small": dict(arch="gpt2", n_layer=4, n_embd=256, n_head=4, samples=32, prompt=16, tokens=64),
+    "tiny": dict(arch="gpt2", n_layer=2, n_embd=64, n_head=2, samples=8, group=4, prompt=16, tokens=32),
+    "small": dict(arch="gpt2", n_layer=4, n_embd=256, n_head=4, samples=32, group=4, prompt=64, tokens=64),
 }
 MIB = 2**20
 
@@ -45,8 +48,9 @@ def build(args: argparse.Namespace, device: torch.device) -> tuple[Policy, Job]:
     vocab = len(policy.tokenizer)
     g = torch.Generator().manual_seed(0)
     S, P, C = args.samples, args.prompt, args.tokens
+    prompts = torch.randint(3, vocab, (S // args.group, P), generator=g)  # [S/G, P]
     gen = Generation(
-        prompt_ids=torch.randint(3, vocab, (S, P), generator=g).to(device),  # [S, P]
+        prompt_ids=prompts.repeat_interleave(args.group, 0).to(device),  # [S, P] G copies of each prompt
         prompt_mask=torch.ones(S, P, dtype=torch.long, device=device),  # [S, P]
         completion_ids=torch.randint(3, vocab, (S, C), generator=g).to(device),  # [S, C]
         completion_mask=torch.ones(S, C, dtype=torch.long, device=device),  # [S, C]
@@ -61,40 +65,59 @@ def build(args: argparse.Namespace, device: torch.device) -> tuple[Policy, Job]:
 def update(policy: Policy, job: Job, mode: str) -> list[torch.Tensor]:
     """One run_job that leaves the weights as they were (SGD, lr 0) and returns the gradients."""
     learner = Learner(policy.model, torch.optim.SGD(policy.model.parameters(), lr=0.0), max_grad_norm=None)
-    run_job(job, learner, MODES[mode](len(job.batch)))
+    job.prompt_cache = policy.prompt_cache if mode == "per_sample_shared" else None
+    cfg = UpdateConfig(micro_batch_size=len(job.batch)) if mode == "batched" else UpdateConfig(per_sample_backward=True)
+    policy.model.zero_grad(set_to_none=True)
+    run_job(job, learner, cfg)
     return [p.grad.detach().clone() for p in policy.model.parameters()]
 
 
 class SavedBytes:
-    """Bytes autograd saves for backward, reset at every backward; `peak` is the largest total."""
+    """Bytes of the tensors autograd holds for backward (weights excluded); `peak` is the most at
+    once. A saved tensor counts from when the forward saves it until autograd lets it go."""
 
     def __init__(self, model: torch.nn.Module):
         self.weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        self.current, self.peak, self.seen = 0, 0, set()
+        self.live: dict[int, list[int]] = {}  # storage pointer -> [times held, bytes]
+        self.current, self.peak = 0, 0
 
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
+    def pack(self, t: torch.Tensor):
         ptr = t.untyped_storage().data_ptr()
-        if ptr not in self.weights and ptr not in self.seen:
-            self.seen.add(ptr)
-            self.current += t.untyped_storage().nbytes()
+        if ptr in self.weights:
+            return t
+        entry = self.live.setdefault(ptr, [0, t.untyped_storage().nbytes()])
+        if entry[0] == 0:
+            self.current += entry[1]
             self.peak = max(self.peak, self.current)
-        return t
+        entry[0] += 1
+        return _Held(self, ptr, t)
 
-    def backward_done(self) -> None:
-        self.current, self.seen = 0, set()
+    @staticmethod
+    def unpack(held):
+        return held.tensor if isinstance(held, _Held) else held
+
+    def release(self, ptr: int) -> None:
+        entry = self.live[ptr]
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.current -= entry[1]
+            del self.live[ptr]
+
+
+class _Held:
+    """A saved tensor; autograd dropping it (after backward) releases its bytes."""
+
+    def __init__(self, owner: SavedBytes, ptr: int, tensor: torch.Tensor):
+        self.owner, self.ptr, self.tensor = owner, ptr, tensor
+
+    def __del__(self) -> None:
+        self.owner.release(self.ptr)
 
 
 def worker(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
     policy, job = build(args, device)
     saved = SavedBytes(policy.model)
-    real_backward = torch.Tensor.backward
-
-    def backward(self, *a, **k):
-        real_backward(self, *a, **k)
-        saved.backward_done()
-
-    torch.Tensor.backward = backward
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
@@ -115,7 +138,7 @@ def worker(args: argparse.Namespace) -> dict:
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
     start = time.perf_counter()
-    with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
         update(policy, job, args.mode)
     seconds = time.perf_counter() - start
     if device.type == "cuda":
@@ -137,16 +160,19 @@ def run_preset(args: argparse.Namespace) -> None:
                              check=True, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     policy, job = build(args, torch.device(args.device))
-    g_batched, g_single = update(policy, job, "batched"), update(policy, job, "per_sample")
-    diff = max(float((a - b).abs().max()) for a, b in zip(g_batched, g_single))
-    scale = max(float(a.abs().max()) for a in g_batched)
+    grads = {mode: update(policy, job, mode) for mode in MODES}
+    scale = max(float(a.abs().max()) for a in grads["batched"])
     print(f"\n{args.arch} n_layer={args.n_layer} n_embd={args.n_embd}: {rows[0]['params'] / 1e6:.2f}M params, "
-          f"{args.samples} samples x ({args.prompt} prompt + {args.tokens} completion) tokens, {args.device}")
-    print("| mode | saved activations (MiB) | peak delta (MiB) | seconds |\n| --- | --- | --- | --- |")
+          f"{args.samples} samples (groups of {args.group} sharing a prompt) x ({args.prompt} prompt + "
+          f"{args.tokens} completion) tokens, {args.device}")
+    print("| mode | saved activations (MiB) | peak delta (MiB) | seconds | max abs grad diff vs batched |")
+    print("| --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['mode']} | {r['saved_mib']:.2f} | {r['peak_mib']:.2f} | {r['seconds']:.2f} |")
-    print(f"saved-activation ratio batched / per-sample: {rows[0]['saved_mib'] / max(rows[1]['saved_mib'], 1e-9):.1f}x")
-    print(f"max |grad batched - grad per-sample| = {diff:.3e} (largest gradient entry {scale:.3e})")
+        diff = max(float((a - b).abs().max()) for a, b in zip(grads[r["mode"]], grads["batched"]))
+        print(f"| {r['mode']} | {r['saved_mib']:.2f} | {r['peak_mib']:.2f} | {r['seconds']:.2f} | {diff:.1e} |")
+    print(f"saved-activation ratio batched / per-sample: {rows[0]['saved_mib'] / max(rows[1]['saved_mib'], 1e-9):.1f}x; "
+          f"batched / per-sample with shared prompts: {rows[0]['saved_mib'] / max(rows[2]['saved_mib'], 1e-9):.1f}x "
+          f"(largest gradient entry {scale:.3e})")
 
 
 def main() -> None:
@@ -157,10 +183,11 @@ def main() -> None:
     parser.add_argument("--n-embd", type=int)
     parser.add_argument("--n-head", type=int)
     parser.add_argument("--samples", type=int, help="B*G samples in the update")
+    parser.add_argument("--group", type=int, help="G: samples per prompt (samples must be a multiple)")
     parser.add_argument("--prompt", type=int, help="prompt tokens per sample")
     parser.add_argument("--tokens", type=int, help="completion tokens per sample")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--worker", choices=list(MODES), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     custom = {k: getattr(args, k) for k in PRESETS["tiny"] if k != "arch" and getattr(args, k) is not None}

@@ -330,3 +330,37 @@ def test_kl_shaping_pulls_towards_the_reference():
         for job in family.jobs(rollout)[0]:
             run_job(job, learner, UpdateConfig())
     assert start > 0.8 and float(actor.policy.probs()[0]) < 0.5  # back towards the reference's 0.2
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_per_sample_backward_runs_each_prompt_once_with_the_batched_gradient(arch, monkeypatch):
+    from textzoo.agents.batch import Job
+    from textzoo.agents.policy import GenerationConfig, Policy
+    from textzoo.agents.reinforce import reinforce_loss
+
+    policy = Policy.tiny(arch, seed=1, generation=GenerationConfig(max_new_tokens=6))
+    prompts = [p for p in ("first prompt", "a second, longer prompt", "x") for _ in range(4)]  # B=3, G=4
+    gen = policy.generate(prompts, generator=torch.Generator().manual_seed(0))
+    batch = SampleBatch(gen, torch.linspace(-1, 1, len(prompts)))
+    cfg = ReinforceConfig(loss_aggregation="seq_mean")
+    fast = policy._fast()
+    calls = []
+    prefill = fast.prefill
+    monkeypatch.setattr(fast, "prefill", lambda ids, *a: calls.append(ids.shape[0]) or prefill(ids, *a))
+    grads = {}
+    for name, per_sample, cache in (("batched", False, None), ("per-sample", True, None),
+                                    ("per-sample, shared prompts", True, policy.prompt_cache)):
+        learner = _learner(policy.model)
+        learner.optimizer.step = lambda: None  # keep weights: compare the gradients only
+        calls.clear()
+        job = Job("a", batch, lambda b, n: reinforce_loss(policy, cfg, b, n), max_new_tokens=6, prompt_cache=cache)
+        run_job(job, learner, UpdateConfig(micro_batch_size=64, per_sample_backward=per_sample))
+        grads[name] = torch.cat([p.grad.flatten() for p in learner.params])
+        if name == "per-sample":
+            assert calls == [1] * 12  # every sample ran its prompt
+        if name == "per-sample, shared prompts":
+            assert calls == [1, 1, 1]  # each prompt once for its 4 samples
+    for name in ("per-sample", "per-sample, shared prompts"):
+        torch.testing.assert_close(grads[name], grads["batched"], atol=1e-6, rtol=1e-4, msg=name)
+    assert grads["batched"].abs().sum() > 0
+    assert policy._prompt_cache is None  # the context closed

@@ -323,7 +323,8 @@ class ActorCriticFamily:
             stats[f"agent/{actor_id}/advantage_abs"] = float(sample_adv.abs().mean())
             jobs.append(Job(actor_id, SampleBatch(gen, sample_adv.to(gen.logprobs.device)),
                             partial(actor_loss, actor.policy, cfg), epochs=cfg.epochs, minibatches=cfg.minibatches,
-                            max_new_tokens=actor.policy.generation.max_new_tokens))
+                            max_new_tokens=actor.policy.generation.max_new_tokens,
+                            prompt_cache=actor.policy.prompt_cache))
         return jobs + critic_jobs, stats
 
     # ---- critic inputs and values ------------------------------------------------------------

@@ -7,6 +7,7 @@ with which loss); runners execute the jobs. Families never see optimizers or dev
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,3 +100,6 @@ class Job:
     epochs: int = 1
     minibatches: int = 1
     max_new_tokens: int = 1
+    prompt_cache: Callable[[], AbstractContextManager] | None = None
+    """For per-sample backward: a context in which the samples of one prompt share its forward
+    (`Policy.prompt_cache` of the job's policy); None = each sample runs its prompt."""

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Sequence
+from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from textzoo.agents.fastlm import FastDecoder, SharedRows, distinct_rows, first_tokens_first, shared_rows
+from textzoo.agents.fastlm import FastDecoder, Prefix, SharedRows, distinct_rows, first_tokens_first, shared_rows
 from textzoo.agents.tokenizer import byte_tokenizer
 from textzoo.errors import ConfigError, ModelError
 
@@ -224,6 +225,7 @@ class Policy:
         """Run each distinct prompt of a batch once (generate and score) and share its keys/values."""
         self._fast_model: torch.nn.Module | None = None
         self._fast_decoder: FastDecoder | None = None
+        self._prompt_cache: _PromptCache | None = None
 
     # ----------------------------------------------------------------------------------- building
     @classmethod
@@ -544,6 +546,20 @@ class Policy:
         fast = self._fast_decoder
         return fast if fast is not None and fast.usable else None
 
+    @contextmanager
+    def prompt_cache(self) -> Iterator[None]:
+        """Within: scoring calls whose rows share one prompt (e.g. per-sample backward over a group)
+        run that prompt once while it repeats; each sample back-propagates into the prompt's cached
+        keys/values, and the prompt's own backward runs once, when the next prompt arrives and on
+        exit (so call `backward` inside). Exact gradients; activation memory stays one prompt plus one
+        sample. Applies to the plain-torch decoder with gradients on; other calls are unaffected."""
+        outer, self._prompt_cache = self._prompt_cache, _PromptCache()
+        try:
+            yield
+        finally:
+            cache, self._prompt_cache = self._prompt_cache, outer
+            cache.flush()
+
     def _distinct_prompts(self, ids: torch.Tensor, mask: torch.Tensor) -> SharedRows | None:
         """Which rows share a prompt (None when sharing is off or every row differs)."""
         return distinct_rows(ids, mask) if self.share_prompts else None
@@ -626,7 +642,12 @@ class Policy:
         if fast is not None and C > 0:
             # Each distinct prompt runs once; its samples' completions attend to its keys/values (with
             # their graph) in one grouped matmul, so the prompt's gradient is the sum over its samples.
-            prefix, logits, lengths, _ = self._fast_prefix(*self._prepare_prompts(prompt_ids, prompt_mask), fast)
+            ids, mask = self._prepare_prompts(prompt_ids, prompt_mask)
+            cache = self._prompt_cache
+            if cache is not None and torch.is_grad_enabled() and cache.holds_one_prompt(ids, mask):
+                prefix, logits, lengths = cache.prefix(self, ids, mask, fast)
+            else:
+                prefix, logits, lengths, _ = self._fast_prefix(ids, mask, fast)
             logits = logits[:, None]  # [S, 1, V]
             if C > 1:
                 position = lengths[:, None] + torch.arange(C - 1, device=device)  # [S, C-1]
@@ -669,3 +690,38 @@ class Policy:
                 rest = self._forward(completion_ids[:, :-1], attention[:, :-1], position[:, P:-1], cache, C - 1)
                 logits = torch.cat([logits, rest], 1)  # [S, C, V]
         return logits
+
+
+class _PromptCache:
+    """One prompt's prefill with its graph, and detached copies (leaves) that scoring calls use."""
+
+    def __init__(self) -> None:
+        self.key: tuple[int, ...] | None = None
+        self.outputs: list[torch.Tensor] = []  # keys, values of every layer, last hidden state (with graph)
+        self.leaves: list[torch.Tensor] = []  # the same, detached, requiring grad
+
+    @staticmethod
+    def holds_one_prompt(ids: torch.Tensor, mask: torch.Tensor) -> bool:
+        return ids.shape[0] >= 1 and bool((ids == ids[:1]).all()) and bool((mask == mask[:1]).all())
+
+    def prefix(self, policy: Policy, ids: torch.Tensor, mask: torch.Tensor, fast: FastDecoder):
+        """The rows' `Prefix`, first-token logits ([S, V]) and prompt lengths ([S]) from the cache."""
+        key = tuple(ids[0][mask[0].bool()].tolist())
+        if key != self.key:
+            self.flush()
+            prefix, hidden = fast.prefill(*first_tokens_first(ids[:1], mask[:1]))  # [1, d]
+            self.outputs = [*prefix.keys, *prefix.values, hidden]
+            self.leaves = [t.detach().requires_grad_() for t in self.outputs]
+            self.key, self.bias, self.lengths = key, prefix.bias, prefix.lengths
+        layers = (len(self.leaves) - 1) // 2
+        S = ids.shape[0]
+        prefix = Prefix(self.leaves[:layers], self.leaves[layers:-1], self.bias, self.lengths, group=S)
+        logits = fast.head(self.leaves[-1]).expand(S, -1)  # [S, V]
+        return prefix, logits, self.lengths.expand(S)
+
+    def flush(self) -> None:
+        """Back-propagate what the samples accumulated on the prompt's keys/values through its prefill."""
+        pairs = [(out, leaf.grad) for out, leaf in zip(self.outputs, self.leaves) if leaf.grad is not None]
+        if pairs:
+            torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
+        self.key, self.outputs, self.leaves = None, [], []

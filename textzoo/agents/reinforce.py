@@ -273,7 +273,8 @@ class ReinforceFamily:
             loss = partial(reinforce_loss, self.actors[actor_id].policy, cfg)
             jobs.append(Job(actor_id, SampleBatch(gen, sample_adv.to(gen.logprobs.device), ref_lp), loss,
                             epochs=cfg.epochs, minibatches=cfg.minibatches,
-                            max_new_tokens=self.actors[actor_id].policy.generation.max_new_tokens))
+                            max_new_tokens=self.actors[actor_id].policy.generation.max_new_tokens,
+                            prompt_cache=self.actors[actor_id].policy.prompt_cache))
         return jobs, stats
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import nullcontext
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -148,16 +149,20 @@ def run_job(
             for p in learner.params:
                 p.grad = None
             loss_sum = 0.0
-            for chunk in torch.split(mb, micro):
-                contrib, stats = job.loss(batch.select(chunk), norm)  # [m]
-                finite = torch.isfinite(contrib)
-                totals["nonfinite"] += int((~finite).sum())
-                if finite.any():
-                    loss = contrib[finite].sum()
-                    loss.backward()
-                    loss_sum += float(loss.detach())
-                for k, v in stats.items():
-                    extra.setdefault(k, []).append(float(v))
+            # per-sample backward: the samples of one prompt share its forward (exact; one prompt +
+            # one sample of activations); the context runs the prompt's backward before the step
+            shared = job.prompt_cache if micro == 1 and job.prompt_cache is not None else nullcontext
+            with shared():
+                for chunk in torch.split(mb, micro):
+                    contrib, stats = job.loss(batch.select(chunk), norm)  # [m]
+                    finite = torch.isfinite(contrib)
+                    totals["nonfinite"] += int((~finite).sum())
+                    if finite.any():
+                        loss = contrib[finite].sum()
+                        loss.backward()
+                        loss_sum += float(loss.detach())
+                    for k, v in stats.items():
+                        extra.setdefault(k, []).append(float(v))
             totals["loss"] += loss_sum
             if grad_sync is not None:
                 grad_sync(learner.params)
