@@ -324,7 +324,7 @@ class ActorCriticFamily:
             jobs.append(Job(actor_id, SampleBatch(gen, sample_adv.to(gen.logprobs.device)),
                             partial(actor_loss, actor.policy, cfg), epochs=cfg.epochs, minibatches=cfg.minibatches,
                             max_new_tokens=actor.policy.generation.max_new_tokens,
-                            prompt_cache=actor.policy.prompt_cache))
+                            prompt_cache=getattr(actor.policy, "prompt_cache", None)))
         return jobs + critic_jobs, stats
 
     # ---- critic inputs and values ------------------------------------------------------------

@@ -274,7 +274,7 @@ class ReinforceFamily:
             jobs.append(Job(actor_id, SampleBatch(gen, sample_adv.to(gen.logprobs.device), ref_lp), loss,
                             epochs=cfg.epochs, minibatches=cfg.minibatches,
                             max_new_tokens=self.actors[actor_id].policy.generation.max_new_tokens,
-                            prompt_cache=self.actors[actor_id].policy.prompt_cache))
+                            prompt_cache=getattr(self.actors[actor_id].policy, "prompt_cache", None)))
         return jobs, stats
 
 
