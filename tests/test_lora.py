@@ -184,3 +184,25 @@ def test_lora_dropout_is_off_in_a_frozen_reference():
     first, second = scored(ref, gen), scored(ref, gen)
     assert torch.equal(first, second)  # no dropout draws
     assert shared.model.training  # and the base's mode is restored
+
+
+def test_iac_value_heads_on_lora_agents_read_each_agents_adapter(tmp_path):
+    from textzoo.agents.actor_critic import critic_name
+
+    cfg = TrainConfig(algo="iac", steps=2, batch_prompts=2, group_size=2, progress=False, plot=False,
+                      run_dir=str(tmp_path / "run"), agent=AgentConfig(lora_rank=4))
+    cfg.actor_critic.critic_model = "actor"
+    trainer = Trainer(cfg)
+    trainer.train_step()
+    units = {r["model"]: set(r.get("shares_weights_with", [])) for r in trainer.placement}
+    assert units["summary.critic"] == {"summary", "elaboration", "elaboration.critic"}  # one base, one device
+    for actor in trainer.actors:
+        critic = trainer.family.critics[critic_name(actor.id)]
+        assert all(n.startswith("head.") for n, _ in critic.named_parameters())  # only the head is the critic's
+        perturb(actor.policy, 0.01 if actor.id == "summary" else -0.02)  # adapters that differ
+        gen = actor.policy.generate(["hello there", "x"], generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            position = (gen.prompt_mask.cumsum(1) - 1).clamp(min=0)  # left padding
+            hidden = actor.policy.model(input_ids=gen.prompt_ids, attention_mask=gen.prompt_mask, position_ids=position,
+                                        output_hidden_states=True).hidden_states[-1][:, -1]  # [S, d]
+        torch.testing.assert_close(critic.features(gen.prompt_ids, gen.prompt_mask), hidden, atol=1e-5, rtol=0)

@@ -12,6 +12,8 @@ keys/values in one grouped matmul, as `Policy.score` does. Others run the transf
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -65,8 +67,11 @@ class Critic(torch.nn.Module):
     @classmethod
     def from_policy(cls, policy: Policy, **kwargs) -> "Critic":
         """A critic on the trunk (and tokenizer) of `policy`'s model; the LM head is dropped. With
-        ``shared_trunk=True`` it is a value head on that very trunk (IAC's "head on the actor")."""
-        return cls(policy.model.base_model, policy.tokenizer, **kwargs)
+        ``shared_trunk=True`` it is a value head on that very trunk (IAC's "head on the actor").
+        A model without a `base_model` (e.g. a LoRA agent's view of its shared base) is read whole."""
+        model = policy.model
+        trunk = model.base_model if isinstance(getattr(model, "base_model", None), torch.nn.Module) else LMTrunk(model)
+        return cls(trunk, policy.tokenizer, **kwargs)
 
     @property
     def device(self) -> torch.device:
@@ -176,3 +181,23 @@ class Critic(torch.nn.Module):
         """Values [S] of whole texts (read at each text's last token)."""
         ids, mask = self.encode(texts)
         return self(ids, mask)
+
+
+class LMTrunk(torch.nn.Module):
+    """A causal LM read as a trunk: its final hidden states (the LM head runs too, unused)."""
+
+    def __init__(self, lm: torch.nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    @property
+    def config(self):
+        return self.lm.config
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        # the LM's own listing (a LoRA view lists only its adapter, not the shared base)
+        yield from self.lm.named_parameters(prefix=prefix + "lm.")
+
+    def forward(self, **kwargs) -> SimpleNamespace:
+        out = self.lm(**kwargs, output_hidden_states=True)
+        return SimpleNamespace(last_hidden_state=out.hidden_states[-1])  # after the final norm

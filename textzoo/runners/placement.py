@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from textzoo.agents.critic import LMTrunk
 from textzoo.errors import ConfigError
 
 ADAM_COPIES = 3
@@ -169,7 +170,9 @@ def _footprint(module: torch.nn.Module) -> list[torch.nn.Parameter]:
         return list(shared.model.parameters())
     trunk = getattr(module, "trunk", None)
     if getattr(module, "shared_trunk", False) and trunk is not None:  # critic.Critic on an actor's trunk
-        return [*module.parameters(), *trunk.parameters()]
+        return [*module.parameters(), *_footprint(trunk)]
+    if isinstance(module, LMTrunk):  # a whole LM read as a trunk (e.g. a LoRA view)
+        return _footprint(module.lm)
     return list(module.parameters())
 
 
