@@ -71,16 +71,15 @@ def test_unsupported_models_fall_back():
     assert policy._fast() is None
 
 
-def test_kv_cache_room_and_repeat():
+def test_kv_cache_room():
     cache = KVCache(layers=1, capacity=3)
     k = torch.arange(4.0).view(2, 1, 2, 1)  # [S=2, H, T=2, D]
     keys, _ = cache.update(0, k, k)
     assert keys.shape == (2, 1, 2, 1)
-    cache.batch_repeat_interleave(2)
-    keys, _ = cache.update(0, torch.full((4, 1, 1, 1), 9.0), torch.zeros(4, 1, 1, 1))
-    assert keys[:, 0, :, 0].tolist() == [[0, 1, 9], [0, 1, 9], [2, 3, 9], [2, 3, 9]]
+    keys, _ = cache.update(0, torch.full((2, 1, 1, 1), 9.0), torch.zeros(2, 1, 1, 1))
+    assert keys[:, 0, :, 0].tolist() == [[0, 1, 9], [2, 3, 9]]
     with pytest.raises(ValueError, match="capacity"):
-        cache.update(0, torch.zeros(4, 1, 1, 1), torch.zeros(4, 1, 1, 1))
+        cache.update(0, torch.zeros(2, 1, 1, 1), torch.zeros(2, 1, 1, 1))
 
 
 def _generate(policy: Policy, prompts: list[str], seed: int = 0):

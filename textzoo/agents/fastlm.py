@@ -62,22 +62,6 @@ class KVCache:
         self.lengths[layer] = n + T
         return old_k[:, :, : n + T], old_v[:, :, : n + T]
 
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        """Repeat every row ``repeats`` times in place (row s becomes rows s*repeats ... s*repeats+repeats-1)."""
-        for i, (k, v) in enumerate(zip(self.keys, self.values)):
-            if k is not None:
-                k = k[:, None].expand(-1, repeats, -1, -1, -1).flatten(0, 1)  # [S*repeats, H, T, D]
-                v = v[:, None].expand(-1, repeats, -1, -1, -1).flatten(0, 1)
-                if self.capacity:  # later steps write into these rows: each needs its own memory
-                    k, v = k.contiguous(), v.contiguous()
-                self.keys[i], self.values[i] = k, v
-
-    def reorder_cache(self, index: torch.Tensor) -> None:
-        """Keep rows ``index`` (repeats allowed) of every layer: row s becomes old row index[s]."""
-        for i, (k, v) in enumerate(zip(self.keys, self.values)):
-            if k is not None:
-                self.keys[i], self.values[i] = k.index_select(0, index), v.index_select(0, index)
-
 
 def attention_bias(attention: torch.Tensor, queries: int, dtype: torch.dtype) -> torch.Tensor:
     """Additive sdpa mask ([S, 1, T, K]) for the last ``queries`` of K positions from a 2D key mask.
