@@ -7,8 +7,11 @@ truncate the distribution that the next token is *drawn* from; they do not chang
 log-probs, so the importance ratio of a fresh sample is 1 and the scored sequence is the sampled one.
 
 Speed without changing results: rows that share a prompt (the G samples of a group) run it once,
-in generation and in scoring, and reuse its keys/values (`share_prompts`); supported decoders run a
-plain-torch forward over the module's own weights (`fast_forward`, see `textzoo.agents.fastlm`).
+in generation and in scoring, and attend to its keys/values (`share_prompts`); supported decoders run
+a plain-torch forward over the module's own weights (`fast_forward`, see `textzoo.agents.fastlm`),
+whose sampling pass also hands each prompt's final hidden state to the `Generation`
+(`prompt_features`, what a value head on this model's trunk reads); and within `prompt_cache()`,
+scoring calls one sample at a time (per-sample backward) share their prompt's forward too.
 """
 
 from __future__ import annotations
