@@ -297,3 +297,28 @@ def test_grouped_query_attention_models_take_the_grouped_path_exactly(layout):
     torch.testing.assert_close(fast_logp, plain_logp, atol=1e-5, rtol=0)
     for name, grad in plain_grads.items():
         torch.testing.assert_close(fast_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_long_scoring_passes_take_fused_attention_with_the_same_results(arch, monkeypatch):
+    from textzoo.agents import fastlm
+
+    policy = _gqa_policy() if arch == "llama" else _tiny(arch)
+    prompts = _grouped(PROMPTS, 3)
+    gen = _generate(policy, prompts)
+    weights = torch.linspace(-1.0, 2.0, len(prompts))
+    policy.model.train()
+    grouped_logp, grouped_grads = _score_and_grads(policy, gen, weights)
+    calls = []
+    rows = fastlm.FastDecoder._attend_rows
+    monkeypatch.setattr(fastlm.FastDecoder, "_attend_rows", lambda self, *a: calls.append(1) or rows(self, *a))
+    monkeypatch.setattr(fastlm, "GROUPED_SCORES_LIMIT", 0)
+    fused_logp, fused_grads = _score_and_grads(policy, gen, weights)
+    assert len(calls) == 2  # both layers of the one scoring pass
+    torch.testing.assert_close(fused_logp, grouped_logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(fused_logp, gen.logprobs, atol=1e-5, rtol=0)
+    for name, grad in grouped_grads.items():
+        torch.testing.assert_close(fused_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    calls.clear()
+    _generate(policy, prompts)  # decoding (one token per step) keeps the grouped path
+    assert calls == []

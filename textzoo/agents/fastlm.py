@@ -28,6 +28,10 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 _LLAMA_LIKE = frozenset({"llama", "qwen2", "mistral"})
+GROUPED_SCORES_LIMIT = 1 << 24
+"""Attention scores (per layer) above which a multi-token `extend` (scoring) uses one fused sdpa call
+over per-row copies of the prompt instead of the grouped matmul: the grouped form keeps its scores
+for backward, O(T x (P+T)) per row, which long completions on a GPU cannot afford."""
 
 
 class KVCache:
@@ -300,8 +304,6 @@ class FastDecoder:
 
         def attend(i, q, k, v, scale):  # q [S, T, H, D], k/v [S, T, H_kv, D] -> [S, T, H*D]
             D = q.shape[-1]
-            # Layout [U, H_kv, G, rep, T, D]: a group's queries of one kv head are one matmul batch.
-            q = (q * scale).view(U, G, T, H_kv, rep, D).permute(0, 3, 1, 4, 2, 5).reshape(U, H_kv, G * rep * T, D)
             k = k.view(U, G, T, H_kv, D).permute(0, 3, 1, 2, 4).reshape(U * H_kv, G, T, D)
             v = v.view(U, G, T, H_kv, D).permute(0, 3, 1, 2, 4).reshape(U * H_kv, G, T, D)
             kc, vc = cache.update(i, k, v)  # [U*H_kv, G, past+T, D]
@@ -309,6 +311,12 @@ class FastDecoder:
             kc, vc = kc.view(U, H_kv, G, Tc, D), vc.view(U, H_kv, G, Tc, D)
             kp, vp = prefix.keys[i], prefix.values[i]  # [U, H_kv, P, D]
             P = kp.shape[2]
+            if causal is not None and S * self.heads * T * (P + Tc) > GROUPED_SCORES_LIMIT:
+                # A long scoring pass: fused attention over each row's copy of its prompt keys keeps no
+                # [T, P+Tc] scores for backward (the grouped matmul below would, for every layer).
+                return self._attend_rows(q, kp, vp, kc, vc, prefix, causal, scale)
+            # Layout [U, H_kv, G, rep, T, D]: a group's queries of one kv head are one matmul batch.
+            q = (q * scale).view(U, G, T, H_kv, rep, D).permute(0, 3, 1, 4, 2, 5).reshape(U, H_kv, G * rep * T, D)
             on_prompt = (q @ kp.transpose(-1, -2) + prefix.bias).view(U, H_kv, G, rep * T, P)
             on_completion = q.view(U, H_kv, G, rep * T, D) @ kc.transpose(-1, -2)  # [U, H_kv, G, rep*T, Tc]
             if causal is not None:
@@ -319,6 +327,26 @@ class FastDecoder:
             return out.view(U, H_kv, G, rep, T, D).permute(0, 2, 4, 1, 3, 5).reshape(S, T, H_kv * rep * D)
 
         return self.norm(self._hidden(ids, position, attend)[:, -keep:])
+
+    def _attend_rows(self, q, kp, vp, kc, vc, prefix: Prefix, causal, scale) -> torch.Tensor:
+        """`extend`'s attention with the prompt's keys/values copied to each of its rows and one sdpa
+        call: q [S, T, H, D]; kp/vp [U, H_kv, P, D]; kc/vc [U, H_kv, G, Tc, D] -> [S, T, H*D]."""
+        S, T, H, D = q.shape
+        U, H_kv, G, Tc, _ = kc.shape
+        P = kp.shape[2]
+
+        def rows(t: torch.Tensor) -> torch.Tensor:  # [U, ...] -> [S, ...], row s from prompt s // G
+            return t.repeat_interleave(G, 0) if G > 1 else t
+
+        def own(t: torch.Tensor) -> torch.Tensor:  # [U, H_kv, G, Tc, D] -> [S, H_kv, Tc, D]
+            return t.transpose(1, 2).reshape(S, H_kv, Tc, D)
+
+        keys, values = torch.cat([rows(kp), own(kc)], 2), torch.cat([rows(vp), own(vc)], 2)  # [S, H_kv, P+Tc, D]
+        bias = torch.cat([rows(prefix.bias).expand(S, 1, T, P), causal.expand(S, 1, T, Tc)], -1)  # [S, 1, T, P+Tc]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, values, attn_mask=bias, scale=scale, enable_gqa=H != H_kv
+        )  # [S, H, T, D]
+        return out.transpose(1, 2).reshape(S, T, H * D)
 
     # ------------------------------------------------------------------------------------ layers
     @property
