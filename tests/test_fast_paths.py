@@ -24,27 +24,33 @@ def _grouped(prompts: list[str], G: int) -> list[str]:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fast_forward_matches_transformers_with_left_padding_and_cache(arch):
+    from textzoo.agents.fastlm import first_tokens_first
+
     policy = _tiny(arch)
     model = policy.model.eval()
     fast = FastDecoder.build(model)
     assert fast is not None and fast.usable
     ids, mask = policy.encode(PROMPTS[:3])  # left-padded, different lengths
-    position = (mask.cumsum(1) - 1).clamp(min=0)
+
+    def reference(ids, mask):  # transformers' logits at every position ([S, L, V])
+        return model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits
+
     with torch.no_grad():
-        ref = model(input_ids=ids, attention_mask=mask, position_ids=position).logits  # [S, P, V]
-        out = fast(ids, mask, position, None, ids.shape[1])
-        real = mask.bool()
-        torch.testing.assert_close(out[real], ref[real], atol=1e-5, rtol=0)
-        # prefill into a preallocated cache, then two one-token steps
-        cache = fast.new_cache(capacity=ids.shape[1] + 2)
-        fast(ids, mask, position, cache, 1)
+        prefix, last = fast.prefill(*first_tokens_first(ids, mask))
+        torch.testing.assert_close(fast.head(last), reference(ids, mask)[:, -1], atol=1e-5, rtol=0)
+        # decode two tokens into a preallocated cache, one position at a time
+        cache, position, grown, grown_mask = fast.new_cache(capacity=2), prefix.lengths[:, None], ids, mask
         for _ in range(2):
             token = torch.randint(3, 100, (ids.shape[0], 1))
-            ids, mask = torch.cat([ids, token], 1), torch.cat([mask, torch.ones_like(token)], 1)
-            position = (mask.cumsum(1) - 1).clamp(min=0)
-            step = fast(token, mask, position[:, -1:], cache, 1)[:, -1]
-            ref = model(input_ids=ids, attention_mask=mask, position_ids=position).logits[:, -1]
-            torch.testing.assert_close(step, ref, atol=1e-5, rtol=0)
+            grown, grown_mask = torch.cat([grown, token], 1), torch.cat([grown_mask, torch.ones_like(token)], 1)
+            step = fast.head(fast.extend(token, position, prefix, cache, 1)[:, -1])
+            torch.testing.assert_close(step, reference(grown, grown_mask)[:, -1], atol=1e-5, rtol=0)
+            position = position + 1
+        # several positions at once (scoring): causal within the new tokens
+        tokens = torch.randint(3, 100, (ids.shape[0], 3))
+        out = fast.head(fast.extend(tokens, prefix.lengths[:, None] + torch.arange(3), prefix, fast.new_cache(), 3))
+        full = reference(torch.cat([ids, tokens], 1), torch.cat([mask, torch.ones_like(tokens)], 1))
+        torch.testing.assert_close(out, full[:, -3:], atol=1e-5, rtol=0)
 
 
 def test_unsupported_models_fall_back():

@@ -367,9 +367,10 @@ class ActorCriticFamily:
                 else:
                     features = critic.features(part.prompt_ids, part.prompt_mask, *comp)  # [s, d]
                 out.append(critic.value(features).float().cpu())
-                feats.append(features)
+                if critic.shared_trunk:
+                    feats.append(features)
             values = torch.cat(out) if out else torch.zeros(0)
-            return values, (torch.cat(feats) if critic.shared_trunk and feats else None)
+            return values, (torch.cat(feats) if feats else None)
         finally:
             critic.train(was_training)
 

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from textzoo.agents.fastlm import FastDecoder, first_tokens_first, shared_rows
+from textzoo.agents.fastlm import FastDecoder, distinct_rows, first_tokens_first, shared_rows
 from textzoo.agents.policy import Policy
 
 
@@ -142,13 +142,10 @@ class Critic(torch.nn.Module):
             cut = ids.shape[1] - self.max_tokens
             ids, attention, last = ids[:, cut:], attention[:, cut:], (last - cut).clamp(min=0)
         # The G samples of a prompt share its state: run each distinct input once and copy its value.
-        key = torch.cat([ids, attention, last[:, None]], 1)  # [S, 2L+1]
-        _, inverse = torch.unique(key, dim=0, return_inverse=True)  # [S] distinct-input index of each row
-        U = int(inverse.max()) + 1 if len(inverse) else 0
-        if U < ids.shape[0]:
-            rows = torch.arange(ids.shape[0], device=device)
-            first = torch.full((U,), ids.shape[0], device=device).scatter_reduce(0, inverse, rows, "amin")  # [U]
-            return self._module_features(ids[first], attention[first], last[first])[inverse]  # [S, d]
+        rows = distinct_rows(torch.cat([ids, last[:, None]], 1), attention)
+        if rows is not None:
+            first = rows.first
+            return self._module_features(ids[first], attention[first], last[first])[rows.inverse]  # [S, d]
         return self._module_features(ids, attention, last)
 
     def _fast(self) -> FastDecoder | None:

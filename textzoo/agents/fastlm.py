@@ -8,14 +8,11 @@ Llama / Qwen2 / Mistral (full attention, no sliding window) with unwrapped `nn.L
 layers: a LoRA- or otherwise-wrapped layer, cross-attention, or active dropout makes `usable` false
 and callers fall back to the module.
 
-Two ways to run it:
-
-- `decoder(ids, attention, position, cache, keep)`: any left-padded batch, with a `KVCache`.
-- `prefill(ids, lengths)` then `extend(ids, position, prefix, cache, keep)`: the prompts of a batch
-  run once each (`Prefix`), and the rows that share a prompt (a group of G samples) attend to its
-  keys/values in one grouped matmul instead of G copies of them. For a decode step this reads the
-  prompt's keys once per group rather than once per row (attention is memory-bound there), and in
-  scoring the prompt's gradient is accumulated by the same matmul instead of a scatter of copies.
+`prefill(ids, lengths)` runs the prompts of a batch once each (`Prefix`); `extend(ids, position,
+prefix, cache, keep)` runs the tokens after them, the rows that share a prompt (a group of G samples)
+attending to its keys/values in one grouped matmul instead of G copies of them. A decode step thus
+reads a prompt's keys once per group rather than once per row (attention is memory-bound there), and
+in scoring the prompt's gradient is accumulated by the same matmul instead of a scatter of copies.
 """
 
 from __future__ import annotations
@@ -65,20 +62,6 @@ class KVCache:
         old_v[:, :, n : n + T] = v
         self.lengths[layer] = n + T
         return old_k[:, :, : n + T], old_v[:, :, : n + T]
-
-
-def attention_bias(attention: torch.Tensor, queries: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive sdpa mask ([S, 1, T, K]) for the last ``queries`` of K positions from a 2D key mask.
-
-    Query i (absolute position K - T + i) sees real keys up to itself. A query always sees its own
-    key, so a padding query has a finite (unused) output instead of NaN, whose gradient would be NaN.
-    """
-    S, K = attention.shape
-    past = K - queries
-    q_pos = torch.arange(queries, device=attention.device)[:, None] + past  # [T, 1]
-    k_pos = torch.arange(K, device=attention.device)[None, :]  # [1, K]
-    visible = (attention.bool()[:, None, None, :] & (k_pos <= q_pos)) | (k_pos == q_pos)  # [S, 1, T, K]
-    return torch.zeros(visible.shape, dtype=dtype, device=attention.device).masked_fill_(~visible, float("-inf"))
 
 
 @dataclass
@@ -210,34 +193,6 @@ class FastDecoder:
 
     def new_cache(self, capacity: int = 0) -> KVCache:
         return KVCache(len(self.layers), capacity)
-
-    # ------------------------------------------------------------------------ any left-padded batch
-    def __call__(
-        self,
-        ids: torch.Tensor,
-        attention: torch.Tensor,
-        position: torch.Tensor,
-        cache: KVCache | None,
-        keep: int,
-    ) -> torch.Tensor:
-        """Logits ([S, keep, V]) at the last ``keep`` of the T new positions ``ids`` ([S, T]).
-
-        ``attention`` is the 2D key mask over cached + new positions ([S, K]) or a ready additive
-        mask ([S, 1, T, K]); ``position`` ([S, T]) the position ids; new keys go to ``cache``.
-        """
-        if attention.dim() == 2:
-            attention = attention_bias(attention, ids.shape[1], self._dtype)  # [S, 1, T, K]
-
-        def attend(i, q, k, v, scale):  # [S, T, H(_kv), D] each -> [S, T, H*D]
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [S, H, T, D]
-            if cache is not None:
-                k, v = cache.update(i, k, v)  # [S, H_kv, K, D]
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attention, scale=scale, enable_gqa=self.kv_heads != self.heads
-            )  # [S, H, T, D]
-            return out.transpose(1, 2).flatten(2)
-
-        return self.head(self.norm(self._hidden(ids, position, attend)[:, -keep:]))
 
     # ----------------------------------------------------------------- shared prompts, grouped rows
     def prefill(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[Prefix, torch.Tensor]:

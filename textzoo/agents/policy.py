@@ -437,7 +437,7 @@ class Policy:
         """
         cfg = self.generation
         prompt_ids, prompt_mask = self._prepare_prompts(prompt_ids, prompt_mask)
-        S, P = prompt_ids.shape
+        S = prompt_ids.shape[0]
         N = cfg.max_new_tokens
         device = prompt_ids.device
         if S == 0:
@@ -536,9 +536,9 @@ class Policy:
             if self.share_prompts
             else SharedRows.each(prompt_ids.shape[0], prompt_ids.device)
         )
-        prefix, last = fast.prefill(*first_tokens_first(prompt_ids[rows.first], prompt_mask[rows.first]))
-        features = last[rows.inverse]  # [S, d]
-        return fast.share(prefix, rows), fast.head(features), prefix.lengths[rows.inverse], features
+        prefix, last = fast.prefill(*first_tokens_first(prompt_ids[rows.first], prompt_mask[rows.first]))  # [U, d]
+        logits = fast.head(last)[rows.inverse]  # [S, V]: the LM head once per distinct prompt
+        return fast.share(prefix, rows), logits, prefix.lengths[rows.inverse], last[rows.inverse]
 
     def _fast(self) -> FastDecoder | None:
         """The plain-torch forward of this model when it is supported and exact in the current mode."""
@@ -648,7 +648,7 @@ class Policy:
             ids, mask = self._prepare_prompts(prompt_ids, prompt_mask)
             cache = self._prompt_cache
             if cache is not None and torch.is_grad_enabled() and cache.holds_one_prompt(ids, mask):
-                prefix, logits, lengths = cache.prefix(self, ids, mask, fast)
+                prefix, logits, lengths = cache.prefix(ids, mask, fast)
             else:
                 prefix, logits, lengths, _ = self._fast_prefix(ids, mask, fast)
             logits = logits[:, None]  # [S, 1, V]
@@ -699,15 +699,17 @@ class _PromptCache:
     """One prompt's prefill with its graph, and detached copies (leaves) that scoring calls use."""
 
     def __init__(self) -> None:
-        self.key: tuple[int, ...] | None = None
+        self.key: tuple[int, ...] | None = None  # the cached prompt's tokens
         self.outputs: list[torch.Tensor] = []  # keys, values of every layer, last hidden state (with graph)
         self.leaves: list[torch.Tensor] = []  # the same, detached, requiring grad
+        self.bias: torch.Tensor | None = None  # [1, 1, 1, P] the prompt's key mask
+        self.lengths: torch.Tensor | None = None  # [1]
 
     @staticmethod
     def holds_one_prompt(ids: torch.Tensor, mask: torch.Tensor) -> bool:
         return ids.shape[0] >= 1 and bool((ids == ids[:1]).all()) and bool((mask == mask[:1]).all())
 
-    def prefix(self, policy: Policy, ids: torch.Tensor, mask: torch.Tensor, fast: FastDecoder):
+    def prefix(self, ids: torch.Tensor, mask: torch.Tensor, fast: FastDecoder):
         """The rows' `Prefix`, first-token logits ([S, V]) and prompt lengths ([S]) from the cache."""
         key = tuple(ids[0][mask[0].bool()].tolist())
         if key != self.key:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from textzoo.agents.critic import LMTrunk
+from textzoo.agents.lora import AdapterView
 from textzoo.errors import ConfigError
 
 ADAM_COPIES = 3
@@ -44,9 +45,7 @@ def resolve_placement(
 ) -> dict[str, str]:
     """Model name -> device name. Pure: tests pass fake device lists."""
     overrides = dict(overrides or {})
-    unknown = sorted(set(overrides) - {m.name for m in models})
-    if unknown:
-        raise ConfigError(f"device_map names {unknown}, which are not models of this run; models: {[m.name for m in models]}")
+    _check_device_map(overrides, [m.name for m in models])
     out = {m.name: overrides[m.name] for m in models if m.name in overrides}
     if not devices:
         return {m.name: out.get(m.name, "cpu") for m in models}
@@ -60,6 +59,12 @@ def resolve_placement(
         out[m.name] = best.name
         load[best.name] += m.bytes
     return {m.name: out[m.name] for m in models}
+
+
+def _check_device_map(overrides: Mapping[str, str], names: Sequence[str]) -> None:
+    unknown = sorted(set(overrides) - set(names))
+    if unknown:
+        raise ConfigError(f"device_map names {unknown}, which are not models of this run; models: {list(names)}")
 
 
 def model_bytes(module: torch.nn.Module, trained: bool) -> int:
@@ -119,9 +124,7 @@ def place_models(
         total += ADAM_COPIES * sum(p.numel() * p.element_size() for p in trained.values())
         specs.append(ModelSpec(name, models[unit[0]][1], total))
     unit_overrides: dict[str, str] = {}
-    unknown = sorted(set(overrides) - set(models))
-    if unknown:
-        raise ConfigError(f"device_map names {unknown}, which are not models of this run; models: {list(models)}")
+    _check_device_map(overrides, list(models))
     for name, unit in members.items():
         asked = {overrides[m] for m in unit if m in overrides}
         if len(asked) > 1:
@@ -165,9 +168,8 @@ def shared_units(modules: Mapping[str, torch.nn.Module]) -> list[list[str]]:
 def _footprint(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     """Every parameter a module needs on its device, including weights it uses but does not own
     (a LoRA view's shared base, a value head's shared trunk)."""
-    shared = getattr(module, "shared", None)
-    if shared is not None and hasattr(shared, "model"):  # lora.AdapterView
-        return list(shared.model.parameters())
+    if isinstance(module, AdapterView):
+        return list(module.shared.model.parameters())
     trunk = getattr(module, "trunk", None)
     if getattr(module, "shared_trunk", False) and trunk is not None:  # critic.Critic on an actor's trunk
         return [*module.parameters(), *_footprint(trunk)]
