@@ -89,17 +89,33 @@ def joint_depth(num_roles: int, n_layer: int, n_embd: int) -> tuple[int, int, in
 def task_settings(env: str, args: Args) -> dict:
     """TrainConfig fields of one task (shared by both modes)."""
     if env == "textzoo/Relay-v0":
-        return {"env_kwargs": {}, "steps": args.relay_steps, "joint_max_new_tokens": 1,
-                "agent": {"max_new_tokens": 1, "allowed_outputs": ("A", "B", "C", "D")}}
+        return {
+            "env_kwargs": {},
+            "steps": args.relay_steps,
+            "joint_max_new_tokens": 1,
+            "agent": {"max_new_tokens": 1, "allowed_outputs": ("A", "B", "C", "D")},
+        }
     return {"steps": args.writing_steps, "agent": {"max_new_tokens": args.writing_tokens}}
 
 
 def run_one(algo: str, env: str, mode: str, seed: int, args: Args, n_layer: int, run_dir: Path) -> dict:
     task = task_settings(env, args)
     agent = AgentConfig(n_layer=n_layer, n_embd=args.n_embd, lr=args.lr, **task.pop("agent"))
-    cfg = TrainConfig(env=env, algo=algo, collaboration=mode, seed=seed, agent=agent,
-                      batch_prompts=args.batch_prompts, group_size=args.group_size, eval_prompts=args.eval_prompts,
-                      run_dir=str(run_dir), progress=False, plot=False, threads=1, **task)
+    cfg = TrainConfig(
+        env=env,
+        algo=algo,
+        collaboration=mode,
+        seed=seed,
+        agent=agent,
+        batch_prompts=args.batch_prompts,
+        group_size=args.group_size,
+        eval_prompts=args.eval_prompts,
+        run_dir=str(run_dir),
+        progress=False,
+        plot=False,
+        threads=1,
+        **task,
+    )
     start = time.perf_counter()
     trainer = Trainer(cfg)
     history = trainer.train()
@@ -107,24 +123,46 @@ def run_one(algo: str, env: str, mode: str, seed: int, args: Args, n_layer: int,
     params = sum(p.numel() for a in trainer.actors for p in a.policy.model.parameters())
     train = [r for r in history if "reward/mean" in r]
     rewards = [r["reward/mean"] for r in train]
-    smooth = [sum(rewards[max(0, i - 2):i + 1]) / len(rewards[max(0, i - 2):i + 1]) for i in range(len(rewards))]
+    smooth = [sum(rewards[max(0, i - 2) : i + 1]) / len(rewards[max(0, i - 2) : i + 1]) for i in range(len(rewards))]
     seconds = [r["time/step"] for r in train]
     train_s = sum(seconds)
     first, final = sum(rewards[:3]) / len(rewards[:3]), sum(rewards[-3:]) / len(rewards[-3:])
     return {
-        "algo": algo, "env": env, "mode": mode, "seed": seed, "params": params, "steps": len(train),
-        "final": final, "best": max(smooth), "first": first,
-        "eval_start": history[0]["eval/greedy/reward/mean"], "eval_end": history[-1]["eval/greedy/reward/mean"],
-        "gain_per_s": (final - first) / train_s, "train_s": train_s, "wall_s": wall,
+        "algo": algo,
+        "env": env,
+        "mode": mode,
+        "seed": seed,
+        "params": params,
+        "steps": len(train),
+        "final": final,
+        "best": max(smooth),
+        "first": first,
+        "eval_start": history[0]["eval/greedy/reward/mean"],
+        "eval_end": history[-1]["eval/greedy/reward/mean"],
+        "gain_per_s": (final - first) / train_s,
+        "train_s": train_s,
+        "wall_s": wall,
         "parse_fail": sum(r["parse_failure_rate"] for r in train) / len(train),
         "tokens": sum(r["tokens_generated"] for r in train),
-        "curve": smooth, "curve_s": [sum(seconds[:i + 1]) for i in range(len(seconds))],
+        "curve": smooth,
+        "curve_s": [sum(seconds[: i + 1]) for i in range(len(seconds))],
     }
 
 
 def mean_over_seeds(runs: list[dict]) -> dict:
     out = dict(runs[0])
-    for key in ("final", "best", "first", "eval_start", "eval_end", "gain_per_s", "train_s", "wall_s", "parse_fail", "tokens"):
+    for key in (
+        "final",
+        "best",
+        "first",
+        "eval_start",
+        "eval_end",
+        "gain_per_s",
+        "train_s",
+        "wall_s",
+        "parse_fail",
+        "tokens",
+    ):
         out[key] = sum(r[key] for r in runs) / len(runs)
     for key in ("curve", "curve_s"):
         out[key] = [sum(v) / len(v) for v in zip(*(r[key] for r in runs))]
@@ -133,13 +171,17 @@ def mean_over_seeds(runs: list[dict]) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| algo | env | mode | actor params | steps | final | best | eval greedy | gain/s | train s "
-            "| parse fail | tokens |\n|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+    head = (
+        "| algo | env | mode | actor params | steps | final | best | eval greedy | gain/s | train s "
+        "| parse fail | tokens |\n|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"
+    )
     lines = [
         f"| {r['algo']} | {r['env'].split('/')[-1]} | {r['mode']} | not run: {r['error']} |||||||||"
-        if "error" in r else
-        f"| {r['algo']} | {r['env'].split('/')[-1]} | {r['mode']} | {r['params']:,} | {r['steps']} | {r['final']:.3f} "
-        f"| {r['best']:.3f} | {r['eval_start']:.3f} -> {r['eval_end']:.3f} | {r['gain_per_s']:+.4f} | {r['train_s']:.1f} "
+        if "error" in r
+        else f"| {r['algo']} | {r['env'].split('/')[-1]} | {r['mode']} | {r['params']:,} | {r['steps']} "
+        f"| {r['final']:.3f} "
+        f"| {r['best']:.3f} | {r['eval_start']:.3f} -> {r['eval_end']:.3f} | {r['gain_per_s']:+.4f} "
+        f"| {r['train_s']:.1f} "
         f"| {r['parse_fail']:.2f} | {r['tokens']:,.0f} |"
         for r in rows
     ]
@@ -189,8 +231,10 @@ def main(args: Args) -> None:
         num_roles = len(probe.possible_agents)
         probe.close()
         depth, joint_params, team_params = joint_depth(num_roles, args.n_layer, args.n_embd)
-        print(f"{env}: {num_roles} roles; team {num_roles} x {args.n_layer} layers = {team_params:,} params, "
-              f"joint {depth} layers = {joint_params:,} params")
+        print(
+            f"{env}: {num_roles} roles; team {num_roles} x {args.n_layer} layers = {team_params:,} params, "
+            f"joint {depth} layers = {joint_params:,} params"
+        )
         for algo in algos:
             for mode in MODES:
                 n_layer = depth if mode == "centralized" else args.n_layer
@@ -204,13 +248,18 @@ def main(args: Args) -> None:
                         rows.append({"algo": algo, "env": env, "mode": mode, "error": str(e)})
                         break
                     r = runs[-1]
-                    print(f"  {algo:8s} {mode:13s} seed {seed}: final {r['final']:.3f} best {r['best']:.3f} "
-                          f"parse fail {r['parse_fail']:.2f} ({r['wall_s']:.0f} s)", flush=True)
+                    print(
+                        f"  {algo:8s} {mode:13s} seed {seed}: final {r['final']:.3f} best {r['best']:.3f} "
+                        f"parse fail {r['parse_fail']:.2f} ({r['wall_s']:.0f} s)",
+                        flush=True,
+                    )
                 else:
                     rows.append(mean_over_seeds(runs))
     md = table(rows)
-    note = (f"\n\nSeeds {list(args.seeds)}; B={args.batch_prompts} prompts x G={args.group_size} samples per step; "
-            f"width {args.n_embd}; decentralized agents {args.n_layer} layers each; CPU, 1 thread.\n")
+    note = (
+        f"\n\nSeeds {list(args.seeds)}; B={args.batch_prompts} prompts x G={args.group_size} samples per step; "
+        f"width {args.n_embd}; decentralized agents {args.n_layer} layers each; CPU, 1 thread.\n"
+    )
     (out / "results.md").write_text(md + note)
     (out / "results.json").write_text(json.dumps(rows, indent=1))
     plot(rows, out / "curves.png")

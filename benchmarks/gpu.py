@@ -41,11 +41,27 @@ from textzoo.runners.config import AgentConfig, TrainConfig
 from textzoo.runners.trainer import Trainer
 from textzoo.runners.update import UpdateConfig
 
-QWEN2_0_5B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=4096, tie_word_embeddings=True)
+QWEN2_0_5B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=4096,
+    tie_word_embeddings=True,
+)
 """Qwen2.5-0.5B's shape (random weights here)."""
-TINY = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=512, max_position_embeddings=1024, tie_word_embeddings=True)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=512,
+    max_position_embeddings=1024,
+    tie_word_embeddings=True,
+)
 
 
 @dataclass
@@ -75,8 +91,12 @@ class Args:
 def save_model(shape: dict, path: str, seed: int) -> int:
     """Build a random bf16 Qwen2-shaped model with the byte tokenizer's ids, save it; return its size."""
     tokenizer = byte_tokenizer(model_max_length=shape["max_position_embeddings"])
-    config = Qwen2Config(**shape, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id)
+    config = Qwen2Config(
+        **shape,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
@@ -128,8 +148,10 @@ class RecordingFamily:
 
     def sequence_tokens(self) -> int:
         """Prompt + completion tokens of the last step's jobs, once per epoch."""
-        return sum(int(job.batch.gen.prompt_mask.sum() + job.batch.gen.completion_mask.sum()) * job.epochs
-                   for job in self.last_jobs)
+        return sum(
+            int(job.batch.gen.prompt_mask.sum() + job.batch.gen.completion_mask.sum()) * job.epochs
+            for job in self.last_jobs
+        )
 
 
 def main() -> None:
@@ -146,13 +168,25 @@ def main() -> None:
         params = 0
         for i in range(2):
             params = save_model(shape, os.path.join(tmp, f"agent{i}"), seed=i)
-        agent = AgentConfig(model=os.path.join(tmp, "agent0"), dtype="bfloat16", lr=1e-5, max_new_tokens=max_new,
-                            allowed_outputs=(string.ascii_letters + string.digits + string.punctuation + " ",))
+        agent = AgentConfig(
+            model=os.path.join(tmp, "agent0"),
+            dtype="bfloat16",
+            lr=1e-5,
+            max_new_tokens=max_new,
+            allowed_outputs=(string.ascii_letters + string.digits + string.punctuation + " ",),
+        )
         cfg = TrainConfig(
-            env="textzoo/Writing-v0", env_kwargs={"terms": {"length_ratio": 1.0}}, algo="magrpo", agent=agent,
+            env="textzoo/Writing-v0",
+            env_kwargs={"terms": {"length_ratio": 1.0}},
+            algo="magrpo",
+            agent=agent,
             agent_overrides={"elaboration": {"model": os.path.join(tmp, "agent1")}},
-            steps=a.warmup + 2 * a.steps, batch_prompts=a.batch_prompts, group_size=a.group_size,
-            devices="auto" if cuda else "cpu", progress=False, plot=False,
+            steps=a.warmup + 2 * a.steps,
+            batch_prompts=a.batch_prompts,
+            group_size=a.group_size,
+            devices="auto" if cuda else "cpu",
+            progress=False,
+            plot=False,
             run_dir=os.path.join(tmp, "run"),
         )
         trainer = Trainer(cfg)
@@ -166,8 +200,16 @@ def main() -> None:
             "per_sample_backward": phase(trainer, a.steps, UpdateConfig(per_sample_backward=True), params, peak),
         }
     device = torch.cuda.get_device_name(0) if cuda else "cpu"
-    header = {"device": device, "params_per_agent": params, "agents": 2, "B": a.batch_prompts, "G": a.group_size,
-              "max_new_tokens": max_new, "build_s": round(built_s, 1), "total_s": round(time.perf_counter() - start, 1)}
+    header = {
+        "device": device,
+        "params_per_agent": params,
+        "agents": 2,
+        "B": a.batch_prompts,
+        "G": a.group_size,
+        "max_new_tokens": max_new,
+        "build_s": round(built_s, 1),
+        "total_s": round(time.perf_counter() - start, 1),
+    }
     print(json.dumps(header))
     print("| figure | batched backward | per-sample backward |")
     print("| --- | --- | --- |")

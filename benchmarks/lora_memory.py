@@ -69,8 +69,14 @@ def measure(args: Args, mode: str, n: int) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     rss0 = proc.memory_info().rss
-    agent = AgentConfig(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, max_new_tokens=8,
-                        lora_rank=0 if mode == "full" else args.rank, device=args.device)
+    agent = AgentConfig(
+        n_layer=args.n_layer,
+        n_embd=args.n_embd,
+        n_head=args.n_head,
+        max_new_tokens=8,
+        lora_rank=0 if mode == "full" else args.rank,
+        device=args.device,
+    )
     roles = [f"refiner_{i}" for i in range(n - 1)] + ["generator"]
     if mode == "lora-separate":
         policies = []
@@ -92,14 +98,21 @@ def measure(args: Args, mode: str, n: int) -> dict:
     if mode != "full":  # a view lists only its adapter: add the base(s) it runs on
         params += [p for policy in policies for _, p in policy.model.shared.base_parameters()]
     trained = [p for learner in learners for p in learner.params]
-    moments = [v for learner in learners for s in learner.optimizer.state.values() for v in s.values()
-               if torch.is_tensor(v) and v.dim() > 0]
+    moments = [
+        v
+        for learner in learners
+        for s in learner.optimizer.state.values()
+        for v in s.values()
+        if torch.is_tensor(v) and v.dim() > 0
+    ]
     out = {
-        "mode": mode, "N": n,
+        "mode": mode,
+        "N": n,
         "params_M": sum(p.numel() for p in {id(p): p for p in params}.values()) / 1e6,
         "trained_M": sum(p.numel() for p in trained) / 1e6,
         "weights_MiB": _storage_bytes(params) / 2**20,
-        "train_MiB": (_storage_bytes([p.grad for p in trained if p.grad is not None]) + _storage_bytes(moments)) / 2**20,
+        "train_MiB": (_storage_bytes([p.grad for p in trained if p.grad is not None]) + _storage_bytes(moments))
+        / 2**20,
         "rss_MiB": (proc.memory_info().rss - rss0) / 2**20,
     }
     if device.type == "cuda":
@@ -116,8 +129,22 @@ def main() -> None:
     rows = []
     for n in args.agents:
         for mode in MODES:
-            cmd = [sys.executable, __file__, "--one", f"{mode}:{n}", "--n-layer", str(args.n_layer), "--n-embd",
-                   str(args.n_embd), "--n-head", str(args.n_head), "--rank", str(args.rank), "--device", args.device]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--one",
+                f"{mode}:{n}",
+                "--n-layer",
+                str(args.n_layer),
+                "--n-embd",
+                str(args.n_embd),
+                "--n-head",
+                str(args.n_head),
+                "--rank",
+                str(args.rank),
+                "--device",
+                args.device,
+            ]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode:
                 sys.exit(f"{mode} N={n} failed:\n{done.stderr[-2000:]}")
@@ -125,11 +152,16 @@ def main() -> None:
             print(json.dumps(rows[-1]), file=sys.stderr)
     cuda = args.device.startswith("cuda")
     print(f"\nGPT-2 shape {args.n_layer} x {args.n_embd}, LoRA rank {args.rank}, device {args.device}\n")
-    print("| N | mode | params (M) | trained (M) | weights MiB | grads+Adam MiB | RSS MiB |" + (" cuda MiB |" if cuda else ""))
+    print(
+        "| N | mode | params (M) | trained (M) | weights MiB | grads+Adam MiB | RSS MiB |"
+        + (" cuda MiB |" if cuda else "")
+    )
     print("|---|---|---|---|---|---|---|" + ("---|" if cuda else ""))
     for r in rows:
-        line = (f"| {r['N']} | {r['mode']} | {r['params_M']:.2f} | {r['trained_M']:.3f} | {r['weights_MiB']:.0f} | "
-                f"{r['train_MiB']:.1f} | {r['rss_MiB']:.0f} |")
+        line = (
+            f"| {r['N']} | {r['mode']} | {r['params_M']:.2f} | {r['trained_M']:.3f} | {r['weights_MiB']:.0f} | "
+            f"{r['train_MiB']:.1f} | {r['rss_MiB']:.0f} |"
+        )
         print(line + (f" {r['cuda_MiB']:.0f} |" if cuda else ""))
 
 

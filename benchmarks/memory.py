@@ -43,8 +43,15 @@ MIB = 2**20
 
 
 def build(args: argparse.Namespace, device: torch.device) -> tuple[Policy, Job]:
-    policy = Policy.tiny(args.arch, n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head,
-                         n_positions=args.prompt + args.tokens + 8, seed=0, device=device)
+    policy = Policy.tiny(
+        args.arch,
+        n_layer=args.n_layer,
+        n_embd=args.n_embd,
+        n_head=args.n_head,
+        n_positions=args.prompt + args.tokens + 8,
+        seed=0,
+        device=device,
+    )
     vocab = len(policy.tokenizer)
     g = torch.Generator().manual_seed(0)
     S, P, C = args.samples, args.prompt, args.tokens
@@ -149,35 +156,52 @@ def worker(args: argparse.Namespace) -> dict:
         sampler.join()
         peak = max(peak_rss[0], proc.memory_info().rss) - base
     params = sum(p.numel() for p in policy.model.parameters())
-    return {"mode": args.mode, "params": params, "saved_mib": saved.peak / MIB, "peak_mib": peak / MIB, "seconds": seconds}
+    return {
+        "mode": args.mode,
+        "params": params,
+        "saved_mib": saved.peak / MIB,
+        "peak_mib": peak / MIB,
+        "seconds": seconds,
+    }
 
 
 def run_preset(args: argparse.Namespace) -> None:
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k in PRESETS["tiny"] or k == "device"]
     rows = []
     for mode in MODES:
-        out = subprocess.run([sys.executable, __file__, "--worker", mode, *flags], capture_output=True, text=True,
-                             check=True, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+        out = subprocess.run(
+            [sys.executable, __file__, "--worker", mode, *flags],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+        )
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     policy, job = build(args, torch.device(args.device))
     grads = {mode: update(policy, job, mode) for mode in MODES}
     scale = max(float(a.abs().max()) for a in grads["batched"])
-    print(f"\n{args.arch} n_layer={args.n_layer} n_embd={args.n_embd}: {rows[0]['params'] / 1e6:.2f}M params, "
-          f"{args.samples} samples (groups of {args.group} sharing a prompt) x ({args.prompt} prompt + "
-          f"{args.tokens} completion) tokens, {args.device}")
+    print(
+        f"\n{args.arch} n_layer={args.n_layer} n_embd={args.n_embd}: {rows[0]['params'] / 1e6:.2f}M params, "
+        f"{args.samples} samples (groups of {args.group} sharing a prompt) x ({args.prompt} prompt + "
+        f"{args.tokens} completion) tokens, {args.device}"
+    )
     print("| mode | saved activations (MiB) | peak delta (MiB) | seconds | max abs grad diff vs batched |")
     print("| --- | --- | --- | --- | --- |")
     for r in rows:
         diff = max(float((a - b).abs().max()) for a, b in zip(grads[r["mode"]], grads["batched"]))
         print(f"| {r['mode']} | {r['saved_mib']:.2f} | {r['peak_mib']:.2f} | {r['seconds']:.2f} | {diff:.1e} |")
-    print(f"saved-activation ratio batched / per-sample: {rows[0]['saved_mib'] / max(rows[1]['saved_mib'], 1e-9):.1f}x; "
-          f"batched / per-sample with shared prompts: {rows[0]['saved_mib'] / max(rows[2]['saved_mib'], 1e-9):.1f}x "
-          f"(largest gradient entry {scale:.3e})")
+    print(
+        f"saved-activation ratio batched / per-sample: {rows[0]['saved_mib'] / max(rows[1]['saved_mib'], 1e-9):.1f}x; "
+        f"batched / per-sample with shared prompts: {rows[0]['saved_mib'] / max(rows[2]['saved_mib'], 1e-9):.1f}x "
+        f"(largest gradient entry {scale:.3e})"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", choices=[*PRESETS, "all"], default=None, help="default: all, unless sizes are given")
+    parser.add_argument(
+        "--preset", choices=[*PRESETS, "all"], default=None, help="default: all, unless sizes are given"
+    )
     parser.add_argument("--arch", default="gpt2", choices=["gpt2", "llama", "qwen2"])
     parser.add_argument("--n-layer", type=int)
     parser.add_argument("--n-embd", type=int)

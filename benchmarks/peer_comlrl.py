@@ -87,6 +87,8 @@ def env_kwargs(a: Args) -> dict:
         return dict(ENV_KWARGS)
     texts = [" ".join(procedural_paragraph(k, GENERATOR_SEED).split()[: a.source_words]) for k in range(400)]
     return {**ENV_KWARGS, "dataset": [{"text": text} for text in texts]}
+
+
 COMLRL_TRAINERS = {"magrpo": "MAGRPOTrainer", "iac": "IACTrainer", "maac": "MAACTrainer"}
 
 
@@ -126,18 +128,37 @@ class Args:
 
 
 def textzoo_config(a: Args, batch_prompts: int) -> TrainConfig:
-    agent = AgentConfig(n_layer=a.n_layer, n_embd=a.n_embd, n_head=2, lr=a.lr, max_new_tokens=a.max_new_tokens,
-                        temperature=1.0, top_p=1.0, top_k=0)
-    return TrainConfig(env="textzoo/Writing-v0", env_kwargs=env_kwargs(a), algo=a.algo, agent=agent,
-                       steps=a.warmup + a.steps, batch_prompts=batch_prompts, group_size=a.group_size, seed=a.seed,
-                       threads=1, progress=False, plot=False, run_dir="runs/peer-comlrl-textzoo",
-                       generate_workers=a.workers,
-                       update=UpdateConfig(micro_batch_size=a.micro_batch_size, parallel_jobs=a.workers))
+    agent = AgentConfig(
+        n_layer=a.n_layer,
+        n_embd=a.n_embd,
+        n_head=2,
+        lr=a.lr,
+        max_new_tokens=a.max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+    )
+    return TrainConfig(
+        env="textzoo/Writing-v0",
+        env_kwargs=env_kwargs(a),
+        algo=a.algo,
+        agent=agent,
+        steps=a.warmup + a.steps,
+        batch_prompts=batch_prompts,
+        group_size=a.group_size,
+        seed=a.seed,
+        threads=1,
+        progress=False,
+        plot=False,
+        run_dir="runs/peer-comlrl-textzoo",
+        generate_workers=a.workers,
+        update=UpdateConfig(micro_batch_size=a.micro_batch_size, parallel_jobs=a.workers),
+    )
 
 
 def run_textzoo(a: Args, batch_prompts: int) -> dict:
     trainer = Trainer(textzoo_config(a, batch_prompts))
-    rows = [trainer.train_step() for _ in range(a.warmup + a.steps)][a.warmup:]
+    rows = [trainer.train_step() for _ in range(a.warmup + a.steps)][a.warmup :]
     seconds = sum(r["time/step"] for r in rows)
     return {
         "s_per_step": seconds / len(rows),
@@ -160,14 +181,20 @@ def run_comlrl(a: Args) -> dict:
         prompts, _ = env.reset(options={"index": index})
         rows.append({role: prompts[role] for role in roles})
     gen = GenerationConfig(max_new_tokens=a.max_new_tokens)
-    policies = [Policy.tiny("gpt2", n_layer=a.n_layer, n_embd=a.n_embd, n_head=2, seed=1000 * a.seed + i,
-                            generation=gen) for i in range(len(roles))]
+    policies = [
+        Policy.tiny("gpt2", n_layer=a.n_layer, n_embd=a.n_embd, n_head=2, seed=1000 * a.seed + i, generation=gen)
+        for i in range(len(roles))
+    ]
 
     def reward(summaries, elaborations):
         return [length_ratio_score(s, e) for s, e in zip(summaries, elaborations)]
 
-    common = dict(tokenizer=policies[0].tokenizer, train_dataset=Dataset.from_list(rows), reward_func=reward,
-                  formatters=[lambda item, role=role: item[role] for role in roles])
+    common = dict(
+        tokenizer=policies[0].tokenizer,
+        train_dataset=Dataset.from_list(rows),
+        reward_func=reward,
+        formatters=[lambda item, role=role: item[role] for role in roles],
+    )
     build = comlrl_magrpo if a.algo == "magrpo" else comlrl_actor_critic
     trainer, names = build(a, [p.model for p in policies], common)
     step_times: list[float] = []
@@ -200,15 +227,15 @@ def run_comlrl(a: Args) -> dict:
         setattr(trainer, name, wrapper)
     trainer.verbose = False
     trainer.train()
-    seconds = sum(step_times[a.warmup:])
+    seconds = sum(step_times[a.warmup :])
     measured = len(step_times) - a.warmup
     if len(rewards) != len(step_times) * a.group_size:
         raise RuntimeError(f"recorded {len(rewards)} rewards for {len(step_times)} steps of G={a.group_size}")
     return {
         "s_per_step": seconds / measured,
         "joint_actions_per_s": a.group_size * measured / seconds,
-        "tokens_per_s": sum(tokens[a.warmup:]) / seconds,
-        "reward_mean": sum(rewards[a.warmup * a.group_size:]) / (measured * a.group_size),
+        "tokens_per_s": sum(tokens[a.warmup :]) / seconds,
+        "reward_mean": sum(rewards[a.warmup * a.group_size :]) / (measured * a.group_size),
     }
 
 
@@ -217,9 +244,18 @@ def comlrl_magrpo(a: Args, models: list, common: dict):
     from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
 
     config = MAGRPOConfig(
-        num_train_epochs=1, agent_learning_rate=a.lr, logging_steps=10**6, num_agents=len(models),
-        num_generations=a.group_size, max_new_tokens=a.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
-        num_turns=1, eval_interval=0, rollout_buffer_size=1,
+        num_train_epochs=1,
+        agent_learning_rate=a.lr,
+        logging_steps=10**6,
+        num_agents=len(models),
+        num_generations=a.group_size,
+        max_new_tokens=a.max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        num_turns=1,
+        eval_interval=0,
+        rollout_buffer_size=1,
     )
     trainer = MAGRPOTrainer(agents=models, num_agents=len(models), args=config, **common)
     return trainer, ("_generate_completions", "_train_step_returns", "_compute_rewards")
@@ -241,11 +277,23 @@ def comlrl_actor_critic(a: Args, models: list, common: dict):
         return model
 
     settings = dict(
-        num_train_epochs=1, agent_learning_rate=a.lr, critic_learning_rate=a.lr, logging_steps=10**6,
-        num_agents=len(models), num_generations=a.group_size, max_new_tokens=a.max_new_tokens,
-        temperature=1.0, top_p=1.0, top_k=0, num_turns=1, eval_interval=0,
-        rollout_buffer_size=a.group_size, train_batch_size=a.group_size,
-        critic_type="v", value_loss_coef=1.0, advantage_normalization=False,
+        num_train_epochs=1,
+        agent_learning_rate=a.lr,
+        critic_learning_rate=a.lr,
+        logging_steps=10**6,
+        num_agents=len(models),
+        num_generations=a.group_size,
+        max_new_tokens=a.max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        num_turns=1,
+        eval_interval=0,
+        rollout_buffer_size=a.group_size,
+        train_batch_size=a.group_size,
+        critic_type="v",
+        value_loss_coef=1.0,
+        advantage_normalization=False,
     )
     if a.algo == "iac":
         config = IACConfig(**settings, use_separate_critic=True, value_clip_range=None)
@@ -283,27 +331,49 @@ def main() -> None:
     try:
         importlib.import_module("comlrl")
     except ImportError as e:
-        raise SystemExit(f"CoMLRL is not installed ({e}): pip install --no-deps comlrl==1.4.3 && "
-                         "pip install datasets wandb") from e
-    results = {"comlrl": child(a, "comlrl"), "textzoo": child(a, "textzoo"), "textzoo_batched": child(a, "textzoo_batched")}
-    columns = [(f"CoMLRL 1.4.3 {a.algo}", "comlrl"), (f"textzoo {a.algo} B=1", "textzoo"),
-               (f"textzoo {a.algo} B={a.batch_prompts}", "textzoo_batched")]
-    print(f"{a.algo}: CoMLRL 1.4.3 {COMLRL_TRAINERS[a.algo]} vs textzoo algo={a.algo}; tiny GPT-2 "
-          f"({a.n_layer} layers x {a.n_embd}), 2 agents, G={a.group_size}, {a.max_new_tokens} new tokens, "
-          f"{a.steps} measured steps after {a.warmup}, 1 torch thread per process, "
-          f"{'whole source texts' if not a.source_words else f'source texts cut to {a.source_words} words'} "
-          f"(textzoo: {a.workers} generate/update workers)\n")
-    print("| figure | " + " | ".join(name for name, _ in columns) + " | textzoo B=1 / CoMLRL | "
-          f"textzoo B={a.batch_prompts} / CoMLRL |")
+        raise SystemExit(
+            f"CoMLRL is not installed ({e}): pip install --no-deps comlrl==1.4.3 && pip install datasets wandb"
+        ) from e
+    results = {
+        "comlrl": child(a, "comlrl"),
+        "textzoo": child(a, "textzoo"),
+        "textzoo_batched": child(a, "textzoo_batched"),
+    }
+    columns = [
+        (f"CoMLRL 1.4.3 {a.algo}", "comlrl"),
+        (f"textzoo {a.algo} B=1", "textzoo"),
+        (f"textzoo {a.algo} B={a.batch_prompts}", "textzoo_batched"),
+    ]
+    print(
+        f"{a.algo}: CoMLRL 1.4.3 {COMLRL_TRAINERS[a.algo]} vs textzoo algo={a.algo}; tiny GPT-2 "
+        f"({a.n_layer} layers x {a.n_embd}), 2 agents, G={a.group_size}, {a.max_new_tokens} new tokens, "
+        f"{a.steps} measured steps after {a.warmup}, 1 torch thread per process, "
+        f"{'whole source texts' if not a.source_words else f'source texts cut to {a.source_words} words'} "
+        f"(textzoo: {a.workers} generate/update workers)\n"
+    )
+    print(
+        "| figure | " + " | ".join(name for name, _ in columns) + " | textzoo B=1 / CoMLRL | "
+        f"textzoo B={a.batch_prompts} / CoMLRL |"
+    )
     print("| --- " * (len(columns) + 3) + "|")
-    for key, label in (("joint_actions_per_s", "joint actions/s"), ("tokens_per_s", "tokens/s"),
-                       ("s_per_step", "s/step"), ("peak_rss_mb", "peak RSS MB"), ("reward_mean", "train reward")):
+    for key, label in (
+        ("joint_actions_per_s", "joint actions/s"),
+        ("tokens_per_s", "tokens/s"),
+        ("s_per_step", "s/step"),
+        ("peak_rss_mb", "peak RSS MB"),
+        ("reward_mean", "train reward"),
+    ):
         values = [results[side][key] for _, side in columns]
         ratios = [f"{v / values[0]:.2f}x" for v in values[1:]]
         if key == "s_per_step":  # a batched step plays batch_prompts prompts: not comparable per step
             ratios[1] = "n/a"
-        print(f"| {label} | " + " | ".join(f"{v:.3f}" if key in ("s_per_step", "reward_mean") else f"{v:.1f}"
-                                          for v in values) + " | " + " | ".join(ratios) + " |")
+        print(
+            f"| {label} | "
+            + " | ".join(f"{v:.3f}" if key in ("s_per_step", "reward_mean") else f"{v:.1f}" for v in values)
+            + " | "
+            + " | ".join(ratios)
+            + " |"
+        )
     print("\n" + json.dumps({"args": {k: v for k, v in asdict(a).items() if k != "side"}, **results}))
 
 

@@ -28,12 +28,18 @@ def run(name: str, cfg: TrainConfig) -> None:
     rows = [r for r in history if r["step"] > 0]
     key = "reward/task/mean" if cfg.algo == "marlhf" else "reward/mean"
     train = [r[key] for r in rows]
-    line = (f"{name}: eval sampled {history[0]['eval/sampled/reward/mean']:.3f} -> {history[-1]['eval/sampled/reward/mean']:.3f}"
-            f" | train {sum(train[:5]) / 5:.3f} -> {sum(train[-5:]) / 5:.3f}")
+    line = (
+        f"{name}: eval sampled {history[0]['eval/sampled/reward/mean']:.3f} -> "
+        f"{history[-1]['eval/sampled/reward/mean']:.3f}"
+        f" | train {sum(train[:5]) / 5:.3f} -> {sum(train[-5:]) / 5:.3f}"
+    )
     rm = [r for r in rows if "rm/heldout_accuracy" in r]
     for r in rm:
-        line += (f" | round {int(r['round'])}: RM held-out acc {r['rm/heldout_accuracy_before']:.2f} -> "
-                 f"{r['rm/heldout_accuracy']:.2f} ({int(r['rm/heldout_pairs'])} pairs), train acc {r['rm/train_accuracy']:.2f}")
+        line += (
+            f" | round {int(r['round'])}: RM held-out acc {r['rm/heldout_accuracy_before']:.2f} -> "
+            f"{r['rm/heldout_accuracy']:.2f} ({int(r['rm/heldout_pairs'])} pairs), "
+            f"train acc {r['rm/train_accuracy']:.2f}"
+        )
     if cfg.algo == "marlhf":
         line += f" | RM reward {rows[0]['reward/rm']:.2f} -> {rows[-1]['reward/rm']:.2f}"
     print(f"{line} | wall {wall:.0f}s ({wall / cfg.steps:.1f}s/step)", flush=True)
@@ -45,12 +51,34 @@ def main() -> None:
     parser.add_argument("--out", default="/tmp/preference-runs")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    common = dict(steps=args.steps, batch_prompts=4, group_size=4, progress=False, plot=False, seed=0, env_kwargs=WRITING,
-                  agent=AgentConfig(max_new_tokens=24, lr=5e-3), eval_prompts=8)
-    run("madpo", TrainConfig(algo="madpo", run_dir=f"{args.out}/madpo", preference=PreferenceConfig(beta=0.5, epochs=2),
-                             **common))
-    run("marlhf+magrpo", TrainConfig(algo="marlhf", rl_algo="magrpo", iterations=2, run_dir=f"{args.out}/marlhf",
-                                     preference=PreferenceConfig(rm_batches=4, rm_epochs=4, replay_pairs=32), **common))
+    common = dict(
+        steps=args.steps,
+        batch_prompts=4,
+        group_size=4,
+        progress=False,
+        plot=False,
+        seed=0,
+        env_kwargs=WRITING,
+        agent=AgentConfig(max_new_tokens=24, lr=5e-3),
+        eval_prompts=8,
+    )
+    run(
+        "madpo",
+        TrainConfig(
+            algo="madpo", run_dir=f"{args.out}/madpo", preference=PreferenceConfig(beta=0.5, epochs=2), **common
+        ),
+    )
+    run(
+        "marlhf+magrpo",
+        TrainConfig(
+            algo="marlhf",
+            rl_algo="magrpo",
+            iterations=2,
+            run_dir=f"{args.out}/marlhf",
+            preference=PreferenceConfig(rm_batches=4, rm_epochs=4, replay_pairs=32),
+            **common,
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -96,7 +96,7 @@ def relay_code(symbols: list[str], length: int, seed: int) -> dict[str, str]:
     pool = [c for c in string.ascii_lowercase if c not in "".join(symbols).lower()]
     if len(pool) >= length * len(symbols):
         letters = rng.sample(pool, length * len(symbols))
-        return {s: "".join(letters[i * length:(i + 1) * length]) for i, s in enumerate(symbols)}
+        return {s: "".join(letters[i * length : (i + 1) * length]) for i, s in enumerate(symbols)}
     # Too many symbols for disjoint words: distinct words, each avoiding its own symbol's letters.
     code: dict[str, str] = {}
     for s in symbols:
@@ -134,8 +134,12 @@ def train_config(args: RecipeArgs, sender_dir: str, symbols: list[str], code_len
         algo=args.algo,
         agent=AgentConfig(lr=args.lr),
         agent_overrides={
-            "sender": {"model": sender_dir, "lr": args.sender_lr, "max_new_tokens": code_len + 1,
-                       "trainable": args.sender_trainable},
+            "sender": {
+                "model": sender_dir,
+                "lr": args.sender_lr,
+                "max_new_tokens": code_len + 1,
+                "trainable": args.sender_trainable,
+            },
             # One answer's worth of tokens: a longer output could only spell a non-symbol.
             "receiver": {"allowed_outputs": list(symbols), "max_new_tokens": answer_tokens},
         },
@@ -147,8 +151,9 @@ def train_config(args: RecipeArgs, sender_dir: str, symbols: list[str], code_len
         eval_every=args.eval_every,
         threads=args.threads,
         progress=args.progress,
-        reinforce=ReinforceConfig(advantage_scale=args.advantage_scale, std_floor=args.std_floor,
-                                  kl_coef=args.kl_coef, kl_in=args.kl_in),
+        reinforce=ReinforceConfig(
+            advantage_scale=args.advantage_scale, std_floor=args.std_floor, kl_coef=args.kl_coef, kl_in=args.kl_in
+        ),
     )
 
 
@@ -170,8 +175,16 @@ def run(args: RecipeArgs) -> dict[str, Any]:
     history = trainer.train()
     t_total = time.perf_counter() - t0
     kept_after = code_kept(next(a.policy for a in trainer.actors if a.id == "sender"), pairs)
-    return {"code": code, "sft_losses": losses, "history": history, "time_sft": t_sft, "time_total": t_total,
-            "code_kept_before": kept_before, "code_kept_after": kept_after, "run_dir": str(trainer.run_dir)}
+    return {
+        "code": code,
+        "sft_losses": losses,
+        "history": history,
+        "time_sft": t_sft,
+        "time_total": t_total,
+        "code_kept_before": kept_before,
+        "code_kept_after": kept_after,
+        "run_dir": str(trainer.run_dir),
+    }
 
 
 def curve(history: list[dict[str, Any]], every: int = 20, window: int = 10) -> list[tuple[int, float, float]]:
@@ -180,7 +193,7 @@ def curve(history: list[dict[str, Any]], every: int = 20, window: int = 10) -> l
     out = []
     for i, row in enumerate(rows):
         if row["step"] == 1 or row["step"] % every == 0 or i == len(rows) - 1:
-            recent = [r["reward/mean"] for r in rows[max(0, i - window + 1): i + 1]]
+            recent = [r["reward/mean"] for r in rows[max(0, i - window + 1) : i + 1]]
             out.append((row["step"], row["reward/mean"], sum(recent) / len(recent)))
     return out
 
@@ -193,8 +206,10 @@ def main() -> None:
     print(f"settings: {settings}")
     print(f"code: {result['code']}")
     sft_losses = result["sft_losses"]
-    print(f"sender warm-up: loss {sft_losses[0]:.3f} -> {sft_losses[-1]:.4f} in {len(sft_losses)} steps, "
-          f"{result['time_sft']:.1f} s; greedy messages = code on {result['code_kept_before']:.0%} of prompts")
+    print(
+        f"sender warm-up: loss {sft_losses[0]:.3f} -> {sft_losses[-1]:.4f} in {len(sft_losses)} steps, "
+        f"{result['time_sft']:.1f} s; greedy messages = code on {result['code_kept_before']:.0%} of prompts"
+    )
     print(f"chance: {1 / args.symbols:.3f}")
     print(" step  reward  mean10  eval_greedy")
     evals = {r["step"]: r.get("eval/greedy/reward/mean") for r in hist}

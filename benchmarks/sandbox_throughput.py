@@ -36,7 +36,10 @@ def main() -> None:
         dt = time.perf_counter() - t
         walls = [s.result.wall_s for s in scores if s.result is not None]
         passed = sum(s.terms["tests"] for s in scores) / len(scores)
-        print(f"{workers:>7} {dt:>8.2f} {len(problems) / dt:>10.1f} {1000 * sum(walls) / len(walls):>10.1f} {passed:>12.3f}")
+        print(
+            f"{workers:>7} {dt:>8.2f} {len(problems) / dt:>10.1f} "
+            f"{1000 * sum(walls) / len(walls):>10.1f} {passed:>12.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -102,12 +102,23 @@ def config(a: Args) -> TrainConfig:
     else:
         env, env_kwargs = "textzoo/Team-v0", {"agents": a.agents}
     cfg = TrainConfig(
-        env=env, env_kwargs=env_kwargs, algo=a.algo, agent=agent, steps=a.steps + a.warmup,
-        batch_prompts=a.batch_prompts, group_size=a.group_size, threads=a.threads, progress=False, plot=False,
+        env=env,
+        env_kwargs=env_kwargs,
+        algo=a.algo,
+        agent=agent,
+        steps=a.steps + a.warmup,
+        batch_prompts=a.batch_prompts,
+        group_size=a.group_size,
+        threads=a.threads,
+        progress=False,
+        plot=False,
         generate_workers=a.generate_workers,
-        run_dir="/tmp/textzoo-throughput", update=UpdateConfig(micro_batch_size=a.micro_batch_size,
-                                                               per_sample_backward=a.per_sample_backward,
-                                                               parallel_jobs=a.parallel_jobs),
+        run_dir="/tmp/textzoo-throughput",
+        update=UpdateConfig(
+            micro_batch_size=a.micro_batch_size,
+            per_sample_backward=a.per_sample_backward,
+            parallel_jobs=a.parallel_jobs,
+        ),
     )
     cfg.actor_critic.critic_model = a.critic_model
     return cfg
@@ -151,7 +162,12 @@ def main() -> None:
     cfg = config(a)
     if a.agents != 2:
         # Team-v0 needs a reward callable, which a config file cannot hold: set it on the config object
-        cfg.env_kwargs = {"agents": a.agents, "reward_fns": _length_reward, "prompts": _writing_prompts(), "split": "all"}
+        cfg.env_kwargs = {
+            "agents": a.agents,
+            "reward_fns": _length_reward,
+            "prompts": _writing_prompts(),
+            "split": "all",
+        }
     clock = ThreadClock()
     Collector._generate = clock.section(Collector._generate)
     Policy.generate = clock.call(Policy.generate)
@@ -197,7 +213,9 @@ def main() -> None:
         "cpu_s_per_step": round(statistics.median(cpu), 4),
         "est_2core_s_per_step": round(statistics.median(est), 4),
         "est_2core_joint_actions_per_s": round(a.batch_prompts * a.group_size / statistics.median(est), 1),
-        "est_2core_ratio_vs_peer": round(a.batch_prompts * a.group_size / statistics.median(est) / (a.group_size / _peer_figure(a)), 2),
+        "est_2core_ratio_vs_peer": round(
+            a.batch_prompts * a.group_size / statistics.median(est) / (a.group_size / _peer_figure(a)), 2
+        ),
         "load_avg_1min": round(os.getloadavg()[0], 2),
         "joint_actions_per_s": round(joint, 1),
         "tokens_per_s": round(tokens, 1),

@@ -123,8 +123,9 @@ def test_entropy_bonus_lowers_the_loss_by_the_entropy():
     norm = BatchNorm.of(gen.completion_mask, 8)
     plain, _ = actor_loss(policy, ActorCriticConfig(), batch, norm)
     bonus, stats = actor_loss(policy, ActorCriticConfig(entropy_coef=0.1), batch, norm)
-    _, entropy = policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask,
-                              return_entropy=True)
+    _, entropy = policy.score(
+        gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask, return_entropy=True
+    )
     assert torch.allclose(bonus, plain - 0.1 * entropy.sum(-1) / 2, atol=1e-6)
     assert float(stats["entropy"]) > 0
 
@@ -216,8 +217,9 @@ def test_each_value_and_log_prob_is_computed_once(centralized, fast_forward):
 @pytest.mark.parametrize("fast_forward", [False, True])
 @pytest.mark.parametrize("centralized", [False, True])
 def test_a_v_critic_runs_each_distinct_state_once(centralized, fast_forward):
-    collector, actors, critics, family, learners = build_team("textzoo/Writing-v0", WRITING, centralized,
-                                                               ActorCriticConfig())
+    collector, actors, critics, family, learners = build_team(
+        "textzoo/Writing-v0", WRITING, centralized, ActorCriticConfig()
+    )
     for critic in critics.values():
         critic.fast_forward = fast_forward
     counter = Counter()
@@ -299,8 +301,19 @@ def test_algorithm_names_set_ppo_defaults_and_explicit_values_win():
 def test_cli_flags_reach_the_config():
     import tyro
 
-    cfg = tyro.cli(TrainConfig, args=["--algo", "mappo", "--actor-critic.critic-type", "q",
-                                      "--actor-critic.gae-lambda", "0.9", "--actor-critic.value-clip", "0.2"])
+    cfg = tyro.cli(
+        TrainConfig,
+        args=[
+            "--algo",
+            "mappo",
+            "--actor-critic.critic-type",
+            "q",
+            "--actor-critic.gae-lambda",
+            "0.9",
+            "--actor-critic.value-clip",
+            "0.2",
+        ],
+    )
     assert cfg.algo == "mappo" and cfg.actor_critic.critic_type == "q"
     assert cfg.actor_critic.gae_lambda == 0.9 and cfg.actor_critic.value_clip == 0.2
     assert cfg.actor_critic.clip_range == 0.2 and cfg.actor_critic.epochs == 2
@@ -313,9 +326,18 @@ def test_writing_reward_rises(algo, tmp_path):
     from textzoo.runners.trainer import Trainer
 
     steps = 20
-    cfg = TrainConfig(env_kwargs=WRITING, algo=algo, steps=steps, batch_prompts=4, group_size=4, seed=0,
-                      agent=AgentConfig(lr=1e-2, max_new_tokens=12), progress=False, plot=False,
-                      run_dir=str(tmp_path))
+    cfg = TrainConfig(
+        env_kwargs=WRITING,
+        algo=algo,
+        steps=steps,
+        batch_prompts=4,
+        group_size=4,
+        seed=0,
+        agent=AgentConfig(lr=1e-2, max_new_tokens=12),
+        progress=False,
+        plot=False,
+        run_dir=str(tmp_path),
+    )
     trainer = Trainer(cfg)
     rewards = [trainer.train_step()["reward/mean"] for _ in range(steps)]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
@@ -331,9 +353,21 @@ def test_resume_restores_critics_and_their_optimizers_exactly(tmp_path, critic_m
     from textzoo.runners.trainer import Trainer
 
     def config(run_dir):
-        cfg = TrainConfig(env_kwargs=WRITING, algo="ippo", steps=3, batch_prompts=2, group_size=2, seed=0,
-                          agent=AgentConfig(max_new_tokens=8), progress=False, plot=False, run_dir=str(run_dir),
-                          save_every=1, keep_last=5, eval_prompts=2)
+        cfg = TrainConfig(
+            env_kwargs=WRITING,
+            algo="ippo",
+            steps=3,
+            batch_prompts=2,
+            group_size=2,
+            seed=0,
+            agent=AgentConfig(max_new_tokens=8),
+            progress=False,
+            plot=False,
+            run_dir=str(run_dir),
+            save_every=1,
+            keep_last=5,
+            eval_prompts=2,
+        )
         cfg.actor_critic.critic_model = critic_model
         return cfg
 
@@ -384,8 +418,16 @@ def test_the_fast_critic_gives_the_module_values_and_gradients(arch, critic_type
 def test_iac_critic_on_the_actors_trunk_trains_only_a_head_on_stored_features(tmp_path):
     from textzoo.runners.trainer import Trainer
 
-    cfg = TrainConfig(algo="iac", steps=3, batch_prompts=2, group_size=2, progress=False, plot=False, threads=1,
-                      run_dir=str(tmp_path / "run"))
+    cfg = TrainConfig(
+        algo="iac",
+        steps=3,
+        batch_prompts=2,
+        group_size=2,
+        progress=False,
+        plot=False,
+        threads=1,
+        run_dir=str(tmp_path / "run"),
+    )
     cfg.actor_critic.critic_model = "actor"
     trainer = Trainer(cfg)
     for actor in trainer.actors:
@@ -401,8 +443,12 @@ def test_iac_critic_on_the_actors_trunk_trains_only_a_head_on_stored_features(tm
     row = trainer.train_step()
     # the actors' sampling pass produced the features (no second trunk pass); the heads learned on them
     assert reads == []
-    assert all(not torch.equal(p, q) for n, c in trainer.family.critics.items()
-               for p, q in zip(c.head.parameters(), heads[n]) if p.dim() > 1)
+    assert all(
+        not torch.equal(p, q)
+        for n, c in trainer.family.critics.items()
+        for p, q in zip(c.head.parameters(), heads[n])
+        if p.dim() > 1
+    )
     critic_stats = {k: v for k, v in row.items() if k.startswith("agent/summary.critic/")}
     assert "agent/summary.critic/value_error" in critic_stats and all(math.isfinite(v) for v in critic_stats.values())
     # without the plain-torch decoder the sampling pass has no features: the critic reads them once
@@ -415,8 +461,9 @@ def test_iac_critic_on_the_actors_trunk_trains_only_a_head_on_stored_features(tm
     actor.policy.fast_forward = True
     gen = actor.policy.generate(["one two", "one two", "three", "three"], generator=torch.Generator().manual_seed(0))
     critic = trainer.family.critics[critic_name(actor.id)]
-    torch.testing.assert_close(gen.prompt_features, critic._features(gen.prompt_ids, gen.prompt_mask, None, None),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        gen.prompt_features, critic._features(gen.prompt_ids, gen.prompt_mask, None, None), atol=1e-5, rtol=0
+    )
     assert gen.select([1, 2]).prompt_features.shape == (2, gen.prompt_features.shape[1])
     with pytest.raises(ConfigError, match="critic_model='actor'"):
         bad = TrainConfig(algo="maac", steps=1, progress=False, plot=False, run_dir=str(tmp_path / "bad"))

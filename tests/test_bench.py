@@ -48,7 +48,9 @@ def write(tmp_path, text, name="grid.toml"):
 
 
 def test_cell_configs_layer_base_task_algo_and_mode(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
 [grid]
 tasks = ["writing", "relay"]
 algos = ["magrpo", "iac"]
@@ -69,7 +71,8 @@ agent_overrides = { receiver = { max_new_tokens = 2 } }
 steps = 11
 [collaboration.centralized]
 agent_overrides = {}
-""")
+""",
+    )
     grid = load_grid(path, out_dir=str(tmp_path / "out"))
     cells = {(c.task, c.algo, c.collaboration): c for c in grid.cells}
     assert len(cells) == 6  # 2 tasks x (magrpo x 2 modes + iac decentralized)
@@ -80,8 +83,9 @@ agent_overrides = {}
     assert r.env_kwargs == {"num_symbols": 3} and r.agent_overrides == {"receiver": {"max_new_tokens": 2}}
     assert cells["relay", "magrpo", "centralized"].config.agent_overrides == {}
     assert cells["relay", "iac", "decentralized"].run_dir == tmp_path / "out" / "relay" / "iac-decentralized-s3"
-    assert merge_config({"agent": {"lr": 1}, "env_kwargs": {"a": 1}}, {"agent": {"n_layer": 2}, "env_kwargs": {"b": 2}}) == {
-        "agent": {"lr": 1, "n_layer": 2}, "env_kwargs": {"b": 2}}
+    assert merge_config(
+        {"agent": {"lr": 1}, "env_kwargs": {"a": 1}}, {"agent": {"n_layer": 2}, "env_kwargs": {"b": 2}}
+    ) == {"agent": {"lr": 1, "n_layer": 2}, "env_kwargs": {"b": 2}}
 
 
 def test_all_algorithms_are_whatever_textzoo_has_at_run_time(tmp_path, monkeypatch):
@@ -92,16 +96,19 @@ def test_all_algorithms_are_whatever_textzoo_has_at_run_time(tmp_path, monkeypat
     assert algos == list(config_module.ALGORITHMS) and "magrpo_late" in algos
 
 
-@pytest.mark.parametrize("edit, match", [
-    (('tasks = ["writing"]', 'tasks = ["writing", "code"]'), r"\[task.code\]"),
-    (('algos = ["magrpo", "mareinforce"]', 'algos = ["magrpo", "nope"]'), "unknown algo 'nope'"),
-    (('collaboration = ["decentralized"]', 'collaboration = ["solo"]'), "grid.collaboration"),
-    (("steps = 2", "steps = 2\nseed = 4"), r"\[base\] sets 'seed'"),
-    (("steps = 2", "step = 2"), r"cell writing/magrpo/decentralized/seed 0: unknown config field.*'step'"),
-    (("steps = 2", "steps = 0"), "steps must be >= 1"),
-    (("seeds = [0, 1]", "seeds = []"), "grid.seeds"),
-    (('name = "tiny"', 'name = "tiny"\nrepeat = 2'), "unknown key.*repeat"),
-])
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (('tasks = ["writing"]', 'tasks = ["writing", "code"]'), r"\[task.code\]"),
+        (('algos = ["magrpo", "mareinforce"]', 'algos = ["magrpo", "nope"]'), "unknown algo 'nope'"),
+        (('collaboration = ["decentralized"]', 'collaboration = ["solo"]'), "grid.collaboration"),
+        (("steps = 2", "steps = 2\nseed = 4"), r"\[base\] sets 'seed'"),
+        (("steps = 2", "step = 2"), r"cell writing/magrpo/decentralized/seed 0: unknown config field.*'step'"),
+        (("steps = 2", "steps = 0"), "steps must be >= 1"),
+        (("seeds = [0, 1]", "seeds = []"), "grid.seeds"),
+        (('name = "tiny"', 'name = "tiny"\nrepeat = 2'), "unknown key.*repeat"),
+    ],
+)
 def test_bad_grids_say_what_to_fix(tmp_path, edit, match):
     with pytest.raises(ConfigError, match=match):
         load_grid(write(tmp_path, TINY.replace(*edit)))
@@ -136,8 +143,14 @@ def test_grid_runs_end_to_end_then_resumes_without_retraining(tmp_path, monkeypa
 
     # a rerun trains nothing; losing one cell's marker retrains that cell only
     calls = []
-    monkeypatch.setattr(bench, "run_cell", lambda config, metric: calls.append(config["run_dir"]) or results[
-        next(c.label for c in grid.cells if str(c.run_dir) == config["run_dir"])])
+    monkeypatch.setattr(
+        bench,
+        "run_cell",
+        lambda config, metric: (
+            calls.append(config["run_dir"])
+            or results[next(c.label for c in grid.cells if str(c.run_dir) == config["run_dir"])]
+        ),
+    )
     run_grid(grid, log=lines.append)
     assert calls == [] and lines[-1] == "tiny: 4 cells, 4 finished, 0 to train"
     (grid.cells[1].run_dir / bench.MARKER).unlink()

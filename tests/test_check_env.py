@@ -34,8 +34,7 @@ class EchoEnv(TextParallelEnv):
     def _step_task(self, actions, notes):  # actions are already cleaned str
         exact = {a: float(actions[a].strip() == self.word) for a in actions}
         team = sum(exact.values()) / len(exact)
-        return StepResult(rewards=dict.fromkeys(actions, team),
-                          reward_terms={a: {"exact": exact[a]} for a in actions})
+        return StepResult(rewards=dict.fromkeys(actions, team), reward_terms={a: {"exact": exact[a]} for a in actions})
 
 
 def test_readme_example_passes(monkeypatch):

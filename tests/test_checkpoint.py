@@ -102,7 +102,9 @@ def test_saving_a_step_again_replaces_it(tmp_path):
     _save(tmp_path, 1, _model(0))
     path = _save(tmp_path, 1, _model(1))
     assert ck.verify(path) is None
-    assert torch.equal(ck.read_checkpoint(path).weights["a"]["transformer.wte.weight"], _model(1).transformer.wte.weight)
+    assert torch.equal(
+        ck.read_checkpoint(path).weights["a"]["transformer.wte.weight"], _model(1).transformer.wte.weight
+    )
 
 
 def test_rng_round_trip_covers_python_numpy_torch():

@@ -12,14 +12,17 @@ from textzoo.envs.sandbox import SandboxLimits
 from textzoo.errors import EnvError
 
 LIMITS = SandboxLimits(timeout_s=3.0, cpu_s=2, test_timeout_s=1.0)
-TOY = [{
-    "task_id": "toy/0",
-    "prompt": "from typing import List\n\n\ndef add(a: int, b: int) -> int:\n    \"\"\"Add two numbers.\"\"\"\n",
-    "entry_point": "add",
-    "test": "METADATA = {}\n\ndef check(candidate):\n    assert candidate(1, 2) == 3\n    x = 5\n"
-            "    assert candidate(x, 0) == 5\n    assert True\n    for i in range(3):\n        assert candidate(i, i) == 2 * i\n",
-    "canonical_solution": "    return a + b\n",
-}]
+TOY = [
+    {
+        "task_id": "toy/0",
+        "prompt": 'from typing import List\n\n\ndef add(a: int, b: int) -> int:\n    """Add two numbers."""\n',
+        "entry_point": "add",
+        "test": "METADATA = {}\n\ndef check(candidate):\n    assert candidate(1, 2) == 3\n    x = 5\n"
+        "    assert candidate(x, 0) == 5\n    assert True\n"
+        "    for i in range(3):\n        assert candidate(i, i) == 2 * i\n",
+        "canonical_solution": "    return a + b\n",
+    }
+]
 
 AUX = "def aux(a, b):\n    return abs(a - b)\n"
 CLOSE_MAIN = """```python
@@ -183,8 +186,11 @@ def test_two_turns_carry_feedback():
     assert all(term.values()) and rew["main"] == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("action", ["", "x" * (1 << 20), "∂ƒ©˙∆˚¬ 漢字 🙂", "\x00\x01\x1b[31m\x7f", None, 12345],
-                         ids=["empty", "1MB", "non-ascii", "control", "none", "int"])
+@pytest.mark.parametrize(
+    "action",
+    ["", "x" * (1 << 20), "∂ƒ©˙∆˚¬ 漢字 🙂", "\x00\x01\x1b[31m\x7f", None, 12345],
+    ids=["empty", "1MB", "non-ascii", "control", "none", "int"],
+)
 def test_any_action_is_safe(action):
     env = CodeEnv(sandbox_limits=LIMITS)
     env.reset(seed=0)

@@ -15,7 +15,9 @@ class Echo(TextParallelEnv):
     WORDS = ["apple", "river", "stone"]
 
     def __init__(self, num_turns=1, render_mode=None):
-        super().__init__(["a", "b"], num_turns=num_turns, max_prompt_chars=64, max_action_chars=16, render_mode=render_mode)
+        super().__init__(
+            ["a", "b"], num_turns=num_turns, max_prompt_chars=64, max_action_chars=16, render_mode=render_mode
+        )
 
     def num_items(self):
         return len(self.WORDS)

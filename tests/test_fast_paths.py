@@ -112,11 +112,17 @@ def _spy_rows(monkeypatch, policy: Policy) -> list[tuple[str, int]]:
     fast = policy._fast()
     if fast is None:
         forward = policy._forward
-        monkeypatch.setattr(policy, "_forward", lambda ids, *a, **k: seen.append(("forward", ids.shape[0])) or forward(ids, *a, **k))
+        monkeypatch.setattr(
+            policy, "_forward", lambda ids, *a, **k: seen.append(("forward", ids.shape[0])) or forward(ids, *a, **k)
+        )
         return seen
     prefill, extend = fast.prefill, fast.extend
-    monkeypatch.setattr(fast, "prefill", lambda ids, *a, **k: seen.append(("prefill", ids.shape[0])) or prefill(ids, *a, **k))
-    monkeypatch.setattr(fast, "extend", lambda ids, *a, **k: seen.append(("extend", ids.shape[0])) or extend(ids, *a, **k))
+    monkeypatch.setattr(
+        fast, "prefill", lambda ids, *a, **k: seen.append(("prefill", ids.shape[0])) or prefill(ids, *a, **k)
+    )
+    monkeypatch.setattr(
+        fast, "extend", lambda ids, *a, **k: seen.append(("extend", ids.shape[0])) or extend(ids, *a, **k)
+    )
     return seen
 
 
@@ -191,8 +197,17 @@ def _train_two_steps(parallel_jobs: int = 1, **overrides):
     from textzoo.runners.trainer import Trainer
     from textzoo.runners.update import UpdateConfig
 
-    cfg = TrainConfig(steps=2, batch_prompts=2, group_size=2, progress=False, plot=False, run_dir=None, threads=1,
-                      update=UpdateConfig(micro_batch_size=4, parallel_jobs=parallel_jobs), **overrides)
+    cfg = TrainConfig(
+        steps=2,
+        batch_prompts=2,
+        group_size=2,
+        progress=False,
+        plot=False,
+        run_dir=None,
+        threads=1,
+        update=UpdateConfig(micro_batch_size=4, parallel_jobs=parallel_jobs),
+        **overrides,
+    )
     trainer = Trainer(cfg, run_dir="/tmp/textzoo-test-fast-paths")
     for _ in range(2):
         trainer.train_step()

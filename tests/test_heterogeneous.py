@@ -68,17 +68,26 @@ def train_toy(actors, credit: str, steps: int, trainable_agents=(), every: int =
     collector = Collector(env_fn, actors)
     family = ReinforceFamily(ReinforceConfig(), actors, "grpo", credit=credit, group_size=8)
     # each agent its own clip target, as agent_overrides would give
-    learners = {a.id: build_learner(a.policy.model, AgentConfig(lr=0.1, max_grad_norm=1.0 + i), steps)
-                for i, a in enumerate(actors) if a.trainable}
+    learners = {
+        a.id: build_learner(a.policy.model, AgentConfig(lr=0.1, max_grad_norm=1.0 + i), steps)
+        for i, a in enumerate(actors)
+        if a.trainable
+    }
     schedule = build_schedule(trainable_agents, every, [a.id for a in actors], learners)
     history = []
     for step in range(steps):
         rollout = collector.collect(list(range(4)), [step * 10 + b for b in range(4)], 8)
         jobs, _ = family.jobs(rollout)
-        stats = {job.learner: run_job(job, learners[job.learner], UpdateConfig())
-                 for job in schedule.filter(jobs, step)}
-        history.append({"team": float(rollout.team_rewards.sum(-1).mean()), "stats": stats,
-                        "versions": {k: v.version for k, v in learners.items()}})
+        stats = {
+            job.learner: run_job(job, learners[job.learner], UpdateConfig()) for job in schedule.filter(jobs, step)
+        }
+        history.append(
+            {
+                "team": float(rollout.team_rewards.sum(-1).mean()),
+                "stats": stats,
+                "versions": {k: v.version for k, v in learners.items()},
+            }
+        )
     return learners, history
 
 
@@ -91,9 +100,11 @@ def test_per_agent_credit_every_refiner_learns_its_own_keyword(n):
     learners, history = train_toy(actors, "per_agent", steps=40)
     after = [target_prob(a, i) for i, a in enumerate(actors[:n])]
     copy_after = float(actors[-1].policy.probs()[0])
-    print(f"\nper_agent N={n}: target p {[round(p, 3) for p in before]} -> {[round(p, 3) for p in after]}, "
-          f"generator p(copy) {copy_before:.3f} -> {copy_after:.3f}, team reward "
-          f"{history[0]['team']:.3f} -> {history[-1]['team']:.3f}, versions {history[-1]['versions']}")
+    print(
+        f"\nper_agent N={n}: target p {[round(p, 3) for p in before]} -> {[round(p, 3) for p in after]}, "
+        f"generator p(copy) {copy_before:.3f} -> {copy_after:.3f}, team reward "
+        f"{history[0]['team']:.3f} -> {history[-1]['team']:.3f}, versions {history[-1]['versions']}"
+    )
     for i in range(n):
         assert after[i] > 0.5 and after[i] - before[i] > 0.2, (i, before[i], after[i])
     assert copy_after > copy_before + 0.2  # the generator learns to pass the refiners' words on
@@ -111,8 +122,10 @@ def test_shared_credit_runs_with_independent_versions_and_an_expert_learns():
     before = [target_prob(a, i) for i, a in enumerate(actors[:n])]
     learners, history = train_toy(actors, "shared", steps=40)
     after = [target_prob(a, i) for i, a in enumerate(actors[:n])]
-    print(f"\nshared N={n}: target p {[round(p, 3) for p in before]} -> {[round(p, 3) for p in after]}, "
-          f"team reward {history[0]['team']:.3f} -> {history[-1]['team']:.3f}, versions {history[-1]['versions']}")
+    print(
+        f"\nshared N={n}: target p {[round(p, 3) for p in before]} -> {[round(p, 3) for p in after]}, "
+        f"team reward {history[0]['team']:.3f} -> {history[-1]['team']:.3f}, versions {history[-1]['versions']}"
+    )
     assert any(a > 0.5 and a - b > 0.2 for a, b in zip(after, before))
     for agent_id, learner in learners.items():
         steps = sum(h["stats"][agent_id]["optimizer_steps"] for h in history if agent_id in h["stats"])
@@ -146,8 +159,7 @@ def test_schedule_freezes_an_agent_without_loss_step_or_version_bump():
 
 def test_alternation_trains_one_group_at_a_time():
     actors = toy_team(2)
-    _, history = train_toy(actors, "per_agent", steps=6, trainable_agents=("refiner_0+refiner_1", "generator"),
-                           every=2)
+    _, history = train_toy(actors, "per_agent", steps=6, trainable_agents=("refiner_0+refiner_1", "generator"), every=2)
     trained = [sorted(h["stats"]) for h in history]
     assert trained == [["refiner_0", "refiner_1"]] * 2 + [["generator"]] * 2 + [["refiner_0", "refiner_1"]] * 2
     versions = [h["versions"] for h in history]
@@ -184,9 +196,20 @@ def test_config_fields_validate_and_parse_on_the_cli():
     with pytest.raises(ConfigError, match="lora_rank"):
         AgentConfig(lora_rank=-1)
     overrides = {"generator": {"model": "tiny-llama", "lr": 0.01, "max_grad_norm": 0.5, "trainable": False}}
-    cfg = tyro.cli(TrainConfig, args=["--env", "textzoo/Refine-v0", "--agent-overrides", json.dumps(overrides),
-                                      "--trainable-agents", "refiner_0+refiner_1", "generator",
-                                      "--alternate-every", "3"])
+    cfg = tyro.cli(
+        TrainConfig,
+        args=[
+            "--env",
+            "textzoo/Refine-v0",
+            "--agent-overrides",
+            json.dumps(overrides),
+            "--trainable-agents",
+            "refiner_0+refiner_1",
+            "generator",
+            "--alternate-every",
+            "3",
+        ],
+    )
     assert cfg.trainable_agents == ("refiner_0+refiner_1", "generator") and cfg.alternate_every == 3
     gen = cfg.agent_config("generator")
     assert (gen.model, gen.lr, gen.max_grad_norm, gen.trainable) == ("tiny-llama", 0.01, 0.5, False)
@@ -203,9 +226,20 @@ def refine_config(tmp_path, n: int, **kwargs) -> TrainConfig:
         overrides[f"refiner_{i}"] = {"max_grad_norm": 0.25 * (i + 1)}
     for agent, extra in kwargs.pop("agent_overrides", {}).items():
         overrides.setdefault(agent, {}).update(extra)
-    base = dict(env="textzoo/Refine-v0", env_kwargs={"num_refiners": n, "keywords": [[c] for c in letters]},
-                agent=AgentConfig(max_new_tokens=4, lr=1e-2), agent_overrides=overrides, steps=4, batch_prompts=4,
-                group_size=8, eval_prompts=1, progress=False, plot=False, run_dir=str(tmp_path), credit="per_agent")
+    base = dict(
+        env="textzoo/Refine-v0",
+        env_kwargs={"num_refiners": n, "keywords": [[c] for c in letters]},
+        agent=AgentConfig(max_new_tokens=4, lr=1e-2),
+        agent_overrides=overrides,
+        steps=4,
+        batch_prompts=4,
+        group_size=8,
+        eval_prompts=1,
+        progress=False,
+        plot=False,
+        run_dir=str(tmp_path),
+        credit="per_agent",
+    )
     return TrainConfig(**{**base, **kwargs})
 
 
@@ -227,7 +261,9 @@ def test_runner_is_n_ary(tmp_path, n):
         own_steps = sum(row.get(f"agent/{agent}/optimizer_steps", 0) for row in trainer.history)
         assert last[f"agent/{agent}/weights_version"] == trainer.learners[agent].version == own_steps > 0
         assert last[f"agent/{agent}/training"] == 1.0
-        changed = any(not torch.equal(v, start[agent][k]) for k, v in trainer.learners[agent].model.state_dict().items())
+        changed = any(
+            not torch.equal(v, start[agent][k]) for k, v in trainer.learners[agent].model.state_dict().items()
+        )
         assert changed, agent
     # the collector generated for the refiners in turn 0 and for the generator in turn 1 only
     assert last[f"agent/{agents[0]}/completion_len"] > 0 and last["agent/generator/completion_len"] > 0
@@ -235,8 +271,11 @@ def test_runner_is_n_ary(tmp_path, n):
 
 @pytest.mark.parametrize("how", ["trainable_false", "trainable_agents"])
 def test_prompt_only_mode_freezes_the_generator(tmp_path, how):
-    kwargs = ({"agent_overrides": {"generator": {"trainable": False}}} if how == "trainable_false"
-              else {"trainable_agents": ("refiner_0", "refiner_1")})
+    kwargs = (
+        {"agent_overrides": {"generator": {"trainable": False}}}
+        if how == "trainable_false"
+        else {"trainable_agents": ("refiner_0", "refiner_1")}
+    )
     trainer = Trainer(refine_config(tmp_path, 2, **kwargs))
     generator = next(a for a in trainer.actors if a.id == "generator")
     start = weights(generator.policy.model)
@@ -259,7 +298,9 @@ def test_gpt2_and_llama_team_with_two_tokenizers_trains(tmp_path):
     trainer = Trainer(cfg)
     refiner, generator = trainer.actors
     tok_r, tok_g = refiner.policy.tokenizer, generator.policy.tokenizer
-    assert type(refiner.policy.model).__name__.startswith("GPT2") and type(generator.policy.model).__name__.startswith("Llama")
+    assert type(refiner.policy.model).__name__.startswith("GPT2") and type(generator.policy.model).__name__.startswith(
+        "Llama"
+    )
     assert (len(tok_r), tok_r.eos_token_id) != (len(tok_g), tok_g.eos_token_id)
     assert tok_r("ab")["input_ids"] != tok_g("ab")["input_ids"]  # the Llama-style one prepends <s>
     assert generator.policy.model.config.vocab_size == len(tok_g) != refiner.policy.model.config.vocab_size

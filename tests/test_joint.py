@@ -37,7 +37,10 @@ def test_single_role_prompt_is_the_observation():
     obs = {"summary": "Summarize: x\nSummary:"}
     assert JointActor(["summary"], policy=None).build_prompt(obs) == AgentActor("summary", None).build_prompt(obs)
     # a multi-role actor asked for one role (turn-taking env) also gets the plain observation
-    assert JointActor(["sender", "receiver"], None).build_prompt({"receiver": "Message: A\nAnswer:"}) == "Message: A\nAnswer:"
+    assert (
+        JointActor(["sender", "receiver"], None).build_prompt({"receiver": "Message: A\nAnswer:"})
+        == "Message: A\nAnswer:"
+    )
 
 
 @pytest.mark.parametrize("roles", ROLE_SETS[1:])
@@ -102,7 +105,10 @@ def test_tags(roles):
 def test_missing_duplicated_unclosed_and_cased_tags(roles):
     first, last = roles[0], roles[-1]
     # missing: only the last role answered -> the others get empty actions, not a failure
-    assert parse_joint(f"<{last}>only me</{last}>", roles) == ({r: ("only me" if r == last else "") for r in roles}, False)
+    assert parse_joint(f"<{last}>only me</{last}>", roles) == (
+        {r: ("only me" if r == last else "") for r in roles},
+        False,
+    )
     # duplicated: the first occurrence wins
     text = f"<{first}>one</{first}> <{first}>two</{first}>"
     assert parse_joint(text, roles)[0][first] == "one"
@@ -171,10 +177,19 @@ def test_fallback_order(roles):
 
 
 @pytest.mark.parametrize("roles", ROLE_SETS[1:])
-@pytest.mark.parametrize("text", [
-    "", "   ", "random words with no sections at all", "\x00\x01\ufffd garbage {not json",
-    "<other>not a role</other>", "summaryish text: no", "[1, 2, 3]", "```python\nprint(1)\n```",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "   ",
+        "random words with no sections at all",
+        "\x00\x01\ufffd garbage {not json",
+        "<other>not a role</other>",
+        "summaryish text: no",
+        "[1, 2, 3]",
+        "```python\nprint(1)\n```",
+    ],
+)
 def test_garbage_is_a_parse_failure(roles, text):
     assert parse_joint(text, roles) == ({r: "" for r in roles}, True)
 
@@ -186,7 +201,9 @@ def test_tags_of_roles_not_asked_for_are_not_sections():
 
 # ---- loss identity ------------------------------------------------------------------------------
 def _policy(seed: int = 0, max_new_tokens: int = 6) -> Policy:
-    return Policy.tiny(n_layer=1, n_embd=32, n_head=2, seed=seed, generation=GenerationConfig(max_new_tokens=max_new_tokens))
+    return Policy.tiny(
+        n_layer=1, n_embd=32, n_head=2, seed=seed, generation=GenerationConfig(max_new_tokens=max_new_tokens)
+    )
 
 
 def _clone(policy: Policy) -> Policy:
@@ -198,9 +215,15 @@ def _rollout(actor_id: str, roles: list[str], gen, role_rewards: torch.Tensor) -
     G = len(gen)
     rewards = role_rewards.unsqueeze(-1)  # [E, R, 1]
     return Rollout(
-        num_prompts=1, group_size=G, roles=roles, actors=[actor_id], items=[0],
-        steps=[ActorStep(actor_id, 0, torch.arange(G), gen)], rewards=rewards,
-        actor_rewards=rewards.mean(1, keepdim=True), active=torch.ones(G, 1, 1, dtype=torch.bool),
+        num_prompts=1,
+        group_size=G,
+        roles=roles,
+        actors=[actor_id],
+        items=[0],
+        steps=[ActorStep(actor_id, 0, torch.arange(G), gen)],
+        rewards=rewards,
+        actor_rewards=rewards.mean(1, keepdim=True),
+        active=torch.ones(G, 1, 1, dtype=torch.bool),
         states=[[""] * G],
     )
 
@@ -287,8 +310,9 @@ def test_single_role_env_centralized_is_the_plain_agent(tmp_path, algo):
     """N = 1: same prompts, samples, losses and gradients, hence bit-identical weights after training."""
     runs = {}
     for mode in ("decentralized", "centralized"):
-        cfg = _cfg(env="test-joint/Count-v0", env_kwargs={}, algo=algo, collaboration=mode,
-                   run_dir=str(tmp_path / mode))
+        cfg = _cfg(
+            env="test-joint/Count-v0", env_kwargs={}, algo=algo, collaboration=mode, run_dir=str(tmp_path / mode)
+        )
         trainer = Trainer(cfg)
         assert trainer.actors[0].policy.generation.max_new_tokens == 6  # N x budget with N = 1
         history = trainer.train()
@@ -372,7 +396,9 @@ def test_joint_budget_and_config_errors():
     with pytest.raises(ConfigError, match="joint_max_new_tokens"):
         _cfg(joint_max_new_tokens=-1)
     with pytest.raises(ConfigError, match="centralized"):
-        build_actors(_cfg(collaboration="centralized", agent_overrides={"summary": {"lr": 1e-4}}), ["summary", "elaboration"])
+        build_actors(
+            _cfg(collaboration="centralized", agent_overrides={"summary": {"lr": 1e-4}}), ["summary", "elaboration"]
+        )
 
 
 @pytest.mark.parametrize("algo", ONLINE_ALGOS)
@@ -381,8 +407,16 @@ def test_centralized_relay_answers_only_the_active_role_each_turn(tmp_path, algo
     agent = AgentConfig(n_layer=1, n_embd=32, max_new_tokens=1, allowed_outputs=("A", "B", "C", "D"))
     runs = {}
     for mode in ("decentralized", "centralized"):
-        cfg = _cfg(env="textzoo/Relay-v0", env_kwargs={}, algo=algo, collaboration=mode, agent=agent, steps=3,
-                   joint_max_new_tokens=1, run_dir=str(tmp_path / mode))
+        cfg = _cfg(
+            env="textzoo/Relay-v0",
+            env_kwargs={},
+            algo=algo,
+            collaboration=mode,
+            agent=agent,
+            steps=3,
+            joint_max_new_tokens=1,
+            run_dir=str(tmp_path / mode),
+        )
         trainer = Trainer(cfg)
         runs[mode] = trainer, trainer.train()
     trainer, history = runs["centralized"]
@@ -400,15 +434,29 @@ def test_centralized_relay_answers_only_the_active_role_each_turn(tmp_path, algo
     dec_cols = {k for k in runs["decentralized"][1][-1] if not k.startswith(("agent/", "time/"))}
     cen_cols = {k for k in history[-1] if not k.startswith(("agent/", "time/"))}
     assert dec_cols == cen_cols
-    assert {"role/sender/completion_chars", "role/receiver/completion_chars", "role/receiver/reward/correct"} <= cen_cols
+    assert {
+        "role/sender/completion_chars",
+        "role/receiver/completion_chars",
+        "role/receiver/reward/correct",
+    } <= cen_cols
 
 
 def _relay_cfg(tmp_path, algo, mode, steps, name):
     agent = AgentConfig(n_layer=1, n_embd=32, max_new_tokens=1, allowed_outputs=("A", "B", "C", "D"))
     # eval_every=2: the 2-step run evaluates at its end, so the straight run must evaluate there too
     # (sampled evaluation draws from the global RNG that training samples from)
-    return _cfg(env="textzoo/Relay-v0", env_kwargs={}, algo=algo, collaboration=mode, agent=agent, steps=steps,
-                joint_max_new_tokens=1, save_every=1, eval_every=2, run_dir=str(tmp_path / name))
+    return _cfg(
+        env="textzoo/Relay-v0",
+        env_kwargs={},
+        algo=algo,
+        collaboration=mode,
+        agent=agent,
+        steps=steps,
+        joint_max_new_tokens=1,
+        save_every=1,
+        eval_every=2,
+        run_dir=str(tmp_path / name),
+    )
 
 
 @pytest.mark.parametrize("mode", ["decentralized", "centralized"])

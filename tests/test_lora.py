@@ -102,10 +102,22 @@ def test_frozen_lora_agent_keeps_requires_grad_off_and_names_must_map_uniquely()
 def lora_config(run_dir, **kwargs) -> TrainConfig:
     """Refine-v0 with two LoRA refiners on one tiny GPT-2 base and a LoRA generator on a tiny Llama base."""
     overrides = {"generator": {"model": "tiny-llama", "allowed_outputs": ["a b "], "max_new_tokens": 6}}
-    base = dict(env="textzoo/Refine-v0", env_kwargs={"num_refiners": 2, "keywords": [["a"], ["b"]]},
-                agent=AgentConfig(max_new_tokens=4, lr=1e-2, lora_rank=4), agent_overrides=overrides, steps=4,
-                batch_prompts=2, group_size=4, eval_prompts=1, progress=False, plot=False, run_dir=str(run_dir),
-                credit="per_agent", save_every=2, keep_last=0)
+    base = dict(
+        env="textzoo/Refine-v0",
+        env_kwargs={"num_refiners": 2, "keywords": [["a"], ["b"]]},
+        agent=AgentConfig(max_new_tokens=4, lr=1e-2, lora_rank=4),
+        agent_overrides=overrides,
+        steps=4,
+        batch_prompts=2,
+        group_size=4,
+        eval_prompts=1,
+        progress=False,
+        plot=False,
+        run_dir=str(run_dir),
+        credit="per_agent",
+        save_every=2,
+        keep_last=0,
+    )
     return TrainConfig(**{**base, **kwargs})
 
 
@@ -189,8 +201,16 @@ def test_lora_dropout_is_off_in_a_frozen_reference():
 def test_iac_value_heads_on_lora_agents_read_each_agents_adapter(tmp_path):
     from textzoo.agents.actor_critic import critic_name
 
-    cfg = TrainConfig(algo="iac", steps=2, batch_prompts=2, group_size=2, progress=False, plot=False,
-                      run_dir=str(tmp_path / "run"), agent=AgentConfig(lora_rank=4))
+    cfg = TrainConfig(
+        algo="iac",
+        steps=2,
+        batch_prompts=2,
+        group_size=2,
+        progress=False,
+        plot=False,
+        run_dir=str(tmp_path / "run"),
+        agent=AgentConfig(lora_rank=4),
+    )
     cfg.actor_critic.critic_model = "actor"
     trainer = Trainer(cfg)
     trainer.train_step()
@@ -203,6 +223,10 @@ def test_iac_value_heads_on_lora_agents_read_each_agents_adapter(tmp_path):
         gen = actor.policy.generate(["hello there", "x"], generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
             position = (gen.prompt_mask.cumsum(1) - 1).clamp(min=0)  # left padding
-            hidden = actor.policy.model(input_ids=gen.prompt_ids, attention_mask=gen.prompt_mask, position_ids=position,
-                                        output_hidden_states=True).hidden_states[-1][:, -1]  # [S, d]
+            hidden = actor.policy.model(
+                input_ids=gen.prompt_ids,
+                attention_mask=gen.prompt_mask,
+                position_ids=position,
+                output_hidden_states=True,
+            ).hidden_states[-1][:, -1]  # [S, d]
         torch.testing.assert_close(critic.features(gen.prompt_ids, gen.prompt_mask), hidden, atol=1e-5, rtol=0)

@@ -34,8 +34,12 @@ def test_equal_models_go_round_robin():
 
 def test_largest_first_balances_memory():
     # trained actors (weights + grad + 2 moments) and frozen references of a 4 GB and a 1 GB model
-    models = [ModelSpec("small", "actor", 4 * GB), ModelSpec("big", "actor", 16 * GB),
-              ModelSpec("small-ref", "reference", GB), ModelSpec("big-ref", "reference", 4 * GB)]
+    models = [
+        ModelSpec("small", "actor", 4 * GB),
+        ModelSpec("big", "actor", 16 * GB),
+        ModelSpec("small-ref", "reference", GB),
+        ModelSpec("big-ref", "reference", 4 * GB),
+    ]
     placed = resolve_placement(models, _gpus(40, 40))
     # big -> 0 (16), small -> 1 (4), big-ref -> 1 (8), small-ref -> 1 (9): loads 16 vs 9
     assert placed == {"small": "cuda:1", "big": "cuda:0", "small-ref": "cuda:1", "big-ref": "cuda:1"}
@@ -60,13 +64,19 @@ def test_team_models_lists_actors_family_models_and_references():
     def policy(n):
         return SimpleNamespace(model=torch.nn.Linear(n, n, bias=False))
 
-    actors = [SimpleNamespace(id="a", policy=policy(2), trainable=True),
-              SimpleNamespace(id="b", policy=policy(3), trainable=False)]
+    actors = [
+        SimpleNamespace(id="a", policy=policy(2), trainable=True),
+        SimpleNamespace(id="b", policy=policy(3), trainable=False),
+    ]
     critic = torch.nn.Linear(4, 1, bias=False)
     family = SimpleNamespace(trainable_models=lambda: {"critic": (critic, None)}, references={"a": policy(2)})
     models = team_models(actors, family)
     assert {k: (v[1], v[2]) for k, v in models.items()} == {
-        "a": ("actor", True), "b": ("actor", False), "critic": ("critic", True), "a-ref": ("reference", False)}
+        "a": ("actor", True),
+        "b": ("actor", False),
+        "critic": ("critic", True),
+        "a-ref": ("reference", False),
+    }
     assert model_bytes(models["a"][0], True) == 4 * 4 * 4  # 4 fp32 weights x (weights, grad, 2 moments)
     assert model_bytes(models["b"][0], False) == 9 * 4
 
@@ -107,15 +117,18 @@ def test_actors_on_one_device_generate_in_turn():
 
     collector = Collector.__new__(Collector)  # only _generate is under test
     collector.generate_workers = 1  # no threads for actors that share a device
-    out = collector._generate([(SimpleNamespace(policy=Recorder("a")), ["p"]),
-                               (SimpleNamespace(policy=Recorder("b")), ["q"])], greedy=False)
+    out = collector._generate(
+        [(SimpleNamespace(policy=Recorder("a")), ["p"]), (SimpleNamespace(policy=Recorder("b")), ["q"])], greedy=False
+    )
     assert out == ["a", "b"] and calls == [("a", True), ("b", True)]
 
 
 def test_bf16_and_gradient_checkpointing_are_per_agent_options():
     plain = build_policy(AgentConfig(n_layer=2, n_embd=32), seed=0, device=torch.device("cpu"))
-    ckpt = build_policy(AgentConfig(n_layer=2, n_embd=32, gradient_checkpointing=True), seed=0,
-                        device=torch.device("cpu"))
+    ckpt = build_policy(
+        AgentConfig(n_layer=2, n_embd=32, gradient_checkpointing=True), seed=0, device=torch.device("cpu")
+    )
+
     def checkpointing(model):
         if hasattr(type(model), "is_activation_checkpointing"):
             return model.is_activation_checkpointing
@@ -149,11 +162,20 @@ def test_models_that_share_weights_are_placed_as_one_unit():
     own = Policy.tiny("gpt2", seed=2)
     head = Critic.from_policy(own, shared_trunk=True)  # a value head on `own`'s trunk
     alone = Policy.tiny("gpt2", seed=3)
-    models = {"a": (a.model, "actor", True), "own": (own.model, "actor", True), "b": (b.model, "actor", True),
-              "alone": (alone.model, "actor", True), "own.critic": (head, "critic", True),
-              "a-ref": (refs["a"].model, "reference", False), "b-ref": (refs["b"].model, "reference", False)}
-    assert shared_units({n: m for n, (m, _, _) in models.items()}) == [["a", "b", "a-ref", "b-ref"], ["own", "own.critic"],
-                                                                       ["alone"]]
+    models = {
+        "a": (a.model, "actor", True),
+        "own": (own.model, "actor", True),
+        "b": (b.model, "actor", True),
+        "alone": (alone.model, "actor", True),
+        "own.critic": (head, "critic", True),
+        "a-ref": (refs["a"].model, "reference", False),
+        "b-ref": (refs["b"].model, "reference", False),
+    }
+    assert shared_units({n: m for n, (m, _, _) in models.items()}) == [
+        ["a", "b", "a-ref", "b-ref"],
+        ["own", "own.critic"],
+        ["alone"],
+    ]
     # two (fake) devices: every member of a unit lands where its unit goes, and the unit's bytes count
     # the shared base once (a view's own parameters are only its adapter)
     devices = [DeviceSpec("cpu", 100 * GB), DeviceSpec("cpu:0", 100 * GB)]

@@ -54,8 +54,9 @@ def test_dpo_loss_matches_hand_computed_values(n, reference):
     for i in range(n):
         lw, ll, rw, rl = (torch.tensor([v]) for v in AGENTS[i])
         others = torch.tensor([sum(deltas[j] for j in range(n) if j != i)])
-        contrib, stats = dpo_loss(lw, ll, rw if reference else None, rl if reference else None, others, beta,
-                                  BatchNorm(1, 1, 1))
+        contrib, stats = dpo_loss(
+            lw, ll, rw if reference else None, rl if reference else None, others, beta, BatchNorm(1, 1, 1)
+        )
         margin = beta * sum(deltas[:n])
         assert contrib.item() == pytest.approx(nll_sigmoid(margin), abs=1e-6)
         assert stats["dpo_accuracy"].item() == float(margin > 0)
@@ -153,8 +154,9 @@ def test_family_loss_matches_hand_computation(n, reference):
     beta = 0.3
     ref_logits = [[0.0, 0.5, -0.5], [0.2, -0.1, 0.3], [-0.4, 0.0, 0.1]][:n]
     actors, collector = toy_team(n, ref_logits)
-    family = MADPOFamily(PreferenceConfig(beta=beta, reference=reference, pairs_per_prompt=0, pair_selection="all"),
-                         actors)
+    family = MADPOFamily(
+        PreferenceConfig(beta=beta, reference=reference, pairs_per_prompt=0, pair_selection="all"), actors
+    )
     new_logits = [[1.0, -0.5, 0.0], [-0.3, 0.6, 0.2], [0.5, 0.5, -1.0]][:n]
     for a, values in zip(actors, new_logits):
         with torch.no_grad():
@@ -216,7 +218,7 @@ def test_madpo_learns_each_agents_target_word():
     actors, collector = toy_team(2, [[0.0] * 3, [0.0] * 3])
     family = MADPOFamily(PreferenceConfig(beta=1.0, reference="none", epochs=2), actors)
     learners = {a.id: Learner(a.policy.model, torch.optim.Adam(a.policy.model.parameters(), lr=0.1)) for a in actors}
-    for step in range(30):
+    for _ in range(30):
         jobs, _ = family.jobs(collector.collect(list(range(4)), list(range(4)), 4))
         for job in jobs:
             run_job(job, learners[job.learner], UpdateConfig())
@@ -286,9 +288,19 @@ WRITING = {"terms": {"length_ratio": 1.0}, "max_prompt_chars": 128}
 
 def test_madpo_raises_the_writing_reward(tmp_path):
     """Two tiny GPT-2s trained with MADPO raise Writing-v0's length-ratio reward (seeded, CI-sized)."""
-    cfg = TrainConfig(algo="madpo", steps=30, batch_prompts=4, group_size=4, progress=False, plot=False, seed=0,
-                      env_kwargs=WRITING, agent=AgentConfig(max_new_tokens=24, lr=5e-3), eval_prompts=1,
-                      preference=PreferenceConfig(beta=0.5, epochs=2))
+    cfg = TrainConfig(
+        algo="madpo",
+        steps=30,
+        batch_prompts=4,
+        group_size=4,
+        progress=False,
+        plot=False,
+        seed=0,
+        env_kwargs=WRITING,
+        agent=AgentConfig(max_new_tokens=24, lr=5e-3),
+        eval_prompts=1,
+        preference=PreferenceConfig(beta=0.5, epochs=2),
+    )
     history = Trainer(cfg, run_dir=tmp_path).train()
     rewards = [r["reward/mean"] for r in history if r["step"] > 0]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
@@ -296,18 +308,33 @@ def test_madpo_raises_the_writing_reward(tmp_path):
 
 
 def small(tmp_path, **kw) -> TrainConfig:
-    base = dict(steps=4, batch_prompts=2, group_size=3, progress=False, plot=False, seed=1, env_kwargs=WRITING,
-                agent=AgentConfig(max_new_tokens=6, n_layer=1, n_embd=32), eval_prompts=1, save_every=1, keep_last=0,
-                iterations=2, run_dir=str(tmp_path))
+    base = dict(
+        steps=4,
+        batch_prompts=2,
+        group_size=3,
+        progress=False,
+        plot=False,
+        seed=1,
+        env_kwargs=WRITING,
+        agent=AgentConfig(max_new_tokens=6, n_layer=1, n_embd=32),
+        eval_prompts=1,
+        save_every=1,
+        keep_last=0,
+        iterations=2,
+        run_dir=str(tmp_path),
+    )
     base.update(kw)
     return TrainConfig(**base)
 
 
-@pytest.mark.parametrize("algo,pref", [
-    ("madpo", PreferenceConfig(comparator="copy", replay_pairs=2)),
-    ("madpo", PreferenceConfig(comparator="history", history_k=1, replay_pairs=2, pair_selection="random")),
-    ("marlhf", PreferenceConfig(comparator="copy", replay_pairs=3, rm_batches=1, rm_epochs=1)),
-])
+@pytest.mark.parametrize(
+    "algo,pref",
+    [
+        ("madpo", PreferenceConfig(comparator="copy", replay_pairs=2)),
+        ("madpo", PreferenceConfig(comparator="history", history_k=1, replay_pairs=2, pair_selection="random")),
+        ("marlhf", PreferenceConfig(comparator="copy", replay_pairs=3, rm_batches=1, rm_epochs=1)),
+    ],
+)
 def test_resume_mid_round_is_exact(tmp_path, algo, pref):
     """Stop after step 3 (inside round 2 of 2), resume: weights, pair store and metrics match a straight run."""
     full = Trainer(small(tmp_path / "full", algo=algo, preference=pref))
@@ -329,8 +356,9 @@ def test_resume_mid_round_is_exact(tmp_path, algo, pref):
             assert torch.equal(value, hook_b["reward_model"][key])
     else:
         store_a, store_b = a.state["replicas"][0]["family"]["store"], b.state["replicas"][0]["family"]["store"]
-        assert store_a and torch.equal(store_a["summary"]["chosen"]["completion_ids"],
-                                       store_b["summary"]["chosen"]["completion_ids"])
+        assert store_a and torch.equal(
+            store_a["summary"]["chosen"]["completion_ids"], store_b["summary"]["chosen"]["completion_ids"]
+        )
     rows_a = (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()
     rows_b = (cut / "metrics.jsonl").read_text().splitlines()
     strip = lambda row: {k: v for k, v in json.loads(row).items() if not k.startswith("time/")}  # noqa: E731

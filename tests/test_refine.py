@@ -12,7 +12,7 @@ from textzoo.errors import EnvError  # noqa: E402
 
 def test_passes_check_env_for_one_to_four_refiners():
     for n in (1, 2, 4):
-        check_env(lambda: make("textzoo/Refine-v0", num_refiners=n), num_cycles=50)
+        check_env(lambda n=n: make("textzoo/Refine-v0", num_refiners=n), num_cycles=50)
 
 
 def test_two_turns_and_the_pipeline():

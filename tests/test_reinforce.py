@@ -67,8 +67,10 @@ def test_remax_and_reinforce_by_hand():
 
 def test_four_estimators_differ_on_same_rewards():
     greedy = torch.tensor([0.25]).view(1, 1, 1)
-    out = {e: advantages(group(R), ONES, e, scale="std", greedy_returns=greedy).flatten() for e in
-           ("grpo", "rloo", "remax", "reinforce")}
+    out = {
+        e: advantages(group(R), ONES, e, scale="std", greedy_returns=greedy).flatten()
+        for e in ("grpo", "rloo", "remax", "reinforce")
+    }
     names = list(out)
     for i in range(4):
         for j in range(i + 1, 4):
@@ -148,8 +150,9 @@ def test_clipped_ratio_gives_no_gradient_outside_the_trust_region():
     theta = torch.tensor([0.0, 0.0], requires_grad=True)
     logp = torch.log_softmax(theta, -1)[0].view(1, 1)
     old = logp.detach() - 1.0  # ratio e ≈ 2.7 > 1 + ε
-    contrib, stats = policy_gradient_loss(logp, old, torch.tensor([1.0]), torch.ones(1, 1), BatchNorm(1, 1, 1),
-                                          clip_range=0.2)
+    contrib, stats = policy_gradient_loss(
+        logp, old, torch.tensor([1.0]), torch.ones(1, 1), BatchNorm(1, 1, 1), clip_range=0.2
+    )
     contrib.sum().backward()
     assert torch.count_nonzero(theta.grad) == 0
     assert float(stats["clipfrac"]) == 1.0
@@ -186,9 +189,9 @@ def _learner(model, lr=1e-2):
 
 
 def test_per_sample_backward_equals_batched_gradient():
+    from textzoo.agents.batch import Job
     from textzoo.agents.policy import Policy
     from textzoo.agents.reinforce import reinforce_loss
-    from textzoo.agents.batch import Job
 
     policy = Policy.tiny(seed=1)
     batch = _tiny_batch(policy)
@@ -348,8 +351,11 @@ def test_per_sample_backward_runs_each_prompt_once_with_the_batched_gradient(arc
     prefill = fast.prefill
     monkeypatch.setattr(fast, "prefill", lambda ids, *a: calls.append(ids.shape[0]) or prefill(ids, *a))
     grads = {}
-    for name, per_sample, cache in (("batched", False, None), ("per-sample", True, None),
-                                    ("per-sample, shared prompts", True, policy.prompt_cache)):
+    for name, per_sample, cache in (
+        ("batched", False, None),
+        ("per-sample", True, None),
+        ("per-sample, shared prompts", True, policy.prompt_cache),
+    ):
         learner = _learner(policy.model)
         learner.optimizer.step = lambda: None  # keep weights: compare the gradients only
         calls.clear()

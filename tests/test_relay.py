@@ -38,7 +38,9 @@ def test_two_turns():
     assert infos["sender"]["reward_terms"] == {"correct": 1.0, "answered_symbol": 1.0}
 
 
-@pytest.mark.parametrize("answer, correct, answered", [("D", 0.0, 1.0), ("zebra", 0.0, 0.0), ("", 0.0, 0.0), ("c!", 1.0, 1.0)])
+@pytest.mark.parametrize(
+    "answer, correct, answered", [("D", 0.0, 1.0), ("zebra", 0.0, 0.0), ("", 0.0, 0.0), ("c!", 1.0, 1.0)]
+)
 def test_reward_terms(answer, correct, answered):
     env = make("textzoo/Relay-v0")
     env.reset(options={"index": 2})

@@ -28,8 +28,18 @@ from textzoo.runners.trainer import Trainer, find_resumable
 
 torch.set_num_threads(1)
 
-CFG = TrainConfig(steps=4, batch_prompts=2, group_size=2, agent=AgentConfig(max_new_tokens=8), eval_prompts=2,
-                  threads=1, progress=False, plot=False, save_every=1, keep_last=2)
+CFG = TrainConfig(
+    steps=4,
+    batch_prompts=2,
+    group_size=2,
+    agent=AgentConfig(max_new_tokens=8),
+    eval_prompts=2,
+    threads=1,
+    progress=False,
+    plot=False,
+    save_every=1,
+    keep_last=2,
+)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
 
@@ -61,8 +71,14 @@ def _assert_same_run(run_dir: Path, reference: Path) -> None:
 
 
 def _start_cli(run_dir: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "textzoo.runners.cli", "train", *args], env=ENV, cwd=run_dir.parent,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "textzoo.runners.cli", "train", *args],
+        env=ENV,
+        cwd=run_dir.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def test_sigkill_at_a_random_moment_then_resume_is_bit_identical(tmp_path, reference):
@@ -109,7 +125,9 @@ def test_kill_inside_a_save_keeps_the_previous_checkpoint(tmp_path, reference):
     save_config(dataclasses.replace(CFG, run_dir=str(run_dir)), config)
     script = tmp_path / "kill_in_save.py"
     script.write_text(textwrap.dedent(KILL_IN_SAVE))
-    proc = subprocess.run([sys.executable, str(script), str(config)], env=ENV, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(config)], env=ENV, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     root = ck.checkpoints_dir(run_dir)
     assert [p.name for p in ck.list_checkpoints(run_dir)] == ["step-00000001"]
@@ -152,8 +170,10 @@ def test_field_added_after_the_checkpoint_resumes_with_its_default(tmp_path, ref
     del config["devices"], config["update"]["skip_zero_grad_steps"]
     (path / "config.json").write_text(json.dumps(config))
     manifest = json.loads((path / "manifest.json").read_text())
-    manifest["files"]["config.json"] = {"bytes": (path / "config.json").stat().st_size,
-                                        "sha256": ck._sha256(path / "config.json")}
+    manifest["files"]["config.json"] = {
+        "bytes": (path / "config.json").stat().st_size,
+        "sha256": ck._sha256(path / "config.json"),
+    }
     (path / "manifest.json").write_text(json.dumps(manifest))
     trainer = Trainer(dataclasses.replace(CFG, run_dir=str(run_dir)), resume=run_dir)
     assert trainer.step == 3

@@ -64,7 +64,9 @@ def test_reward_model_learns_a_separable_preference():
     train, held = separable_pairs(model, 48, seed=0), separable_pairs(model, 32, seed=1)
     assert pair_accuracy(model, held) == 0.5  # a zero-initialised head ties every pair
     learner = Learner(model, torch.optim.AdamW(model.parameters(), lr=3e-3))
-    job = Job("reward_model", train, lambda batch, norm: reward_model_loss(model, batch, norm), epochs=15, minibatches=3)
+    job = Job(
+        "reward_model", train, lambda batch, norm: reward_model_loss(model, batch, norm), epochs=15, minibatches=3
+    )
     run_job(job, learner, UpdateConfig(micro_batch_size=16), generator=torch.Generator().manual_seed(0))
     assert pair_accuracy(model, held) >= 0.9
 
@@ -102,9 +104,19 @@ def test_relabel_moves_task_rewards_to_terms():
 
 
 def test_marlhf_trains_the_reward_model_then_the_online_family(tmp_path):
-    cfg = TrainConfig(algo="marlhf", rl_algo="marloo", steps=2, iterations=2, batch_prompts=2, group_size=3,
-                      progress=False, plot=False, env_kwargs={"terms": {"length_ratio": 1.0}, "max_prompt_chars": 128},
-                      agent=AgentConfig(max_new_tokens=6, n_layer=1, n_embd=32), eval_prompts=1)
+    cfg = TrainConfig(
+        algo="marlhf",
+        rl_algo="marloo",
+        steps=2,
+        iterations=2,
+        batch_prompts=2,
+        group_size=3,
+        progress=False,
+        plot=False,
+        env_kwargs={"terms": {"length_ratio": 1.0}, "max_prompt_chars": 128},
+        agent=AgentConfig(max_new_tokens=6, n_layer=1, n_embd=32),
+        eval_prompts=1,
+    )
     cfg.preference.rm_batches = 1
     history = Trainer(cfg, run_dir=tmp_path).train()
     first, second = history[1], history[2]

@@ -14,8 +14,15 @@ from textzoo.runners.trainer import Trainer  # noqa: E402
 
 
 def small(**kw) -> TrainConfig:
-    base = dict(steps=2, batch_prompts=2, group_size=2, progress=False, plot=False, eval_prompts=2,
-                agent=AgentConfig(max_new_tokens=8))
+    base = dict(
+        steps=2,
+        batch_prompts=2,
+        group_size=2,
+        progress=False,
+        plot=False,
+        eval_prompts=2,
+        agent=AgentConfig(max_new_tokens=8),
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -81,7 +88,9 @@ def test_config_round_trip_and_missing_fields(tmp_path):
 
 
 def test_toml_config(tmp_path):
-    (tmp_path / "run.toml").write_text('algo = "marloo"\nsteps = 3\n[agent]\nlr = 0.0005\n[reinforce]\nadvantage_scale = "none"\n')
+    (tmp_path / "run.toml").write_text(
+        'algo = "marloo"\nsteps = 3\n[agent]\nlr = 0.0005\n[reinforce]\nadvantage_scale = "none"\n'
+    )
     cfg = load_config(tmp_path / "run.toml")
     assert cfg.algo == "marloo" and cfg.agent.lr == 5e-4 and cfg.reinforce.advantage_scale == "none"
 
@@ -113,10 +122,21 @@ def test_metrics_rows_have_the_documented_fields(tmp_path):
     trainer = Trainer(small(steps=1), run_dir=tmp_path)
     history = trainer.train()
     row = history[-1]
-    for key in ("reward/mean", "reward/std", "reward/length_ratio", "agent/summary/loss", "agent/summary/grad_norm",
-                "agent/elaboration/completion_len", "agent/summary/weights_version", "time/generate",
-                "time/reward", "time/update", "time/tokens_per_s", "eval/greedy/reward/mean",
-                "eval/sampled/reward/mean"):
+    for key in (
+        "reward/mean",
+        "reward/std",
+        "reward/length_ratio",
+        "agent/summary/loss",
+        "agent/summary/grad_norm",
+        "agent/elaboration/completion_len",
+        "agent/summary/weights_version",
+        "time/generate",
+        "time/reward",
+        "time/update",
+        "time/tokens_per_s",
+        "eval/greedy/reward/mean",
+        "eval/sampled/reward/mean",
+    ):
         assert key in row, key
     assert row["agent/summary/weights_version"] == 1
 
@@ -124,8 +144,16 @@ def test_metrics_rows_have_the_documented_fields(tmp_path):
 # ---- learning ---------------------------------------------------------------------------------------
 def test_tiny_llm_team_learns_the_length_ratio(tmp_path):
     """Two tiny GPT-2s raise Writing-v0's length-ratio reward (seeded, CI-sized)."""
-    cfg = TrainConfig(steps=40, batch_prompts=8, group_size=4, progress=False, plot=False, seed=0,
-                      agent=AgentConfig(max_new_tokens=24), eval_prompts=4)
+    cfg = TrainConfig(
+        steps=40,
+        batch_prompts=8,
+        group_size=4,
+        progress=False,
+        plot=False,
+        seed=0,
+        agent=AgentConfig(max_new_tokens=24),
+        eval_prompts=4,
+    )
     trainer = Trainer(cfg, run_dir=tmp_path)
     history = trainer.train()
     rewards = [r["reward/mean"] for r in history if "reward/mean" in r and r["step"] > 0]
@@ -148,8 +176,16 @@ def test_evaluation_never_changes_training(tmp_path):
 
 def test_prompt_budget_leaves_room_for_the_completion_within_the_models_positions(tmp_path):
     # tiny GPT-2s have 512 learned positions: a 384-token prompt + 200 new tokens would index past them
-    cfg = TrainConfig(steps=1, batch_prompts=1, group_size=2, progress=False, plot=False, run_dir=str(tmp_path / "a"),
-                      agent=AgentConfig(max_new_tokens=200, max_prompt_tokens=384), eval_every=0)
+    cfg = TrainConfig(
+        steps=1,
+        batch_prompts=1,
+        group_size=2,
+        progress=False,
+        plot=False,
+        run_dir=str(tmp_path / "a"),
+        agent=AgentConfig(max_new_tokens=200, max_prompt_tokens=384),
+        eval_every=0,
+    )
     trainer = Trainer(cfg)
     assert all(a.policy.generation.max_prompt_tokens == 312 for a in trainer.actors)
     prompts = ["x" * 600, "y" * 600]  # longer than the budget: the last 312 tokens are kept
@@ -157,11 +193,15 @@ def test_prompt_budget_leaves_room_for_the_completion_within_the_models_position
     assert gen.prompt_mask.sum(1).tolist() == [312, 312]
     assert int(gen.prompt_mask.sum(1).max()) + gen.completion_ids.shape[1] <= 512
     # the centralized joint actor reads every role's prompt: N x the agent's budget, within positions
-    joint = Trainer(TrainConfig(steps=1, collaboration="centralized", progress=False, plot=False,
-                                run_dir=str(tmp_path / "j")))
+    joint = Trainer(
+        TrainConfig(steps=1, collaboration="centralized", progress=False, plot=False, run_dir=str(tmp_path / "j"))
+    )
     assert joint.actors[0].policy.generation.max_prompt_tokens == 512 - 2 * 32
     with pytest.raises(ConfigError, match="max_new_tokens=512 leaves no room"):
-        Trainer(TrainConfig(steps=1, progress=False, plot=False, run_dir=str(tmp_path / "b"),
-                            agent=AgentConfig(max_new_tokens=512)))
+        Trainer(
+            TrainConfig(
+                steps=1, progress=False, plot=False, run_dir=str(tmp_path / "b"), agent=AgentConfig(max_new_tokens=512)
+            )
+        )
     with pytest.raises(ConfigError, match="max_prompt_tokens"):
         AgentConfig(max_prompt_tokens=0)

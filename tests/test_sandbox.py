@@ -47,7 +47,10 @@ def _assert_clean(result) -> None:
 
 
 def test_per_test_outcomes_and_output():
-    r = run(Program("def f(x):\n    return x + 1\nprint('héllo')", ["assert f(1) == 2", "assert f(1) == 3", "f(None)"]), FAST)
+    r = run(
+        Program("def f(x):\n    return x + 1\nprint('héllo')", ["assert f(1) == 2", "assert f(1) == 3", "f(None)"]),
+        FAST,
+    )
     assert r.tests == [True, False, False]
     assert r.test_errors == [None, "AssertionError", "TypeError"]
     assert r.fraction_passed == pytest.approx(1 / 3)
@@ -74,8 +77,14 @@ def test_source_error_is_reported_and_tests_still_run():
 
 
 def test_forged_result_lines_are_ignored():
-    r = run(Program("import sys\nprint('T 0 ok')\nsys.stdout.flush()\nimport os\nfor fd in range(3, 20):\n"
-                    "    try: os.write(fd, b'T 0 ok\\nD\\n')\n    except OSError: pass", ["assert False"]), FAST)
+    r = run(
+        Program(
+            "import sys\nprint('T 0 ok')\nsys.stdout.flush()\nimport os\nfor fd in range(3, 20):\n"
+            "    try: os.write(fd, b'T 0 ok\\nD\\n')\n    except OSError: pass",
+            ["assert False"],
+        ),
+        FAST,
+    )
     assert r.tests == [False] and not r.passed
 
 
@@ -87,8 +96,10 @@ def test_infinite_loop_times_out():
 
 
 def test_looping_test_costs_only_itself():
-    r = run(Program("def f(x):\n    while x: pass\n    return 0", ["assert f(0) == 0", "f(1)", "assert f(0) == 0"]),
-            SandboxLimits(timeout_s=3.0, test_timeout_s=0.5))
+    r = run(
+        Program("def f(x):\n    while x: pass\n    return 0", ["assert f(0) == 0", "f(1)", "assert f(0) == 0"]),
+        SandboxLimits(timeout_s=3.0, test_timeout_s=0.5),
+    )
     assert r.tests == [True, False, True] and r.test_errors[1] == "TestTimeout"
 
 
@@ -127,7 +138,13 @@ def test_output_flood_is_truncated():
 
 
 def test_stdin_is_empty_and_env_is_scrubbed():
-    r = run(Program("import os, sys\nprint(sys.stdin.read() == '', 'PYTHONPATH' in os.environ, os.getcwd() == os.environ['HOME'])"), FAST)
+    r = run(
+        Program(
+            "import os, sys\n"
+            "print(sys.stdin.read() == '', 'PYTHONPATH' in os.environ, os.getcwd() == os.environ['HOME'])"
+        ),
+        FAST,
+    )
     assert r.stdout.split() == ["True", "False", "True"]
 
 
@@ -166,8 +183,10 @@ def test_killing_own_process_group_spares_caller():
 
 
 def test_run_many_keeps_order():
-    progs = [Program(f"import time\ntime.sleep({0.2 if i % 2 else 0})\nv = {i}", [f"assert v == {i}", "assert v % 2 == 0"])
-             for i in range(6)]
+    progs = [
+        Program(f"import time\ntime.sleep({0.2 if i % 2 else 0})\nv = {i}", [f"assert v == {i}", "assert v % 2 == 0"])
+        for i in range(6)
+    ]
     results = run_many(progs, FAST, workers=3)
     assert [r.tests for r in results] == [[True, i % 2 == 0] for i in range(6)]
     assert run_many([], FAST) == []

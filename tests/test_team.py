@@ -23,7 +23,9 @@ ROWS = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(1
 
 
 def test_docstring_example():
-    def brief(prompts, completions, **kwargs): return [1.0 if len(c.split()) <= 20 else 0.0 for c in completions]  # noqa: E704
+    def brief(prompts, completions, **kwargs):
+        return [1.0 if len(c.split()) <= 20 else 0.0 for c in completions]  # noqa: E704
+
     env = make("textzoo/Team-v0", prompts=["Name a color.", "Describe rain."], agents=2, reward_fns=brief, split="all")
     obs, _ = env.reset(seed=0)
     assert set(obs) == {"agent_0", "agent_1"}
@@ -51,8 +53,13 @@ def test_weights_none_nan_team_and_arguments_passed():
         return [sum(c == answer[0] for c in completions[0].values()) / len(completions[0])]
 
     env = make(
-        "textzoo/Team-v0", prompts=ROWS, agents=["a", "b", "c"], reward_fns=[exact, spy],
-        reward_weights=[2.0, 0.5], team_reward_fn=team, split="all",
+        "textzoo/Team-v0",
+        prompts=ROWS,
+        agents=["a", "b", "c"],
+        reward_fns=[exact, spy],
+        reward_weights=[2.0, 0.5],
+        team_reward_fn=team,
+        split="all",
     )
     env.reset(options={"index": 2})
     _, rewards, _, _, infos = env.step({"a": "4", "b": "4", "c": "5"})
@@ -74,8 +81,13 @@ def test_team_reward_only_and_per_agent_fns():
     env.reset()
     assert env.step({"agent_0": "x", "agent_1": "x"})[1] == {"agent_0": 1.0, "agent_1": 1.0}
 
-    env = make("textzoo/Team-v0", prompts=ROWS, agents=["w", "r"], reward_fns={"w": brief, "r": [exact]},
-               reward_weights={"r": [3.0]})
+    env = make(
+        "textzoo/Team-v0",
+        prompts=ROWS,
+        agents=["w", "r"],
+        reward_fns={"w": brief, "r": [exact]},
+        reward_weights={"r": [3.0]},
+    )
     env.reset(options={"index": 1})
     _, rewards, _, _, infos = env.step({"w": "one two three four", "r": "2"})
     assert rewards == {"w": 0.0, "r": 3.0} and infos["r"]["reward_terms"] == {"exact": 1.0}
@@ -92,8 +104,14 @@ def test_prompt_sources(tmp_path):
     assert env.reset()[0]["agent_0"] == "system: Be brief.\nuser: Hi" == render_prompt(chat[0]["prompt"])
 
     rows = [{"ask": f"Ask {i}", "tell": f"Tell {i}"} for i in range(5)]
-    env = make("textzoo/Team-v0", prompts=rows, agents=["x", "y"], prompt_field={"x": "ask", "y": "tell"},
-               reward_fns=brief, split="all")
+    env = make(
+        "textzoo/Team-v0",
+        prompts=rows,
+        agents=["x", "y"],
+        prompt_field={"x": "ask", "y": "tell"},
+        reward_fns=brief,
+        split="all",
+    )
     assert env.reset(options={"index": 3})[0] == {"x": "Ask 3", "y": "Tell 3"}
 
 

@@ -117,8 +117,10 @@ def test_joint_actor_without_the_env_wrapper_says_what_to_do():
     obs, info = env.reset()
     from tianshou.data import Batch
 
-    batch = Batch(obs=Batch(obs=np.array([obs["obs"]], dtype=object), agent_id=np.array([obs["agent_id"]])),
-                  info=Batch(turn=np.array([0])))
+    batch = Batch(
+        obs=Batch(obs=np.array([obs["obs"]], dtype=object), agent_id=np.array([obs["agent_id"]])),
+        info=Batch(turn=np.array([0])),
+    )
     with pytest.raises(TextzooError, match="TextPettingZooEnv"):
         policy(batch)
 

@@ -38,7 +38,16 @@ def test_special_ids_and_vocab(tok):
 
 @pytest.mark.parametrize(
     "text",
-    ["", " ", "hello world", "  two  spaces\n\ttab\r\n", "héllo 🤖 日本語 Ω", "\x00\x01\x7f", "<eos><pad><bos>", "a" * 600],
+    [
+        "",
+        " ",
+        "hello world",
+        "  two  spaces\n\ttab\r\n",
+        "héllo 🤖 日本語 Ω",
+        "\x00\x01\x7f",
+        "<eos><pad><bos>",
+        "a" * 600,
+    ],
 )
 def test_round_trip_examples(tok, text):
     ids = tok(text, add_special_tokens=False)["input_ids"]

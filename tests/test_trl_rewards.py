@@ -35,8 +35,14 @@ ROWS = [{"prompt": f"What is {i} + {i}? Answer in \\boxed{{}}.", "ground_truth":
 
 
 def test_trl_reward_functions_as_written_with_weights_columns_and_partners():
-    env = make("textzoo/Team-v0", prompts=ROWS, agents=["a", "b", "c"], split="all",
-               reward_fns=[reward_len, boxed_accuracy, differs_from_partners], reward_weights=[0.5, 2.0, 1.0])
+    env = make(
+        "textzoo/Team-v0",
+        prompts=ROWS,
+        agents=["a", "b", "c"],
+        split="all",
+        reward_fns=[reward_len, boxed_accuracy, differs_from_partners],
+        reward_weights=[0.5, 2.0, 1.0],
+    )
     env.reset(options={"index": 3})
     answers = {"a": "\\boxed{6}", "b": "\\boxed{6}", "c": ""}
     _, rewards, _, _, infos = env.step(answers)
@@ -51,8 +57,15 @@ def test_trl_reward_functions_as_written_with_weights_columns_and_partners():
 
 def test_a_reward_function_in_env_kwargs_trains_and_is_recorded_by_name(tmp_path):
     cfg = TrainConfig(
-        env="textzoo/Team-v0", env_kwargs={"prompts": ROWS, "agents": 2, "reward_fns": [reward_len, boxed_accuracy]},
-        steps=1, batch_prompts=1, group_size=2, eval_prompts=1, progress=False, plot=False, run_dir=str(tmp_path),
+        env="textzoo/Team-v0",
+        env_kwargs={"prompts": ROWS, "agents": 2, "reward_fns": [reward_len, boxed_accuracy]},
+        steps=1,
+        batch_prompts=1,
+        group_size=2,
+        eval_prompts=1,
+        progress=False,
+        plot=False,
+        run_dir=str(tmp_path),
         agent=AgentConfig(n_layer=1, n_embd=16, max_new_tokens=4),
     )
     history = Trainer(cfg).train()

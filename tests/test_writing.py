@@ -78,7 +78,9 @@ def test_prompts_items_and_splits():
     assert obs["summary"].endswith("Summary:") and obs["elaboration"].endswith("Elaboration:")
     sources = [procedural_paragraph(k) for k in range(400)]
     assert all(80 <= len(s) <= 300 for s in sources) and len(set(sources)) == 400
-    train = {make("textzoo/Writing-v0", split="train").reset(options={"index": i})[0]["summary"] for i in range(0, 320, 7)}
+    train = {
+        make("textzoo/Writing-v0", split="train").reset(options={"index": i})[0]["summary"] for i in range(0, 320, 7)
+    }
     held = {make("textzoo/Writing-v0", split="eval").reset(options={"index": i})[0]["summary"] for i in range(80)}
     assert not train & held
     # the item set never depends on reset seeds

@@ -47,8 +47,12 @@ class CategoricalPolicy:
                 tokens = torch.multinomial(logp.exp().expand(n, -1), 1, generator=generator).squeeze(-1)
         ones = torch.ones(n, 1, dtype=torch.long)
         return Generation(
-            prompt_ids=ones.clone(), prompt_mask=ones.clone(), completion_ids=tokens.view(n, 1),
-            completion_mask=ones.clone(), logprobs=logp[tokens].view(n, 1), texts=[self.words[t] for t in tokens],
+            prompt_ids=ones.clone(),
+            prompt_mask=ones.clone(),
+            completion_ids=tokens.view(n, 1),
+            completion_mask=ones.clone(),
+            logprobs=logp[tokens].view(n, 1),
+            texts=[self.words[t] for t in tokens],
         )
 
     def score(self, prompt_ids, prompt_mask, completion_ids, completion_mask, *, return_entropy=False):

@@ -80,7 +80,9 @@ class ActorCriticConfig:
         if self.critic_lr is not None and self.critic_lr <= 0:
             raise ConfigError(f"actor_critic.critic_lr must be > 0 (or None for the agent's lr), got {self.critic_lr}")
         if self.value_head_hidden < 0:
-            raise ConfigError(f"actor_critic.value_head_hidden must be >= 0 (0 = linear head), got {self.value_head_hidden}")
+            raise ConfigError(
+                f"actor_critic.value_head_hidden must be >= 0 (0 = linear head), got {self.value_head_hidden}"
+            )
         if self.value_head_init_std < 0:
             raise ConfigError(f"actor_critic.value_head_init_std must be >= 0, got {self.value_head_init_std}")
         if self.critic_max_tokens < 1:
@@ -102,7 +104,7 @@ class ActorCriticConfig:
         if (self.epochs is not None and self.epochs < 1) or self.minibatches < 1:
             raise ConfigError("actor_critic.epochs and actor_critic.minibatches must be >= 1")
 
-    def for_algorithm(self, defaults: dict[str, Any]) -> "ActorCriticConfig":
+    def for_algorithm(self, defaults: dict[str, Any]) -> ActorCriticConfig:
         """This config with an algorithm's defaults (ippo/mappo: clip_range, epochs) filled in where a
         field still has its class default; then checks the cross-field rules."""
         base = {f.name: f.default for f in dataclasses.fields(self)}
@@ -111,7 +113,9 @@ class ActorCriticConfig:
         if out.epochs is None:
             out.epochs = 1
         if out.epochs > 1 and out.clip_range is None:
-            raise ConfigError("actor_critic.epochs > 1 reuses samples off-policy: set actor_critic.clip_range (e.g. 0.2)")
+            raise ConfigError(
+                "actor_critic.epochs > 1 reuses samples off-policy: set actor_critic.clip_range (e.g. 0.2)"
+            )
         return out
 
 
@@ -179,8 +183,9 @@ def critic_loss(
 def actor_loss(policy: Policy, cfg: ActorCriticConfig, batch: SampleBatch, norm: BatchNorm):
     """Per-sample actor contributions: the shared policy-gradient loss, minus β_H·entropy when set."""
     g = batch.gen
-    scored = policy.score(g.prompt_ids, g.prompt_mask, g.completion_ids, g.completion_mask,
-                          return_entropy=cfg.entropy_coef > 0)
+    scored = policy.score(
+        g.prompt_ids, g.prompt_mask, g.completion_ids, g.completion_mask, return_entropy=cfg.entropy_coef > 0
+    )
     logprobs, entropy = scored if cfg.entropy_coef > 0 else (scored, None)  # [S, C]
     contrib, stats = policy_gradient_loss(
         logprobs, g.logprobs, batch.advantages, g.completion_mask, norm, cfg.loss_aggregation, cfg.clip_range
@@ -192,8 +197,7 @@ def actor_loss(policy: Policy, cfg: ActorCriticConfig, batch: SampleBatch, norm:
     return contrib, stats
 
 
-def value_job_loss(critic: Critic, cfg: ActorCriticConfig, at_completion: bool, batch: SampleBatch,
-                   norm: BatchNorm):
+def value_job_loss(critic: Critic, cfg: ActorCriticConfig, at_completion: bool, batch: SampleBatch, norm: BatchNorm):
     """Critic loss of one micro-batch: values with gradient against the stored targets and old values."""
     g = batch.gen
     if "features" in batch.extra:  # a head on an actor's trunk learns from the features read at collection
@@ -229,13 +233,22 @@ class ActorCriticFamily:
     the critics and their optimizers again.
     """
 
-    def __init__(self, config: ActorCriticConfig, actors: list[Actor], critics: dict[str, Critic],
-                 centralized: bool, gamma: float = 1.0, credit: str = "shared",
-                 critic_settings: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        config: ActorCriticConfig,
+        actors: list[Actor],
+        critics: dict[str, Critic],
+        centralized: bool,
+        gamma: float = 1.0,
+        credit: str = "shared",
+        critic_settings: dict[str, Any] | None = None,
+    ):
         config = config.for_algorithm({})
         if centralized and credit != "shared":
-            raise ConfigError("maac/mappo's centralized critic estimates the team's return: use credit='shared' "
-                              "(or iac/ippo, whose per-agent critics follow credit='per_agent')")
+            raise ConfigError(
+                "maac/mappo's centralized critic estimates the team's return: use credit='shared' "
+                "(or iac/ippo, whose per-agent critics follow credit='per_agent')"
+            )
         self.config = config
         self.actors = {a.id: a for a in actors}
         self.centralized = centralized
@@ -247,8 +260,11 @@ class ActorCriticFamily:
         if sorted(critics) != sorted(expected):
             raise ConfigError(f"{'maac' if centralized else 'iac'} needs critics {expected}, got {sorted(critics)}")
         # an IAC critic reads its actor's token ids when their vocabularies match (checked once)
-        self.reads_ids = {critic_name(a.id): _same_vocab(critics[critic_name(a.id)].tokenizer, a.policy.tokenizer)
-                          for a in actors if not centralized and a.trainable}
+        self.reads_ids = {
+            critic_name(a.id): _same_vocab(critics[critic_name(a.id)].tokenizer, a.policy.tokenizer)
+            for a in actors
+            if not centralized and a.trainable
+        }
         self.needs_greedy_baseline = False
 
     def trainable_models(self) -> dict[str, tuple[torch.nn.Module, Any]]:
@@ -291,8 +307,11 @@ class ActorCriticFamily:
             values[where[:, 0], where[:, 1]] = old.cpu()
             team_adv, targets = gae(rollout.team_rewards, values, decided, self.gamma, cfg.gae_lambda)  # [E, T]
             adv = team_adv.unsqueeze(1).expand(E, A, T)  # [E, A, T]
-            critic_jobs.append(self._critic_job("critic", inputs, old, targets[where[:, 0], where[:, 1]],
-                                                team_adv[where[:, 0], where[:, 1]]))
+            critic_jobs.append(
+                self._critic_job(
+                    "critic", inputs, old, targets[where[:, 0], where[:, 1]], team_adv[where[:, 0], where[:, 1]]
+                )
+            )
             stats.update(self._value_stats("critic", old, targets[where[:, 0], where[:, 1]]))
         else:
             adv = torch.zeros(E, A, T)
@@ -307,8 +326,9 @@ class ActorCriticFamily:
                 values[env_ids, turns] = old.cpu()
                 a_adv, targets = gae(rewards[:, ai], values, rollout.active[:, ai], self.gamma, cfg.gae_lambda)
                 adv[:, ai] = a_adv
-                critic_jobs.append(self._critic_job(name, inputs, old, targets[env_ids, turns], a_adv[env_ids, turns],
-                                                    features))
+                critic_jobs.append(
+                    self._critic_job(name, inputs, old, targets[env_ids, turns], a_adv[env_ids, turns], features)
+                )
                 stats.update(self._value_stats(name, old, targets[env_ids, turns]))
 
         jobs = []
@@ -321,10 +341,17 @@ class ActorCriticFamily:
             if cfg.normalize_advantages:
                 sample_adv = normalize_per_actor(sample_adv)
             stats[f"agent/{actor_id}/advantage_abs"] = float(sample_adv.abs().mean())
-            jobs.append(Job(actor_id, SampleBatch(gen, sample_adv.to(gen.logprobs.device)),
-                            partial(actor_loss, actor.policy, cfg), epochs=cfg.epochs, minibatches=cfg.minibatches,
-                            max_new_tokens=actor.policy.generation.max_new_tokens,
-                            prompt_cache=getattr(actor.policy, "prompt_cache", None)))
+            jobs.append(
+                Job(
+                    actor_id,
+                    SampleBatch(gen, sample_adv.to(gen.logprobs.device)),
+                    partial(actor_loss, actor.policy, cfg),
+                    epochs=cfg.epochs,
+                    minibatches=cfg.minibatches,
+                    max_new_tokens=actor.policy.generation.max_new_tokens,
+                    prompt_cache=getattr(actor.policy, "prompt_cache", None),
+                )
+            )
         return jobs + critic_jobs, stats
 
     # ---- critic inputs and values ------------------------------------------------------------
@@ -334,7 +361,8 @@ class ActorCriticFamily:
         if self.reads_ids[name]:
             return CriticInput(gen, at_completion=q)
         prompts = policy.tokenizer.batch_decode(
-            [ids[m.bool()].tolist() for ids, m in zip(gen.prompt_ids, gen.prompt_mask)], skip_special_tokens=True)
+            [ids[m.bool()].tolist() for ids, m in zip(gen.prompt_ids, gen.prompt_mask)], skip_special_tokens=True
+        )
         texts = [p + c for p, c in zip(prompts, gen.texts)] if q else prompts
         return CriticInput(_text_generation(self.critics[name], texts), at_completion=False)
 
@@ -351,7 +379,9 @@ class ActorCriticFamily:
         return CriticInput(_text_generation(critic, texts), at_completion=False)
 
     @torch.no_grad()
-    def _values(self, critic: Critic, inputs: CriticInput, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _values(
+        self, critic: Critic, inputs: CriticInput, chunk: int = 256
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Values [S] of every sample, once, in eval mode (no dropout): the old values of this batch;
         and, for a head on an actor's trunk, the trunk features [S, d] its job trains the head on."""
         was_training = critic.training
@@ -374,22 +404,37 @@ class ActorCriticFamily:
         finally:
             critic.train(was_training)
 
-    def _critic_job(self, name: str, inputs: CriticInput, old: torch.Tensor, targets: torch.Tensor,
-                    advantages: torch.Tensor, features: torch.Tensor | None = None) -> Job:
+    def _critic_job(
+        self,
+        name: str,
+        inputs: CriticInput,
+        old: torch.Tensor,
+        targets: torch.Tensor,
+        advantages: torch.Tensor,
+        features: torch.Tensor | None = None,
+    ) -> Job:
         cfg = self.config
         extra = {"old_values": old, "targets": targets}
         if features is not None:
             extra["features"] = features
         batch = SampleBatch(inputs.gen, advantages, extra=extra)
-        return Job(name, batch, partial(value_job_loss, self.critics[name], cfg, inputs.at_completion),
-                   epochs=cfg.epochs, minibatches=cfg.minibatches)
+        return Job(
+            name,
+            batch,
+            partial(value_job_loss, self.critics[name], cfg, inputs.at_completion),
+            epochs=cfg.epochs,
+            minibatches=cfg.minibatches,
+        )
 
     @staticmethod
     def _value_stats(name: str, old: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
         var = float(targets.var(unbiased=False)) if targets.numel() > 1 else 0.0
         explained = 1.0 - float((targets - old).var(unbiased=False)) / var if var > 0 else 0.0
-        return {f"agent/{name}/value": float(old.mean()), f"agent/{name}/return": float(targets.mean()),
-                f"agent/{name}/explained_variance": explained}
+        return {
+            f"agent/{name}/value": float(old.mean()),
+            f"agent/{name}/return": float(targets.mean()),
+            f"agent/{name}/explained_variance": explained,
+        }
 
 
 def critic_name(actor_id: str) -> str:

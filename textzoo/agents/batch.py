@@ -47,7 +47,7 @@ class Rollout:
     active: torch.Tensor  # [E, A, T] bool: the actor produced a sample there
     states: list[list[str]]  # [T][E] env.state() before each turn (what a centralized critic reads)
     reward_terms: dict[str, torch.Tensor] = field(default_factory=dict)  # term -> [E, R] summed over turns
-    greedy: "Rollout | None" = None  # one greedy rollout per prompt (ReMax baseline); E = B
+    greedy: Rollout | None = None  # one greedy rollout per prompt (ReMax baseline); E = B
     cross_rewards: torch.Tensor | None = None  # [B, G**A, A] credited reward of every joint combination
     infos: dict[str, Any] = field(default_factory=dict)  # counters for logging (parse failures, ...)
 
@@ -76,7 +76,7 @@ class SampleBatch:
     def __len__(self) -> int:
         return len(self.gen)
 
-    def select(self, index: torch.Tensor) -> "SampleBatch":
+    def select(self, index: torch.Tensor) -> SampleBatch:
         gen = self.gen.select(index)
         width = gen.completion_ids.shape[1]
         ref = None if self.ref_logprobs is None else self.ref_logprobs[index][:, :width]

@@ -65,7 +65,7 @@ class Critic(torch.nn.Module):
         self._fast_decoder: FastDecoder | None = FastDecoder.build(trunk)
 
     @classmethod
-    def from_policy(cls, policy: Policy, **kwargs) -> "Critic":
+    def from_policy(cls, policy: Policy, **kwargs) -> Critic:
         """A critic on the trunk (and tokenizer) of `policy`'s model; the LM head is dropped. With
         ``shared_trunk=True`` it is a value head on that very trunk (IAC's "head on the actor").
         A model without a `base_model` (e.g. a LoRA agent's view of its shared base) is read whole."""
@@ -79,13 +79,13 @@ class Critic(torch.nn.Module):
 
     def encode(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded ids and mask ([S, L]); a long text keeps its last `max_tokens` tokens."""
-        rows = [r[-self.max_tokens:] or [self.pad_id] for r in self.tokenizer(list(texts), verbose=False)["input_ids"]]
+        rows = [r[-self.max_tokens :] or [self.pad_id] for r in self.tokenizer(list(texts), verbose=False)["input_ids"]]
         L = max((len(r) for r in rows), default=1)
         ids = torch.full((len(rows), L), self.pad_id, dtype=torch.long)  # [S, L]
         mask = torch.zeros((len(rows), L), dtype=torch.long)  # [S, L]
         for i, r in enumerate(rows):
-            ids[i, L - len(r):] = torch.tensor(r)
-            mask[i, L - len(r):] = 1
+            ids[i, L - len(r) :] = torch.tensor(r)
+            mask[i, L - len(r) :] = 1
         return ids, mask
 
     def forward(
@@ -170,8 +170,9 @@ class Critic(torch.nn.Module):
     def _module_features(self, ids: torch.Tensor, attention: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         """The transformers trunk's final hidden state at column `last` of each row ([S, L] -> [S, d])."""
         position = (attention.cumsum(1) - 1).clamp(min=0)  # [S, L] explicit for left padding (GPT-2)
-        hidden = self.trunk(input_ids=ids, attention_mask=attention, position_ids=position,
-                            use_cache=False).last_hidden_state  # [S, L, D]
+        hidden = self.trunk(
+            input_ids=ids, attention_mask=attention, position_ids=position, use_cache=False
+        ).last_hidden_state  # [S, L, D]
         return hidden[torch.arange(ids.shape[0], device=ids.device), last]  # [S, D]
 
     def values_of_texts(self, texts: list[str]) -> torch.Tensor:

@@ -215,9 +215,13 @@ class FastDecoder:
             values.append(v)
             gqa = self.kv_heads != self.heads
             if q.shape[2] == 1 < P:  # the last layer's query at each prompt's last token: sees its real keys
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale, enable_gqa=gqa)  # [U, H, 1, D]
+                out = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=bias, scale=scale, enable_gqa=gqa
+                )  # [U, H, 1, D]
             else:
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)  # [U, H, P, D]
+                out = F.scaled_dot_product_attention(
+                    q, k, v, is_causal=True, scale=scale, enable_gqa=gqa
+                )  # [U, H, P, D]
             return out.transpose(1, 2).flatten(2)
 
         position = torch.arange(P, device=ids.device).expand(U, P)  # [U, P]

@@ -95,11 +95,11 @@ def _tag_sections(text: str, roles: tuple[str, ...]) -> dict[str, str]:
     for m in _tag_pattern(roles).finditer(text):
         role, closing = name[m.group(2).casefold()], bool(m.group(1))
         if open_role is not None and (not closing or role == open_role):
-            found.setdefault(open_role, text[start:m.start()].strip())
+            found.setdefault(open_role, text[start : m.start()].strip())
             open_role = None
         elif closing and first_event:
             # the prompt opened this section: the completion starts inside it
-            found.setdefault(role, text[:m.start()].strip())
+            found.setdefault(role, text[: m.start()].strip())
         if not closing:
             open_role, start = role, m.end()
         first_event = False
@@ -120,7 +120,7 @@ def _labelled_sections(text: str, roles: tuple[str, ...]) -> dict[str, str]:
     found: dict[str, str] = {}
     for m, nxt in zip(labels, labels[1:] + [None]):
         end = len(text) if nxt is None else nxt.start()
-        found.setdefault(name[m.group(1).casefold()], text[m.end():end].strip())
+        found.setdefault(name[m.group(1).casefold()], text[m.end() : end].strip())
     return found
 
 

@@ -67,8 +67,12 @@ class SharedBase:
                 "give agents names that differ in letters, digits or underscores"
             )
         config = peft.LoraConfig(
-            r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules) or None,
-            bias="none", task_type="CAUSAL_LM",
+            r=rank,
+            lora_alpha=alpha,
+            lora_dropout=dropout,
+            target_modules=list(target_modules) or None,
+            bias="none",
+            task_type="CAUSAL_LM",
             fan_in_fan_out=getattr(self.base.config, "model_type", "") == "gpt2",  # GPT-2's Conv1D is (in, out)
         )
         # peft draws lora_A from the global RNG: seed it locally so an adapter does not depend on build order

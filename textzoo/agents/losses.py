@@ -25,7 +25,7 @@ class BatchNorm:
         self.max_new_tokens = max(int(max_new_tokens), 1)
 
     @classmethod
-    def of(cls, completion_mask: torch.Tensor, max_new_tokens: int) -> "BatchNorm":
+    def of(cls, completion_mask: torch.Tensor, max_new_tokens: int) -> BatchNorm:
         return cls(completion_mask.shape[0], int(completion_mask.sum()), max_new_tokens)
 
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import inspect
 import os
-from contextlib import contextmanager
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -62,14 +62,18 @@ class GenerationConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.stop_strings, str):
-            raise ConfigError("generation.stop_strings must be a sequence of strings, not one string; wrap it in a tuple")
+            raise ConfigError(
+                "generation.stop_strings must be a sequence of strings, not one string; wrap it in a tuple"
+            )
         self.stop_strings = tuple(self.stop_strings)
         if self.allowed_tokens is not None:
             self.allowed_tokens = tuple(int(t) for t in self.allowed_tokens)
         if self.max_new_tokens < 1:
             raise ConfigError(f"generation.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not self.temperature > 0:
-            raise ConfigError(f"generation.temperature must be > 0 (use greedy=True for argmax), got {self.temperature}")
+            raise ConfigError(
+                f"generation.temperature must be > 0 (use greedy=True for argmax), got {self.temperature}"
+            )
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"generation.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
@@ -78,7 +82,8 @@ class GenerationConfig:
             raise ConfigError(f"generation.stop_strings must be non-empty strings, got {self.stop_strings!r}")
         if self.allowed_tokens is not None and (not self.allowed_tokens or min(self.allowed_tokens) < 0):
             raise ConfigError(
-                f"generation.allowed_tokens must be a non-empty list of token ids >= 0 (or None), got {self.allowed_tokens!r}"
+                "generation.allowed_tokens must be a non-empty list of token ids >= 0 (or None), "
+                f"got {self.allowed_tokens!r}"
             )
         if self.max_prompt_tokens < 1:
             raise ConfigError(f"generation.max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
@@ -151,7 +156,8 @@ class Generation:
             completion_mask=torch.cat([right(g.completion_mask, 0) for g in items]),  # [S, C]
             logprobs=torch.cat([right(g.logprobs, 0.0) for g in items]),  # [S, C]
             texts=[t for g in items for t in g.texts],
-            prompt_features=None if any(g.prompt_features is None for g in items)
+            prompt_features=None
+            if any(g.prompt_features is None for g in items)
             else torch.cat([g.prompt_features for g in items]),
         )
 
@@ -205,7 +211,9 @@ class Policy:
         self.generation = generation if generation is not None else GenerationConfig()
         self.name = name
         if tokenizer.eos_token_id is None:
-            raise ModelError(f"tokenizer of policy {name!r} has no EOS token; set tokenizer.eos_token before building a Policy")
+            raise ModelError(
+                f"tokenizer of policy {name!r} has no EOS token; set tokenizer.eos_token before building a Policy"
+            )
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         tokenizer.padding_side = "left"
@@ -246,7 +254,9 @@ class Policy:
         source = str(name_or_path)
         local = Path(source).expanduser()
         # A hub id is "name" or "org/name"; anything else that is not a folder is a missing path.
-        looks_like_path = source.startswith((".", "/", "~")) or source.count("/") > 1 or (os.sep != "/" and os.sep in source)
+        looks_like_path = (
+            source.startswith((".", "/", "~")) or source.count("/") > 1 or (os.sep != "/" and os.sep in source)
+        )
         if local.is_dir():
             source = str(local)
         elif local.exists() or looks_like_path:
@@ -258,7 +268,9 @@ class Policy:
         if local_files_only is not None:
             kwargs["local_files_only"] = local_files_only
         try:
-            model = AutoModelForCausalLM.from_pretrained(source, **kwargs, **({} if dtype is None else {"dtype": dtype}))
+            model = AutoModelForCausalLM.from_pretrained(
+                source, **kwargs, **({} if dtype is None else {"dtype": dtype})
+            )
             if local.is_dir() and (local / "tokenizer.json").exists():
                 # AutoTokenizer may swap the pre-tokenizer of locally built folders (DESIGN, sharp edges).
                 tokenizer = PreTrainedTokenizerFast.from_pretrained(source, **kwargs)

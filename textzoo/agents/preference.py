@@ -95,7 +95,15 @@ class PreferenceConfig:
         for name in ("pairs_per_prompt", "replay_pairs", "replay_capacity"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"preference.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("epochs", "minibatches", "history_k", "rm_epochs", "rm_minibatches", "rm_batches", "rm_max_tokens"):
+        for name in (
+            "epochs",
+            "minibatches",
+            "history_k",
+            "rm_epochs",
+            "rm_minibatches",
+            "rm_batches",
+            "rm_max_tokens",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"preference.{name} must be >= 1, got {getattr(self, name)}")
         if self.replay_pairs > self.replay_capacity:
@@ -107,8 +115,9 @@ class PreferenceConfig:
 
 
 # ---- pairs -------------------------------------------------------------------------------------
-def select_pairs(rewards: torch.Tensor, mode: str = "gap", cap: int = 0,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+def select_pairs(
+    rewards: torch.Tensor, mode: str = "gap", cap: int = 0, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Pairs (b, w, l) with rewards[b, w] > rewards[b, l] (ties dropped), at most `cap` per prompt.
 
     `rewards` [B, K]. "gap" keeps the largest gaps (ties in gap by sample order), "random" a random
@@ -182,7 +191,7 @@ def merge_groups(a: Rollout, b: Rollout) -> Rollout:
         for t in range(T):
             xs = x[t] if t < len(x) else [""] * len(x[0])
             ys = y[t] if t < len(y) else [""] * len(y[0])
-            out.append([s for p in range(B) for s in xs[p * Ga:(p + 1) * Ga] + ys[p * Gb:(p + 1) * Gb]])
+            out.append([s for p in range(B) for s in xs[p * Ga : (p + 1) * Ga] + ys[p * Gb : (p + 1) * Gb]])
         return out
 
     terms = {}
@@ -191,10 +200,16 @@ def merge_groups(a: Rollout, b: Rollout) -> Rollout:
         y = b.reward_terms.get(k, torch.zeros(b.num_envs, len(b.roles)))
         terms[k] = cat(x.unsqueeze(-1), y.unsqueeze(-1)).squeeze(-1)
     return Rollout(
-        num_prompts=B, group_size=G, roles=a.roles, actors=a.actors, items=a.items,
+        num_prompts=B,
+        group_size=G,
+        roles=a.roles,
+        actors=a.actors,
+        items=a.items,
         steps=_shift(a.steps, Ga, G, 0) + _shift(b.steps, Gb, G, Ga),
-        rewards=cat(a.rewards, b.rewards), actor_rewards=cat(a.actor_rewards, b.actor_rewards),
-        active=cat(a.active.float(), b.active.float()).bool(), states=cat_states(a.states, b.states),
+        rewards=cat(a.rewards, b.rewards),
+        actor_rewards=cat(a.actor_rewards, b.actor_rewards),
+        active=cat(a.active.float(), b.active.float()).bool(),
+        states=cat_states(a.states, b.states),
         reward_terms=terms,
     )
 
@@ -217,9 +232,12 @@ class PairBatch:
     def __len__(self) -> int:
         return len(self.chosen)
 
-    def select(self, index: torch.Tensor) -> "PairBatch":
-        return PairBatch(self.chosen.select(index), self.rejected.select(index),
-                         {k: v[index.to(v.device)] for k, v in self.extra.items()})
+    def select(self, index: torch.Tensor) -> PairBatch:
+        return PairBatch(
+            self.chosen.select(index),
+            self.rejected.select(index),
+            {k: v[index.to(v.device)] for k, v in self.extra.items()},
+        )
 
 
 class PairStore:
@@ -258,8 +276,10 @@ class PairStore:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # texts are for reading only; a restored pair is scored from its ids
-        self.sides = {a: {side: Generation(**t, texts=[""] * len(t["prompt_ids"])) for side, t in s.items()}
-                      for a, s in state.items()}
+        self.sides = {
+            a: {side: Generation(**t, texts=[""] * len(t["prompt_ids"])) for side, t in s.items()}
+            for a, s in state.items()
+        }
 
 
 # ---- the loss ----------------------------------------------------------------------------------
@@ -384,8 +404,13 @@ class MADPOFamily:
         pairs = {}
         for actor_id, batch in new.items():
             old, pad = replay.get(actor_id), self.actors[actor_id].policy.pad_id
-            pairs[actor_id] = batch if old is None else PairBatch(
-                Generation.cat([batch.chosen, old.chosen], pad), Generation.cat([batch.rejected, old.rejected], pad))
+            pairs[actor_id] = (
+                batch
+                if old is None
+                else PairBatch(
+                    Generation.cat([batch.chosen, old.chosen], pad), Generation.cat([batch.rejected, old.rejected], pad)
+                )
+            )
         stats = {
             "pairs/new": float(len(rewards)),
             "pairs/replayed": float(len(next(iter(replay.values()))) if replay else 0.0),
@@ -402,7 +427,14 @@ class MADPOFamily:
                 continue
             batch.extra["others"] = total - deltas[actor_id]  # [S] Σ_{j≠i} Δ_j, fixed for this batch
             stats[f"agent/{actor_id}/implicit_margin"] = float(cfg.beta * deltas[actor_id].mean())
-            jobs.append(Job(actor_id, batch, partial(madpo_loss, actor.policy, cfg.beta),
-                            epochs=cfg.epochs, minibatches=cfg.minibatches,
-                            max_new_tokens=actor.policy.generation.max_new_tokens))
+            jobs.append(
+                Job(
+                    actor_id,
+                    batch,
+                    partial(madpo_loss, actor.policy, cfg.beta),
+                    epochs=cfg.epochs,
+                    minibatches=cfg.minibatches,
+                    max_new_tokens=actor.policy.generation.max_new_tokens,
+                )
+            )
         return jobs, stats

@@ -4,7 +4,8 @@ For env copy e = (b, g), actor i, turn t the credited return is
     R[e,i,t] = Σ_{k>=t} γ^{k-t} r̃[e,i,k],   r̃ = team reward (credit "shared") or own reward ("per_agent"),
 minus β·Σ_k(ℓ_k − ℓ_ref,k) when `kl_in="reward"` (the k1 log-ratio: as a REINFORCE reward its
 gradient is exactly ∇KL(π‖π_ref); the k3 estimator the design doc named is biased as a reward and was
-measured to push the policy away from the reference, so k3 is only logged, and used in the loss). The group of (b, i, t) is its G samples; baselines:
+measured to push the policy away from the reference, so k3 is only logged, and used in the loss).
+The group of (b, i, t) is its G samples; baselines:
     grpo       A_g = R_g − mean_g R                       (Shao et al. 2024; MAGRPO)
     rloo       A_g = R_g − mean_{g'≠g} R_{g'}             (Ahmadian et al. 2024)
     remax      A_g = R_g − R_greedy                       (Li et al. 2023; one greedy rollout per prompt)
@@ -82,7 +83,9 @@ class ReinforceConfig:
         if self.joint_mode not in ("aligned", "cross"):
             raise ConfigError(f"reinforce.joint_mode must be 'aligned' or 'cross', got {self.joint_mode!r}")
         if self.reinforce_baseline not in ("none", "running_mean"):
-            raise ConfigError(f"reinforce.reinforce_baseline must be 'none' or 'running_mean', got {self.reinforce_baseline!r}")
+            raise ConfigError(
+                f"reinforce.reinforce_baseline must be 'none' or 'running_mean', got {self.reinforce_baseline!r}"
+            )
         if self.std_floor < 0:
             raise ConfigError(f"reinforce.std_floor must be >= 0, got {self.std_floor}")
 
@@ -177,8 +180,15 @@ def cross_returns(cross_rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 class ReinforceFamily:
     """Turns rollouts into one policy-gradient job per trainable actor."""
 
-    def __init__(self, config: ReinforceConfig, actors: list[Actor], estimator: str, gamma: float = 1.0,
-                 credit: str = "shared", group_size: int = 2):
+    def __init__(
+        self,
+        config: ReinforceConfig,
+        actors: list[Actor],
+        estimator: str,
+        gamma: float = 1.0,
+        credit: str = "shared",
+        group_size: int = 2,
+    ):
         if estimator not in ESTIMATORS:
             raise ConfigError(f"unknown estimator {estimator!r}; choose one of {ESTIMATORS}")
         if estimator in GROUP_ESTIMATORS and group_size < 2:
@@ -242,8 +252,11 @@ class ReinforceFamily:
         if cfg.joint_mode == "cross":
             if rollout.cross_rewards is None or T != 1:
                 raise ConfigError("joint_mode='cross' needs a single-turn env and cross rewards from the runner")
-            credited = rollout.cross_rewards if self.credit == "per_agent" else \
-                rollout.cross_rewards.mean(-1, keepdim=True).expand_as(rollout.cross_rewards)
+            credited = (
+                rollout.cross_rewards
+                if self.credit == "per_agent"
+                else rollout.cross_rewards.mean(-1, keepdim=True).expand_as(rollout.cross_rewards)
+            )
             returns = cross_returns(credited, G).unsqueeze(-1)  # [B, G, A, 1]
             if cfg.kl_coef > 0 and cfg.kl_in == "reward":
                 returns = returns - cfg.kl_coef * kl.view(B, G, A, T)
@@ -257,8 +270,9 @@ class ReinforceFamily:
             running = self.running_mean
             batch_mean = (returns * mask.view(B, G, A, T)).sum((0, 1)) / mask.view(B, G, A, T).sum((0, 1)).clamp(min=1)
             self.running_mean = batch_mean if running is None else 0.9 * running + 0.1 * batch_mean  # [A, T]
-        adv = advantages(returns, mask.view(B, G, A, T), self.estimator, cfg.advantage_scale, cfg.std_floor,
-                         greedy, running)
+        adv = advantages(
+            returns, mask.view(B, G, A, T), self.estimator, cfg.advantage_scale, cfg.std_floor, greedy, running
+        )
         if cfg.normalize_per_agent:
             adv = normalize_over_batch(adv, mask.view(B, G, A, T))
         adv = adv.reshape(B * G, A, T)
@@ -271,10 +285,17 @@ class ReinforceFamily:
             sample_adv = adv[where[:, 0], ai, where[:, 1]]  # [S]
             stats[f"agent/{actor_id}/advantage_abs"] = float(sample_adv.abs().mean())
             loss = partial(reinforce_loss, self.actors[actor_id].policy, cfg)
-            jobs.append(Job(actor_id, SampleBatch(gen, sample_adv.to(gen.logprobs.device), ref_lp), loss,
-                            epochs=cfg.epochs, minibatches=cfg.minibatches,
-                            max_new_tokens=self.actors[actor_id].policy.generation.max_new_tokens,
-                            prompt_cache=getattr(self.actors[actor_id].policy, "prompt_cache", None)))
+            jobs.append(
+                Job(
+                    actor_id,
+                    SampleBatch(gen, sample_adv.to(gen.logprobs.device), ref_lp),
+                    loss,
+                    epochs=cfg.epochs,
+                    minibatches=cfg.minibatches,
+                    max_new_tokens=self.actors[actor_id].policy.generation.max_new_tokens,
+                    prompt_cache=getattr(self.actors[actor_id].policy, "prompt_cache", None),
+                )
+            )
         return jobs, stats
 
 
@@ -303,4 +324,3 @@ def _score_no_grad(policy: Policy, gen: Generation, chunk: int = 64) -> torch.Te
         pad = gen.completion_ids.shape[1] - lp.shape[1]
         outs.append(torch.nn.functional.pad(lp, (0, pad)))
     return torch.cat(outs)  # [S, C]
-

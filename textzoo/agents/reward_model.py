@@ -75,8 +75,10 @@ def scores(model: Critic, gen: Generation, chunk: int = 64) -> torch.Tensor:
     was_training = model.training
     model.eval()
     try:
-        out = [model(gen.prompt_ids[i:i + chunk], gen.prompt_mask[i:i + chunk]).float().cpu()
-               for i in range(0, len(gen), chunk)]
+        out = [
+            model(gen.prompt_ids[i : i + chunk], gen.prompt_mask[i : i + chunk]).float().cpu()
+            for i in range(0, len(gen), chunk)
+        ]
         return torch.cat(out) if out else torch.zeros(0)
     finally:
         model.train(was_training)
@@ -107,5 +109,4 @@ def relabel(rollout: Rollout, score_texts: Callable[[list[str]], torch.Tensor]) 
     terms = {"rm": s[:, None].expand(E, R).clone(), "task/mean": rollout.rewards.sum(-1)}
     terms.update({f"task/{k}": v for k, v in rollout.reward_terms.items()})
     greedy = None if rollout.greedy is None else relabel(rollout.greedy, score_texts)
-    return dataclasses.replace(rollout, rewards=rewards, actor_rewards=actor_rewards, reward_terms=terms,
-                               greedy=greedy)
+    return dataclasses.replace(rollout, rewards=rewards, actor_rewards=actor_rewards, reward_terms=terms, greedy=greedy)

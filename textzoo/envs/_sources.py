@@ -62,8 +62,7 @@ def load_records(data: Any, field: str, arg: str) -> list[dict[str, Any]]:
                 raise EnvError(f"{arg}[{i}] must be a str or a dict, got {type(row).__name__}")
     else:
         raise EnvError(
-            f"{arg} must be a JSONL path, a `datasets.Dataset` or a list of str/dict rows, "
-            f"got {type(data).__name__}"
+            f"{arg} must be a JSONL path, a `datasets.Dataset` or a list of str/dict rows, got {type(data).__name__}"
         )
     if not rows:
         raise EnvError(f"{arg} holds no rows")
@@ -98,35 +97,83 @@ def _read_jsonl(path: Path, arg: str) -> list[dict[str, Any]]:
 # Word lists are small on purpose: a byte-level tiny model can learn them, yet the templates
 # combine into thousands of distinct paragraphs of 2-3 sentences (~120-260 characters).
 _PLACES = [
-    "the river town", "a mountain village", "the old harbor", "a busy market", "the city library",
-    "a quiet farm", "the school garden", "a coastal lab", "the train station", "a forest camp",
-    "the town square", "a small bakery", "the north bridge", "a desert outpost", "the museum hall",
+    "the river town",
+    "a mountain village",
+    "the old harbor",
+    "a busy market",
+    "the city library",
+    "a quiet farm",
+    "the school garden",
+    "a coastal lab",
+    "the train station",
+    "a forest camp",
+    "the town square",
+    "a small bakery",
+    "the north bridge",
+    "a desert outpost",
+    "the museum hall",
 ]
 _PEOPLE = [
-    "a young engineer", "the local teacher", "an old fisherman", "two curious students",
-    "the night nurse", "a retired pilot", "the mayor", "a group of volunteers", "the head chef",
-    "a traveling musician", "the park ranger", "a shy painter", "the bus driver", "a new doctor",
+    "a young engineer",
+    "the local teacher",
+    "an old fisherman",
+    "two curious students",
+    "the night nurse",
+    "a retired pilot",
+    "the mayor",
+    "a group of volunteers",
+    "the head chef",
+    "a traveling musician",
+    "the park ranger",
+    "a shy painter",
+    "the bus driver",
+    "a new doctor",
 ]
 _ACTIONS = [
-    "repaired the broken water pump", "planted a row of apple trees", "opened a free reading room",
-    "built a wooden boat", "found a lost map", "started a weekly market", "cleaned the polluted stream",
-    "taught children to code", "restored an old clock", "organized a winter festival",
-    "designed a solar lamp", "collected stories from elders", "painted a large mural",
+    "repaired the broken water pump",
+    "planted a row of apple trees",
+    "opened a free reading room",
+    "built a wooden boat",
+    "found a lost map",
+    "started a weekly market",
+    "cleaned the polluted stream",
+    "taught children to code",
+    "restored an old clock",
+    "organized a winter festival",
+    "designed a solar lamp",
+    "collected stories from elders",
+    "painted a large mural",
 ]
 _TIMES = [
-    "last spring", "during the storm", "after the flood", "one cold morning", "over the summer",
-    "before the harvest", "in a single week", "late at night", "on a rainy weekend",
+    "last spring",
+    "during the storm",
+    "after the flood",
+    "one cold morning",
+    "over the summer",
+    "before the harvest",
+    "in a single week",
+    "late at night",
+    "on a rainy weekend",
 ]
 _REASONS = [
-    "because the neighbors had asked for help", "to save money for the school",
-    "since nobody else knew how", "after reading an old report", "to bring people together",
-    "because the winter was long", "to keep a promise to a friend", "as part of a small contest",
+    "because the neighbors had asked for help",
+    "to save money for the school",
+    "since nobody else knew how",
+    "after reading an old report",
+    "to bring people together",
+    "because the winter was long",
+    "to keep a promise to a friend",
+    "as part of a small contest",
 ]
 _RESULTS = [
-    "Soon everyone in town was talking about it.", "The project cost less than expected.",
-    "Several families joined in the next month.", "A newspaper later wrote a short story about it.",
-    "Some people doubted it would last.", "It became a yearly tradition.",
-    "The work took longer than planned.", "Visitors began to arrive from nearby towns.",
+    "Soon everyone in town was talking about it.",
+    "The project cost less than expected.",
+    "Several families joined in the next month.",
+    "A newspaper later wrote a short story about it.",
+    "Some people doubted it would last.",
+    "It became a yearly tradition.",
+    "The work took longer than planned.",
+    "Visitors began to arrive from nearby towns.",
 ]
 _TEMPLATES = [
     "In {place}, {person} {action} {time}. They did it {reason}. {result}",

@@ -36,7 +36,6 @@ from pettingzoo import ParallelEnv
 
 from textzoo.errors import EnvError
 
-
 _RANGES = [(0x20, 0x7E), (0xA0, 0xD7FF), (0xE000, 0xFFFD)]
 
 
@@ -69,7 +68,7 @@ class _TextSpace(spaces.Text):
         return new
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _text_prototype(max_length: int) -> _TextSpace:
     return _TextSpace(max_length, min_length=0, charset=TEXT_CHARSET)
 

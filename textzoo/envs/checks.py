@@ -60,7 +60,8 @@ def check_env(env_fn_or_env: Callable[[], ParallelEnv] | ParallelEnv, num_cycles
         env_fn = env_fn_or_env
     else:
         raise EnvCheckError(
-            f"check_env needs a ParallelEnv or a zero-argument callable that builds one, got {type(env_fn_or_env).__name__}"
+            "check_env needs a ParallelEnv or a zero-argument callable that builds one, "
+            f"got {type(env_fn_or_env).__name__}"
         )
     name = _name(env_fn())
     try:

@@ -64,7 +64,13 @@ from textzoo.envs.sandbox import Program, SandboxLimits, SandboxResult, run_many
 from textzoo.errors import EnvError
 
 HELPER_NAME = "aux"
-WEIGHTS: dict[str, float] = {"helper_defined": 0.1, "main_defined": 0.1, "parses": 0.1, "tests": 0.6, "uses_helper": 0.1}
+WEIGHTS: dict[str, float] = {
+    "helper_defined": 0.1,
+    "main_defined": 0.1,
+    "parses": 0.1,
+    "tests": 0.6,
+    "uses_helper": 0.1,
+}
 OWN_TERMS: dict[str, tuple[str, ...]] = {
     "helper": ("helper_defined", "parses", "tests"),
     "main": ("main_defined", "uses_helper", "parses", "tests"),
@@ -115,18 +121,21 @@ class Problem:
         if not entry.isidentifier():
             raise EnvError(f"{where}: entry_point {entry!r} is not a Python identifier")
         return cls(
-            task_id=row["task_id"], prompt=row["prompt"], entry_point=entry, test=row["test"],
+            task_id=row["task_id"],
+            prompt=row["prompt"],
+            entry_point=entry,
+            test=row["test"],
             canonical_solution=row.get("canonical_solution") or "",
-            preamble=_preamble(row["prompt"], entry), tests=_split_tests(row["test"], entry, where),
+            preamble=_preamble(row["prompt"], entry),
+            tests=_split_tests(row["test"], entry, where),
         )
 
 
 def _preamble(prompt: str, entry: str) -> str:
     """The prompt without the `entry` function: what the combined program keeps of it."""
-    m = None
-    for m in re.finditer(rf"^(?:async\s+)?def\s+{re.escape(entry)}\s*\(", prompt, re.M):
-        pass  # the last definition is the one the docstring belongs to
-    return prompt[: m.start()] if m else ""
+    # the last definition is the one the docstring belongs to
+    found = list(re.finditer(rf"^(?:async\s+)?def\s+{re.escape(entry)}\s*\(", prompt, re.M))
+    return prompt[: found[-1].start()] if found else ""
 
 
 def _split_tests(test: str, entry: str, where: str) -> tuple[str, ...]:
@@ -193,8 +202,10 @@ def load_problems(dataset: str | os.PathLike | Sequence[dict] | None = None) -> 
     if isinstance(dataset, (str, os.PathLike)):
         problems = list(_load_path(os.fspath(dataset)))
     elif isinstance(dataset, Sequence):
-        problems = [Problem.from_row(r, f"dataset[{i}]") if isinstance(r, dict) else _not_a_dict(f"dataset[{i}]")
-                    for i, r in enumerate(dataset)]
+        problems = [
+            Problem.from_row(r, f"dataset[{i}]") if isinstance(r, dict) else _not_a_dict(f"dataset[{i}]")
+            for i, r in enumerate(dataset)
+        ]
     else:
         raise EnvError(f"dataset must be None, a JSONL path or a list of dicts, got {type(dataset).__name__}")
     if not problems:
@@ -326,13 +337,17 @@ def _feedback(problem: Problem, result: SandboxResult) -> str:
 
 def _finish(terms: dict[str, float], notes, result: SandboxResult | None, feedback: str) -> CodeScore:
     team = sum(WEIGHTS[k] * terms[k] for k in WEIGHTS)
-    own = {a: sum(WEIGHTS[k] * terms[k] for k in OWN_TERMS[a]) / sum(WEIGHTS[k] for k in OWN_TERMS[a])
-           for a in AGENTS}
+    own = {a: sum(WEIGHTS[k] * terms[k] for k in OWN_TERMS[a]) / sum(WEIGHTS[k] for k in OWN_TERMS[a]) for a in AGENTS}
     return CodeScore(terms=terms, team=team, own=own, feedback=feedback, notes=notes, result=result)
 
 
-def score_batch(problems: Sequence[Problem], helper_codes: Sequence[str], main_codes: Sequence[str],
-                limits: SandboxLimits | None = None, workers: int | None = None) -> list[CodeScore]:
+def score_batch(
+    problems: Sequence[Problem],
+    helper_codes: Sequence[str],
+    main_codes: Sequence[str],
+    limits: SandboxLimits | None = None,
+    workers: int | None = None,
+) -> list[CodeScore]:
     """Score many (helper, main) completions at once; programs that compile run in parallel."""
     if not len(problems) == len(helper_codes) == len(main_codes):
         raise EnvError(

@@ -80,9 +80,7 @@ def _check_kwargs(id: str, fn: Callable[..., Any], kwargs: dict[str, Any]) -> No
         return
     unknown = sorted(set(kwargs) - set(params))
     if unknown:
-        raise EnvError(
-            f"{id!r} got unknown argument(s) {unknown}; it accepts: {', '.join(sorted(params)) or 'none'}."
-        )
+        raise EnvError(f"{id!r} got unknown argument(s) {unknown}; it accepts: {', '.join(sorted(params)) or 'none'}.")
 
 
 def _register_with_pettingzoo(id: str, entry_point: Callable[..., Any] | str, kwargs: dict[str, Any]) -> None:

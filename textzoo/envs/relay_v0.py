@@ -116,7 +116,9 @@ class RelayEnv(TextParallelEnv):
                         f"without spaces or surrounding punctuation {_PUNCTUATION!r}"
                     )
             if num_symbols not in (4, len(symbols)):  # 4 is the default: only a contradiction is an error
-                raise EnvError(f"num_symbols={num_symbols} contradicts the {len(symbols)} symbols given; pass one of them")
+                raise EnvError(
+                    f"num_symbols={num_symbols} contradicts the {len(symbols)} symbols given; pass one of them"
+                )
         if not isinstance(message_chars, int) or isinstance(message_chars, bool) or message_chars < 1:
             raise EnvError(f"message_chars must be a positive int, got {message_chars!r}")
         self.split = check_split(split)
@@ -131,7 +133,10 @@ class RelayEnv(TextParallelEnv):
             for v in self.variants
         )
         if longest > max_prompt_chars:
-            raise EnvError(f"max_prompt_chars={max_prompt_chars} is too small for message_chars={message_chars}; use at least {longest}")
+            raise EnvError(
+                f"max_prompt_chars={max_prompt_chars} is too small for message_chars={message_chars}; "
+                f"use at least {longest}"
+            )
 
     def num_items(self) -> int:
         return len(self.symbols) * len(self.variants)

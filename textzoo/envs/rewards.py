@@ -93,7 +93,9 @@ class RewardFunctions:
         if len(weights) != len(fns) or not all(
             isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in weights
         ):
-            raise EnvError(f"reward weights must be {len(fns)} finite numbers (one per reward function), got {weights!r}")
+            raise EnvError(
+                f"reward weights must be {len(fns)} finite numbers (one per reward function), got {weights!r}"
+            )
         self.fns = fns
         self.weights = [float(w) for w in weights]
         self.names = _unique_names([reward_name(fn) for fn in fns])

@@ -64,13 +64,28 @@ import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 
 from textzoo.errors import ConfigError
 
 DEFAULT_PRELOAD: tuple[str, ...] = (
-    "bisect", "collections", "copy", "datetime", "decimal", "fractions", "functools", "hashlib",
-    "heapq", "itertools", "json", "math", "operator", "random", "re", "statistics", "string",
+    "bisect",
+    "collections",
+    "copy",
+    "datetime",
+    "decimal",
+    "fractions",
+    "functools",
+    "hashlib",
+    "heapq",
+    "itertools",
+    "json",
+    "math",
+    "operator",
+    "random",
+    "re",
+    "statistics",
+    "string",
     "typing",
 )
 
@@ -108,8 +123,16 @@ class SandboxLimits:
     """Interpreter that runs the program."""
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "cpu_s", "memory_bytes", "file_size_bytes", "max_processes",
-                     "max_open_files", "output_bytes", "uid_pool_size"):
+        for name in (
+            "timeout_s",
+            "cpu_s",
+            "memory_bytes",
+            "file_size_bytes",
+            "max_processes",
+            "max_open_files",
+            "output_bytes",
+            "uid_pool_size",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"SandboxLimits.{name} must be > 0, got {getattr(self, name)!r}")
         if self.test_timeout_s is not None and self.test_timeout_s <= 0:
@@ -261,7 +284,7 @@ class _UidPool:
 _UIDS = _UidPool()
 
 
-@lru_cache(maxsize=None)
+@cache
 def can_drop_privileges(python: str = sys.executable, uid: int = 2_100_000_000) -> bool:
     """True when we are root and a child of `python` can switch to `uid` (probed once)."""
     if os.geteuid() != 0:
@@ -279,12 +302,21 @@ def _kill_uid(uid: int) -> None:
     kill = shutil.which("kill", path=_SCRUBBED_PATH)
     if kill is None:
         return
-    subprocess.run([kill, "-s", "KILL", "-1"], user=uid, group=uid, extra_groups=[],
-                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   env={"PATH": _SCRUBBED_PATH}, timeout=10, check=False)
+    subprocess.run(
+        [kill, "-s", "KILL", "-1"],
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={"PATH": _SCRUBBED_PATH},
+        timeout=10,
+        check=False,
+    )
 
 
-@lru_cache(maxsize=None)
+@cache
 def _warn_root() -> None:
     warnings.warn(
         "textzoo sandbox: running as root but cannot switch to a dedicated uid (restricted uid map?); "
@@ -337,26 +369,43 @@ def run(program: Program, limits: SandboxLimits | None = None) -> SandboxResult:
         if uid is not None:  # NPROC counts every process of the uid: only meaningful for a private one
             rlimits.append((resource.RLIMIT_NPROC, limits.max_processes))
         payload = {
-            "source": program.source, "tests": list(program.tests), "nonce": nonce, "fd": write_fd,
-            "uid": uid, "rlimits": rlimits, "preload": list(limits.preload),
+            "source": program.source,
+            "tests": list(program.tests),
+            "nonce": nonce,
+            "fd": write_fd,
+            "uid": uid,
+            "rlimits": rlimits,
+            "preload": list(limits.preload),
             "test_timeout": limits.test_timeout_s,
         }
         payload_path = os.path.join(workdir, ".payload.json")
         # 0600 and owned by the caller: the dropped child could not read it, and it is gone anyway
         with os.fdopen(os.open(payload_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
             json.dump(payload, f)
-        env = {"PATH": _SCRUBBED_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": workdir,
-               "TMPDIR": workdir}
+        env = {"PATH": _SCRUBBED_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
         try:
             proc = subprocess.Popen(
                 [limits.python, "-I", "-S", "-c", _HARNESS, payload_path],
-                cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, pass_fds=(write_fd,), start_new_session=True,
+                cwd=workdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(write_fd,),
+                start_new_session=True,
             )
         except OSError as e:
-            return SandboxResult(False, None, False, "", f"could not start {limits.python}: {e}",
-                                 time.monotonic() - start, [False] * len(program.tests),
-                                 ["missing"] * len(program.tests), "missing")
+            return SandboxResult(
+                False,
+                None,
+                False,
+                "",
+                f"could not start {limits.python}: {e}",
+                time.monotonic() - start,
+                [False] * len(program.tests),
+                ["missing"] * len(program.tests),
+                "missing",
+            )
         os.close(write_fd)
         write_fd = -1
         outs, timed_out = _collect(proc, read_fd, start + limits.timeout_s, limits.output_bytes)
@@ -386,7 +435,7 @@ def run(program: Program, limits: SandboxLimits | None = None) -> SandboxResult:
     for line in bytes(res).decode("utf-8", errors="replace").splitlines():
         if not line.startswith(tag) or finished:
             continue
-        parts = line[len(tag):].split()
+        parts = line[len(tag) :].split()
         if parts[:1] == ["S"] and source_error == "missing":
             source_error = None if parts[1:2] == ["ok"] else (parts[2] if len(parts) > 2 else "error")
         elif parts[:1] == ["T"] and len(parts) >= 3 and parts[1].isdigit():
@@ -399,9 +448,17 @@ def run(program: Program, limits: SandboxLimits | None = None) -> SandboxResult:
     outcome = [bool(t) for t in tests]
     passed = finished and not timed_out and source_error is None and all(outcome)
     return SandboxResult(
-        passed=passed, returncode=returncode, timed_out=timed_out, stdout=_decode(out, out_drop),
-        stderr=_decode(err, err_drop), wall_s=wall, tests=outcome, test_errors=errors,
-        source_error=source_error, finished=finished, isolation="uid" if uid is not None else "none",
+        passed=passed,
+        returncode=returncode,
+        timed_out=timed_out,
+        stdout=_decode(out, out_drop),
+        stderr=_decode(err, err_drop),
+        wall_s=wall,
+        tests=outcome,
+        test_errors=errors,
+        source_error=source_error,
+        finished=finished,
+        isolation="uid" if uid is not None else "none",
     )
 
 
@@ -441,7 +498,7 @@ def _collect(proc: subprocess.Popen, result_fd: int, deadline: float, cap: int):
                     sel.unregister(key.fd)
                     continue
                 room = caps[i] - len(bufs[i])
-                bufs[i] += chunk[:max(room, 0)]
+                bufs[i] += chunk[: max(room, 0)]
                 dropped[i] += max(len(chunk) - max(room, 0), 0)
     finally:
         sel.close()
@@ -456,8 +513,9 @@ def _collect(proc: subprocess.Popen, result_fd: int, deadline: float, cap: int):
     return list(zip(bufs, dropped)), timed_out
 
 
-def run_many(programs: Sequence[Program], limits: SandboxLimits | None = None,
-             workers: int | None = None) -> list[SandboxResult]:
+def run_many(
+    programs: Sequence[Program], limits: SandboxLimits | None = None, workers: int | None = None
+) -> list[SandboxResult]:
     """Run `programs` in parallel (`workers` children at a time, default: CPU count); keep order."""
     programs = list(programs)
     if not programs:

@@ -45,7 +45,7 @@ from pettingzoo.utils.conversions import parallel_to_aec
 
 from textzoo.envs._sources import check_split, load_records, split_indices
 from textzoo.envs.base import StepResult, TextParallelEnv
-from textzoo.envs.rewards import RewardFunctions, RewardFn
+from textzoo.envs.rewards import RewardFn, RewardFunctions
 from textzoo.errors import EnvError
 
 RESERVED = ("prompts", "completions", "agent_id", "other_completions")
@@ -92,7 +92,11 @@ class TeamEnv(TextParallelEnv):
     ):
         names = _agent_names(agents)
         super().__init__(
-            names, num_turns=1, max_prompt_chars=max_prompt_chars, max_action_chars=max_action_chars, render_mode=render_mode
+            names,
+            num_turns=1,
+            max_prompt_chars=max_prompt_chars,
+            max_action_chars=max_action_chars,
+            render_mode=render_mode,
         )
         self.split = check_split(split)
         if prompts is None:
@@ -105,7 +109,9 @@ class TeamEnv(TextParallelEnv):
         elif isinstance(prompt_field, Mapping) and set(prompt_field) == set(names):
             self.prompt_fields = dict(prompt_field)
         else:
-            raise EnvError(f"prompt_field must be a field name or a dict with one field per agent {names}, got {prompt_field!r}")
+            raise EnvError(
+                f"prompt_field must be a field name or a dict with one field per agent {names}, got {prompt_field!r}"
+            )
         fields = list(dict.fromkeys(self.prompt_fields.values()))
         rows = load_records(prompts, fields[0], "prompts")
         for f in fields[1:]:
@@ -114,7 +120,10 @@ class TeamEnv(TextParallelEnv):
                 raise EnvError(f"row {missing[0]} of prompts has no field {f!r} named in prompt_field")
         self._rows = [rows[k] for k in split_indices(len(rows), self.split)]
         if not self._rows:
-            raise EnvError(f"split={self.split!r} of {len(rows)} prompts is empty; the eval split holds every 5th row, so give at least 5 rows (or split='all')")
+            raise EnvError(
+                f"split={self.split!r} of {len(rows)} prompts is empty; the eval split holds every 5th row, "
+                "so give at least 5 rows (or split='all')"
+            )
         clash = sorted(set(RESERVED) & {str(k) for row in self._rows for k in row if k not in fields})
         if clash:
             raise EnvError(f"prompts has column(s) {clash}, which clash with reward function arguments; rename them")
@@ -127,14 +136,18 @@ class TeamEnv(TextParallelEnv):
         elif isinstance(reward_fns, Mapping):
             if set(reward_fns) != set(names):
                 raise EnvError(f"reward_fns as a dict needs one entry per agent {names}, got {sorted(reward_fns)}")
-            if reward_weights is not None and not (isinstance(reward_weights, Mapping) and set(reward_weights) <= set(names)):
+            if reward_weights is not None and not (
+                isinstance(reward_weights, Mapping) and set(reward_weights) <= set(names)
+            ):
                 raise EnvError("reward_weights must be a dict agent -> weights when reward_fns is a dict")
             for a in names:
                 weights = None if reward_weights is None else reward_weights.get(a)
                 self.reward_fns[a] = RewardFunctions(reward_fns[a], weights, provided, arg=f"reward_fns[{a!r}]")
         else:
             if isinstance(reward_weights, Mapping):
-                raise EnvError("reward_weights must be a list (one weight per reward function) when reward_fns is not a dict")
+                raise EnvError(
+                    "reward_weights must be a list (one weight per reward function) when reward_fns is not a dict"
+                )
             shared = RewardFunctions(reward_fns, reward_weights, provided, arg="reward_fns")
             self.reward_fns = dict.fromkeys(names, shared)
         self.team_reward_fn = (
@@ -166,9 +179,7 @@ class TeamEnv(TextParallelEnv):
             if fns is not None:
                 others = {b: [actions[b]] for b in self.possible_agents if b != a}
                 prompt = self.row[self.prompt_fields[a]]
-                totals, per_fn, fn_notes = fns(
-                    [prompt], [actions[a]], agent_id=a, other_completions=others, **columns
-                )
+                totals, per_fn, fn_notes = fns([prompt], [actions[a]], agent_id=a, other_completions=others, **columns)
                 own, own_terms = totals[0], per_fn[0]
                 extra[a] += fn_notes[0]
             rewards[a], terms[a] = own, dict(own_terms)

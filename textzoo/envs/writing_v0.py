@@ -198,7 +198,9 @@ class WritingEnv(TextParallelEnv):
         )
         self.max_source_chars = max_prompt_chars - overhead
         if self.max_source_chars < 32:
-            raise EnvError(f"max_prompt_chars={max_prompt_chars} leaves no room for a source text; use at least {overhead + 32}")
+            raise EnvError(
+                f"max_prompt_chars={max_prompt_chars} leaves no room for a source text; use at least {overhead + 32}"
+            )
 
         if dataset is None:
             total = 400 if num_items is None else num_items
@@ -211,7 +213,10 @@ class WritingEnv(TextParallelEnv):
             pool = rows
             self._sources = [str(rows[k][text_field]) for k in split_indices(len(rows), self.split)]
         if not self._sources:
-            raise EnvError(f"split={self.split!r} of {len(pool)} items is empty; the eval split holds every 5th item, so give at least 5 items (or split='all')")
+            raise EnvError(
+                f"split={self.split!r} of {len(pool)} items is empty; the eval split holds every 5th item, "
+                "so give at least 5 items (or split='all')"
+            )
         self.source = ""
 
     def num_items(self) -> int:

@@ -198,9 +198,7 @@ def _object_array(texts: list[str]) -> np.ndarray:
     return out
 
 
-def team_policy(
-    team: Mapping[str, Policy | Actor] | Sequence[Actor] | Actor, greedy: bool = False
-) -> MultiAgentPolicy:
+def team_policy(team: Mapping[str, Policy | Actor] | Sequence[Actor] | Actor, greedy: bool = False) -> MultiAgentPolicy:
     """A tianshou `MultiAgentPolicy` over a team.
 
     `team`: role -> `Policy` or `Actor`; or a list of actors (e.g. `Trainer.actors`); or one joint

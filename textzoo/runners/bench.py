@@ -155,7 +155,7 @@ def load_grid(path: str | Path, out_dir: str = "") -> Grid:
     tasks = _names(grid, "tasks", list(task_tables))
     for task in tasks:
         if task not in task_tables or "env" not in task_tables[task]:
-            raise ConfigError(f"grid.tasks names {task!r}: add a [task.{task}] table with at least `env = \"...\"`")
+            raise ConfigError(f'grid.tasks names {task!r}: add a [task.{task}] table with at least `env = "..."`')
     algos_value = grid.get("algos", "all")
     algos = list(ALGORITHMS) if algos_value == "all" else _names(grid, "algos", None)
     for algo in algos:
@@ -169,7 +169,9 @@ def load_grid(path: str | Path, out_dir: str = "") -> Grid:
         raise ConfigError(f"grid.seeds must be a non-empty list of ints, got {seeds!r}")
     exclude = grid.get("exclude", [])
     if not isinstance(exclude, list) or not all(isinstance(e, dict) and e for e in exclude):
-        raise ConfigError("grid.exclude must be a list of tables such as { algo = \"maac\", collaboration = \"centralized\" }")
+        raise ConfigError(
+            'grid.exclude must be a list of tables such as { algo = "maac", collaboration = "centralized" }'
+        )
     for rule in exclude:
         if sorted(set(rule) - {"task", "algo", "collaboration", "seed"}):
             raise ConfigError(f"grid.exclude entry {rule} may only use the keys task, algo, collaboration, seed")
@@ -188,8 +190,11 @@ def load_grid(path: str | Path, out_dir: str = "") -> Grid:
                     if any(all(values[k] == v for k, v in rule.items()) for rule in exclude):
                         continue
                     merged = base
-                    for layer in (task_tables[task], data.get("algo", {}).get(algo, {}),
-                                  data.get("collaboration", {}).get(mode, {})):
+                    for layer in (
+                        task_tables[task],
+                        data.get("algo", {}).get(algo, {}),
+                        data.get("collaboration", {}).get(mode, {}),
+                    ):
                         merged = merge_config(merged, layer)
                     run_dir = root / task / f"{algo}-{mode}-s{seed}"
                     merged = {**merged, "algo": algo, "collaboration": mode, "seed": seed, "run_dir": str(run_dir)}
@@ -211,8 +216,11 @@ def _names(grid: dict, key: str, default: list[str] | None) -> list[str]:
     return list(dict.fromkeys(value))
 
 
-_NESTED = {f.name for f in dataclasses.fields(TrainConfig)
-           if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory)}
+_NESTED = {
+    f.name
+    for f in dataclasses.fields(TrainConfig)
+    if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory)
+}
 
 
 def merge_config(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
@@ -304,8 +312,10 @@ def run_grid(grid: Grid, workers: int = 1, log: Callable[[str], None] = print) -
         if "error" in summary:
             log(f"[{done}/{len(grid.cells)}] {cell.label}: FAILED ({summary['error']}; see {cell.run_dir}/error.txt)")
         else:
-            log(f"[{done}/{len(grid.cells)}] {cell.label}: final {_num(summary['final'])}, "
-                f"best {_num(summary['best'])} in {summary['wall_s']:.0f} s")
+            log(
+                f"[{done}/{len(grid.cells)}] {cell.label}: final {_num(summary['final'])}, "
+                f"best {_num(summary['best'])} in {summary['wall_s']:.0f} s"
+            )
 
     jobs = [(cell, {**to_dict(cell.config), "progress": False, "plot": False}) for cell in todo]
     if workers == 1:
@@ -360,13 +370,23 @@ def write_report(grid: Grid, results: dict[str, dict[str, Any]]) -> Path:
     ]
     from textzoo.runners.plot import read_metrics
 
-    results = {c.label: (results[c.label] if "error" in results[c.label]
-                         else {**results[c.label], **summarize(read_metrics(c.run_dir), grid.metric)})
-               for c in grid.cells if c.label in results}
+    results = {
+        c.label: (
+            results[c.label]
+            if "error" in results[c.label]
+            else {**results[c.label], **summarize(read_metrics(c.run_dir), grid.metric)}
+        )
+        for c in grid.cells
+        if c.label in results
+    }
     for task, env_id in grid.tasks.items():
-        lines += ["", f"## {task} (`{env_id}`)", "",
-                  "| algo | mode | seeds | start | final | best | wall s | tokens/s |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [
+            "",
+            f"## {task} (`{env_id}`)",
+            "",
+            "| algo | mode | seeds | start | final | best | wall s | tokens/s |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
         groups: dict[tuple[str, str], list[Cell]] = {}
         for cell in grid.cells:
             if cell.task == task:
@@ -389,8 +409,13 @@ def write_report(grid: Grid, results: dict[str, dict[str, Any]]) -> Path:
     md = grid.out_dir / "results.md"
     md.write_text("\n".join(lines) + "\n")
     (grid.out_dir / "results.json").write_text(
-        json.dumps({label: {k: v for k, v in s.items() if k != "config"} for label, s in results.items()},
-                   indent=2, sort_keys=True) + "\n")
+        json.dumps(
+            {label: {k: v for k, v in s.items() if k != "config"} for label, s in results.items()},
+            indent=2,
+            sort_keys=True,
+        )
+        + "\n"
+    )
     return md
 
 
@@ -404,7 +429,8 @@ def plot_task(grid: Grid, task: str, results: dict[str, dict[str, Any]], smooth:
             continue
         rows = read_metrics(cell.run_dir)
         curves.setdefault((cell.algo, cell.collaboration), []).append(
-            {row["step"]: row["reward/mean"] for row in rows if "reward/mean" in row})
+            {row["step"]: row["reward/mean"] for row in rows if "reward/mean" in row}
+        )
     if not curves:
         return None
     import matplotlib
@@ -423,8 +449,9 @@ def plot_task(grid: Grid, task: str, results: dict[str, dict[str, Any]], smooth:
         color = plt.get_cmap("tab10")(algos.index(algo) % 10)
         ax.plot(steps, mean, label=f"{algo}, {mode}", color=color, linestyle="-" if mode == "decentralized" else "--")
         if len(per_seed) > 1:
-            ax.fill_between(steps, [min(v) for v in zip(*per_seed)], [max(v) for v in zip(*per_seed)],
-                            color=color, alpha=0.12)
+            ax.fill_between(
+                steps, [min(v) for v in zip(*per_seed)], [max(v) for v in zip(*per_seed)], color=color, alpha=0.12
+            )
     ax.set_title(f"{grid.name}: {task} ({grid.tasks[task]}), training reward, moving average over {smooth} steps")
     ax.set_xlabel("step")
     ax.set_ylabel("reward/mean")
@@ -438,7 +465,7 @@ def plot_task(grid: Grid, task: str, results: dict[str, dict[str, Any]], smooth:
 
 
 def _moving_average(values: list[float], window: int) -> list[float]:
-    return [statistics.fmean(values[max(0, i - window + 1):i + 1]) for i in range(len(values))]
+    return [statistics.fmean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
 
 
 def main(argv: list[str]) -> None:

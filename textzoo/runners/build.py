@@ -32,7 +32,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def resolve_device(spec: str) -> torch.device:
-    """"auto" -> the first GPU when there is one, else CPU; anything else is passed to torch."""
+    """ "auto" -> the first GPU when there is one, else CPU; anything else is passed to torch."""
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -72,9 +72,15 @@ def build_policy(agent: AgentConfig, seed: int, device: torch.device) -> Policy:
     """
     if agent.model in ("tiny", "tiny-gpt2", "tiny-llama"):
         llama = agent.model == "tiny-llama"
-        policy = Policy.tiny("llama" if llama else "gpt2", n_layer=agent.n_layer, n_embd=agent.n_embd,
-                             n_head=agent.n_head, seed=seed, device=device,
-                             tokenizer=llama_byte_tokenizer() if llama else None)
+        policy = Policy.tiny(
+            "llama" if llama else "gpt2",
+            n_layer=agent.n_layer,
+            n_embd=agent.n_embd,
+            n_head=agent.n_head,
+            seed=seed,
+            device=device,
+            tokenizer=llama_byte_tokenizer() if llama else None,
+        )
     else:
         policy = Policy.from_pretrained(agent.model, device=device, dtype=_DTYPES[agent.dtype])
     policy.generation = generation_config(agent, policy)
@@ -103,8 +109,12 @@ def generation_config(agent: AgentConfig, policy: Policy) -> GenerationConfig:
             )
         prompt_budget = min(prompt_budget, positions - agent.max_new_tokens)
     return GenerationConfig(
-        max_new_tokens=agent.max_new_tokens, temperature=agent.temperature, top_p=agent.top_p,
-        top_k=agent.top_k, stop_strings=tuple(agent.stop_strings), allowed_tokens=allowed,
+        max_new_tokens=agent.max_new_tokens,
+        temperature=agent.temperature,
+        top_p=agent.top_p,
+        top_k=agent.top_k,
+        stop_strings=tuple(agent.stop_strings),
+        allowed_tokens=allowed,
         max_prompt_tokens=prompt_budget,
     )
 
@@ -124,11 +134,26 @@ def lora_policy(agent: AgentConfig, agent_id: str, seed: int, bases: dict[tuple,
 
     `bases` collects the shared bases of a team; a base is built once, from the seed of its first agent.
     """
-    key = (agent.model, agent.n_layer, agent.n_embd, agent.n_head, agent.dtype, agent.device, agent.gradient_checkpointing)
+    key = (
+        agent.model,
+        agent.n_layer,
+        agent.n_embd,
+        agent.n_head,
+        agent.dtype,
+        agent.device,
+        agent.gradient_checkpointing,
+    )
     if key not in bases:
         bases[key] = SharedBase(build_policy(agent, seed, build_device(agent.device)))
-    policy = bases[key].add(agent_id, agent.lora_rank, agent.lora_alpha, agent.lora_dropout, agent.lora_target_modules,
-                            trainable=agent.trainable, seed=seed)
+    policy = bases[key].add(
+        agent_id,
+        agent.lora_rank,
+        agent.lora_alpha,
+        agent.lora_dropout,
+        agent.lora_target_modules,
+        trainable=agent.trainable,
+        seed=seed,
+    )
     policy.generation = generation_config(agent, policy)
     return policy
 
@@ -147,7 +172,9 @@ def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
     """One actor per role (decentralized) or one joint actor for all roles (centralized)."""
     unknown = sorted(set(cfg.agent_overrides) - set(roles))
     if unknown:
-        raise ConfigError(f"agent_overrides names {unknown}, which the env {cfg.env!r} does not have; its agents: {roles}")
+        raise ConfigError(
+            f"agent_overrides names {unknown}, which the env {cfg.env!r} does not have; its agents: {roles}"
+        )
     if cfg.collaboration == "centralized":
         if cfg.agent_overrides:
             raise ConfigError(
@@ -155,8 +182,9 @@ def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
                 "put its settings in `agent` and drop agent_overrides"
             )
         budget = cfg.joint_max_new_tokens or len(roles) * cfg.agent.max_new_tokens
-        agent = dataclasses.replace(cfg.agent, max_new_tokens=budget,
-                                    max_prompt_tokens=len(roles) * cfg.agent.max_prompt_tokens)
+        agent = dataclasses.replace(
+            cfg.agent, max_new_tokens=budget, max_prompt_tokens=len(roles) * cfg.agent.max_prompt_tokens
+        )
         if agent.lora_rank:
             policy = lora_policy(agent, "joint", cfg.seed, {})
         else:
@@ -202,8 +230,9 @@ def build_family(cfg: TrainConfig, actors: list[Actor], algo: str | None = None)
         return build_actor_critic(cfg, actors, centralized=extra["centralized"])
     if family == "preference":
         # MARLHF updates with its online algorithm; the reward model is the pipeline's (runners.preference)
-        return build_family(cfg, actors, cfg.rl_algo) if extra.get("reward_model") else \
-            MADPOFamily(cfg.preference, actors)
+        return (
+            build_family(cfg, actors, cfg.rl_algo) if extra.get("reward_model") else MADPOFamily(cfg.preference, actors)
+        )
     raise ConfigError(f"algorithm family {family!r} is not available")
 
 
@@ -213,16 +242,20 @@ def build_actor_critic(cfg: TrainConfig, actors: list[Actor], centralized: bool)
 
     on_actor = ac.critic_model == "actor"
     if on_actor and centralized:
-        raise ConfigError("actor_critic.critic_model='actor' puts a value head on each actor's trunk: use it with "
-                          "iac/ippo (maac/mappo's critic reads the whole state, not one actor's prompt)")
+        raise ConfigError(
+            "actor_critic.critic_model='actor' puts a value head on each actor's trunk: use it with "
+            "iac/ippo (maac/mappo's critic reads the whole state, not one actor's prompt)"
+        )
 
     def critic(agent: AgentConfig, seed: int, actor: Actor | None = None) -> tuple[Critic, AgentConfig]:
         # the critic's model and learner settings: the agent's, with the critic's model and lr
-        head = dict(hidden=ac.value_head_hidden, init_std=ac.value_head_init_std, max_tokens=ac.critic_max_tokens,
-                    seed=seed)
+        head = dict(
+            hidden=ac.value_head_hidden, init_std=ac.value_head_init_std, max_tokens=ac.critic_max_tokens, seed=seed
+        )
         if on_actor:
-            return Critic.from_policy(actor.policy, shared_trunk=True, **head), \
-                dataclasses.replace(agent, lr=ac.critic_lr or agent.lr)
+            return Critic.from_policy(actor.policy, shared_trunk=True, **head), dataclasses.replace(
+                agent, lr=ac.critic_lr or agent.lr
+            )
         settings = dataclasses.replace(agent, model=ac.critic_model or agent.model, lr=ac.critic_lr or agent.lr)
         policy = build_policy(settings, seed, build_device(settings.device))
         return Critic.from_policy(policy, **head), settings
@@ -230,10 +263,20 @@ def build_actor_critic(cfg: TrainConfig, actors: list[Actor], centralized: bool)
     if centralized:
         built = {"critic": critic(cfg.agent, cfg.seed * 1000 + 999)}
     else:
-        built = {critic_name(a.id): critic(cfg.agent_config(a.id), cfg.seed * 1000 + 500 + i, a)
-                 for i, a in enumerate(actors) if a.trainable}
-    return ActorCriticFamily(ac, actors, {k: v[0] for k, v in built.items()}, centralized, cfg.gamma, cfg.credit,
-                             critic_settings={k: v[1] for k, v in built.items()})
+        built = {
+            critic_name(a.id): critic(cfg.agent_config(a.id), cfg.seed * 1000 + 500 + i, a)
+            for i, a in enumerate(actors)
+            if a.trainable
+        }
+    return ActorCriticFamily(
+        ac,
+        actors,
+        {k: v[0] for k, v in built.items()},
+        centralized,
+        cfg.gamma,
+        cfg.credit,
+        critic_settings={k: v[1] for k, v in built.items()},
+    )
 
 
 @dataclass
@@ -256,7 +299,7 @@ class ItemSampler:
                 self.epoch, self.position = self.epoch + 1, 0
                 order = self._order()
             take = min(n - len(out), self.num_items - self.position)
-            out.extend(int(i) for i in order[self.position:self.position + take])
+            out.extend(int(i) for i in order[self.position : self.position + take])
             self.position += take
         return out
 

@@ -103,7 +103,10 @@ def capture_rng() -> dict[str, Any]:
     np_state = np.random.get_state(legacy=False)
     return {
         "python": random.getstate(),
-        "numpy": {**np_state, "state": {"key": np_state["state"]["key"].tolist(), "pos": int(np_state["state"]["pos"])}},
+        "numpy": {
+            **np_state,
+            "state": {"key": np_state["state"]["key"].tolist(), "pos": int(np_state["state"]["pos"])},
+        },
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
@@ -193,8 +196,8 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
         return []
     found = []
     for p in root.iterdir():
-        if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit():
-            found.append((int(p.name[len(PREFIX):]), p))
+        if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX) :].isdigit():
+            found.append((int(p.name[len(PREFIX) :]), p))
     return [p for _, p in sorted(found)]
 
 

@@ -60,7 +60,9 @@ def _run_config(run_dir: str) -> TrainConfig:
     for path in [Path(run_dir) / "config.json", *[c / "config.json" for c in reversed(list_checkpoints(run_dir))]]:
         if path.is_file():
             return load_config(path)
-    raise CheckpointError(f"{run_dir!r} is not a textzoo run directory (no config.json): pass a folder written by textzoo train")
+    raise CheckpointError(
+        f"{run_dir!r} is not a textzoo run directory (no config.json): pass a folder written by textzoo train"
+    )
 
 
 def train(argv: list[str]) -> None:
@@ -75,9 +77,14 @@ def train(argv: list[str]) -> None:
     resume, rest = _split_option(rest, "--resume")
     explicit = resume if resume and resume != "auto" else None
     default = load_config(path) if path else _run_config(explicit) if explicit else TrainConfig()
-    cfg = tyro.cli(TrainConfig, default=default, args=rest, prog="textzoo train",
-                   description="Train a team of LLM agents on a text task. Add --config FILE to start from a file, "
-                               "--resume RUN_DIR|auto to continue a run.")
+    cfg = tyro.cli(
+        TrainConfig,
+        default=default,
+        args=rest,
+        prog="textzoo train",
+        description="Train a team of LLM agents on a text task. Add --config FILE to start from a file, "
+        "--resume RUN_DIR|auto to continue a run.",
+    )
     if cfg.num_processes > 1 and "WORLD_SIZE" not in os.environ:
         from textzoo.runners.distributed import launch
 
@@ -171,7 +178,7 @@ def sft(argv: list[str]) -> None:
     args = tyro.cli(SFTArgs, args=argv, prog="textzoo sft")
     losses = run_sft(args)
     print(f"sft loss: {losses[0]:.4f} -> {losses[-1]:.4f} in {len(losses)} steps")
-    print(f"saved to {args.out}; train with --agent-overrides '{{\"ROLE\": {{\"model\": \"{args.out}\"}}}}'")
+    print(f'saved to {args.out}; train with --agent-overrides \'{{"ROLE": {{"model": "{args.out}"}}}}\'')
 
 
 def bench(argv: list[str]) -> None:

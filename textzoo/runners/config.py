@@ -242,7 +242,8 @@ class TrainConfig:
             raise ConfigError(f"collaboration must be 'decentralized' or 'centralized', got {self.collaboration!r}")
         if self.joint_max_new_tokens < 0:
             raise ConfigError(
-                f"joint_max_new_tokens must be >= 0 (0 = N roles x agent.max_new_tokens), got {self.joint_max_new_tokens}"
+                "joint_max_new_tokens must be >= 0 (0 = N roles x agent.max_new_tokens), "
+                f"got {self.joint_max_new_tokens}"
             )
         if not 0 <= self.gamma <= 1:
             raise ConfigError(f"gamma must be in [0, 1], got {self.gamma}")

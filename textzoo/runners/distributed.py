@@ -146,8 +146,12 @@ def launch(fn: Callable[..., None], num_processes: int, *args: Any) -> None:
     `fn` must be importable by a fresh interpreter (spawn). If one replica fails, the others are
     stopped (they would wait forever in the next all-reduce) and `TextzooError` names the failures.
     """
-    base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(num_processes),
-            "LOCAL_WORLD_SIZE": str(num_processes)}
+    base = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "WORLD_SIZE": str(num_processes),
+        "LOCAL_WORLD_SIZE": str(num_processes),
+    }
     ctx = mp.get_context("spawn")
     procs = []
     for rank in range(num_processes):

@@ -96,7 +96,9 @@ def visible_devices(spec: str, local_rank: int | None = None) -> list[DeviceSpec
         try:
             names = [torch.device(s.strip()) for s in spec.split(",") if s.strip()]
         except RuntimeError as e:
-            raise ConfigError(f"devices must be 'auto', 'cpu' or a list like 'cuda:0,cuda:1', got {spec!r} ({e})") from e
+            raise ConfigError(
+                f"devices must be 'auto', 'cpu' or a list like 'cuda:0,cuda:1', got {spec!r} ({e})"
+            ) from e
         if any(d.type == "cuda" for d in names) and not torch.cuda.is_available():
             raise ConfigError(f"devices={spec!r} names GPUs but none is visible: use devices='auto' or 'cpu'")
     return [DeviceSpec(str(d), _capacity(d)) for d in names]
@@ -119,8 +121,9 @@ def place_models(
         members[name] = unit
         params = {id(p): p for member in unit for p in _footprint(models[member][0])}
         total = sum(p.numel() * p.element_size() for p in params.values())
-        trained = {id(p): p for member in unit if models[member][2] for p in models[member][0].parameters()
-                   if p.requires_grad}
+        trained = {
+            id(p): p for member in unit if models[member][2] for p in models[member][0].parameters() if p.requires_grad
+        }
         total += ADAM_COPIES * sum(p.numel() * p.element_size() for p in trained.values())
         specs.append(ModelSpec(name, models[unit[0]][1], total))
     unit_overrides: dict[str, str] = {}
@@ -128,8 +131,10 @@ def place_models(
     for name, unit in members.items():
         asked = {overrides[m] for m in unit if m in overrides}
         if len(asked) > 1:
-            raise ConfigError(f"device_map puts {unit}, which share weights, on different devices {sorted(asked)}: "
-                              "give them one device")
+            raise ConfigError(
+                f"device_map puts {unit}, which share weights, on different devices {sorted(asked)}: "
+                "give them one device"
+            )
         if asked:
             unit_overrides[name] = asked.pop()
     placement = resolve_placement(specs, devices, unit_overrides)
@@ -138,10 +143,19 @@ def place_models(
         for member in members[spec.name]:
             module, kind, trained = models[member]
             module.to(placement[spec.name])
-            rows.append({"model": member, "kind": kind, "device": placement[spec.name],
-                         "gib": round(model_bytes(module, trained) / 2**30, 3),
-                         **({"shares_weights_with": [m for m in members[spec.name] if m != member]}
-                            if len(members[spec.name]) > 1 else {})})
+            rows.append(
+                {
+                    "model": member,
+                    "kind": kind,
+                    "device": placement[spec.name],
+                    "gib": round(model_bytes(module, trained) / 2**30, 3),
+                    **(
+                        {"shares_weights_with": [m for m in members[spec.name] if m != member]}
+                        if len(members[spec.name]) > 1
+                        else {}
+                    ),
+                }
+            )
     return rows
 
 
@@ -203,5 +217,6 @@ def format_placement(rows: list[dict[str, Any]]) -> str:
     def shares(r: dict[str, Any]) -> str:
         return f", with {'+'.join(r['shares_weights_with'])}" if r.get("shares_weights_with") else ""
 
-    return "placement: " + ", ".join(f"{r['model']} ({r['kind']}, {r['gib']} GiB{shares(r)}) -> {r['device']}"
-                                     for r in rows)
+    return "placement: " + ", ".join(
+        f"{r['model']} ({r['kind']}, {r['gib']} GiB{shares(r)}) -> {r['device']}" for r in rows
+    )

@@ -39,8 +39,11 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1) -> P
     import matplotlib.pyplot as plt
 
     runs = {Path(d).name: read_metrics(d) for d in run_dirs}
-    panels = [(title, match) for title, match in PANELS
-              if any(match(k) for rows in runs.values() for row in rows for k in row)]
+    panels = [
+        (title, match)
+        for title, match in PANELS
+        if any(match(k) for rows in runs.values() for row in rows for k in row)
+    ]
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     for ax, (title, match) in zip(axes[0], panels):
         for name, rows in runs.items():
@@ -70,6 +73,6 @@ def _smooth(values: list[float], window: int) -> list[float]:
         return values
     out = []
     for i in range(len(values)):
-        chunk = values[max(0, i - window + 1):i + 1]
+        chunk = values[max(0, i - window + 1) : i + 1]
         out.append(sum(chunk) / len(chunk))
     return out

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from textzoo.runners.trainer import Trainer
 
 
-def rollout_hooks(cfg: TrainConfig) -> list["PreferenceRounds"]:
+def rollout_hooks(cfg: TrainConfig) -> list[PreferenceRounds]:
     """The hooks a config needs: the preference pipeline for MARLHF, and for MADPO with rounds/comparator."""
     family, extra = resolve_algorithm(cfg.algo)
     if family != "preference":
@@ -56,8 +56,9 @@ def _seed(*parts: int) -> int:
 
 
 def _cat_pairs(batches: list[PairBatch], pad_id: int) -> PairBatch:
-    return PairBatch(Generation.cat([b.chosen for b in batches], pad_id),
-                     Generation.cat([b.rejected for b in batches], pad_id))
+    return PairBatch(
+        Generation.cat([b.chosen for b in batches], pad_id), Generation.cat([b.rejected for b in batches], pad_id)
+    )
 
 
 class PreferenceRounds:
@@ -75,17 +76,19 @@ class PreferenceRounds:
         self.reward_model: Critic | None = None
 
     # ---- building --------------------------------------------------------------------------------
-    def attach(self, trainer: "Trainer") -> None:
+    def attach(self, trainer: Trainer) -> None:
         """Build the reward model, its learner and the comparator team next to the trainer's."""
         cfg, pc = self.cfg, self.pc
         self.trainer = trainer
         device = trainer.actors[0].policy.device
         if self.marlhf:
-            settings = dataclasses.replace(cfg.agent, model=pc.reward_model, lr=pc.rm_lr, lr_schedule="constant",
-                                           warmup_steps=0, trainable=True)
+            settings = dataclasses.replace(
+                cfg.agent, model=pc.reward_model, lr=pc.rm_lr, lr_schedule="constant", warmup_steps=0, trainable=True
+            )
             seed = cfg.seed * 1000 + 777
-            self.reward_model = Critic.from_policy(build_policy(settings, seed, device),
-                                                   max_tokens=pc.rm_max_tokens, seed=seed)
+            self.reward_model = Critic.from_policy(
+                build_policy(settings, seed, device), max_tokens=pc.rm_max_tokens, seed=seed
+            )
             self.rm_learner = build_learner(self.reward_model, settings, cfg.iterations)
         self.comparator = None
         if pc.comparator == "model":
@@ -110,8 +113,9 @@ class PreferenceRounds:
             self.collector = Collector(trainer.env_fn, self.comparator, cfg.env_workers)
 
     # ---- the hook --------------------------------------------------------------------------------
-    def before_jobs(self, trainer: "Trainer", rollout: Rollout, items: list[int],
-                    seeds: list[int]) -> tuple[Rollout, dict[str, float]]:
+    def before_jobs(
+        self, trainer: Trainer, rollout: Rollout, items: list[int], seeds: list[int]
+    ) -> tuple[Rollout, dict[str, float]]:
         """Start a round when one begins; add comparator samples (MADPO) or reward-model rewards (MARLHF)."""
         stats: dict[str, float] = {}
         r = trainer.step // self.round_steps
@@ -130,11 +134,13 @@ class PreferenceRounds:
     def score_texts(self, texts: list[str]) -> torch.Tensor:
         return scores(self.reward_model, encode_texts(self.reward_model, texts))
 
-    def start_round(self, trainer: "Trainer", r: int) -> None:
+    def start_round(self, trainer: Trainer, r: int) -> None:
         self.round = r
         if self.pc.comparator in ("copy", "history"):
-            self.snapshots[r] = {a.id: {k: v.detach().to("cpu", copy=True) for k, v in a.policy.model.state_dict().items()}
-                                 for a in trainer.actors}
+            self.snapshots[r] = {
+                a.id: {k: v.detach().to("cpu", copy=True) for k, v in a.policy.model.state_dict().items()}
+                for a in trainer.actors
+            }
             back = 0 if self.pc.comparator == "copy" else self.pc.history_k
             for old in [k for k in self.snapshots if k < r - back]:
                 del self.snapshots[old]
@@ -149,14 +155,14 @@ class PreferenceRounds:
             for twin in self.comparator:
                 twin.policy.model.load_state_dict(weights[twin.id])
 
-    def candidates(self, trainer: "Trainer", items: list[int], seeds: list[int]) -> Rollout:
+    def candidates(self, trainer: Trainer, items: list[int], seeds: list[int]) -> Rollout:
         """The current team's samples of the prompts, and the comparator's when there is one."""
         rollout = trainer.collector.collect(items, seeds, self.cfg.group_size)
         if self.comparator is not None:
             rollout = merge_groups(rollout, self.collector.collect(items, seeds, self.cfg.group_size))
         return rollout
 
-    def train_reward_model(self, trainer: "Trainer", r: int) -> None:
+    def train_reward_model(self, trainer: Trainer, r: int) -> None:
         """Collect pairs by task reward, hold some out, replay older ones, fit Bradley–Terry, report accuracy."""
         cfg, pc, rm = self.cfg, self.pc, self.reward_model
         new, task = [], []
@@ -169,7 +175,9 @@ class PreferenceRounds:
             chosen = select_pairs(episode, pc.pair_selection, pc.pairs_per_prompt)  # [S, 3]
             gen = encode_texts(rm, joint_texts(pool))
             K = pool.group_size
-            new.append(PairBatch(gen.select(chosen[:, 0] * K + chosen[:, 1]), gen.select(chosen[:, 0] * K + chosen[:, 2])))
+            new.append(
+                PairBatch(gen.select(chosen[:, 0] * K + chosen[:, 1]), gen.select(chosen[:, 0] * K + chosen[:, 2]))
+            )
         new_pairs = _cat_pairs(new, rm.pad_id)
         order = torch.randperm(len(new_pairs))
         held = int(round(len(new_pairs) * pc.rm_holdout))
@@ -180,8 +188,13 @@ class PreferenceRounds:
         before = pair_accuracy(rm, holdout)
         update = {}
         if len(train):
-            job = Job("reward_model", train, partial(reward_model_loss, rm), epochs=pc.rm_epochs,
-                      minibatches=pc.rm_minibatches)
+            job = Job(
+                "reward_model",
+                train,
+                partial(reward_model_loss, rm),
+                epochs=pc.rm_epochs,
+                minibatches=pc.rm_minibatches,
+            )
             update = run_job(job, self.rm_learner, cfg.update)
         self.round_stats = {
             "rm/pairs": float(len(train)),
@@ -195,8 +208,13 @@ class PreferenceRounds:
 
     # ---- checkpoints -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"round": self.round, "round_steps": self.round_steps, "snapshots": self.snapshots,
-                                 "store": self.store.state_dict(), "round_stats": self.round_stats}
+        state: dict[str, Any] = {
+            "round": self.round,
+            "round_steps": self.round_steps,
+            "snapshots": self.snapshots,
+            "store": self.store.state_dict(),
+            "round_stats": self.round_stats,
+        }
         if self.reward_model is not None:
             state["reward_model"] = {k: v.detach().cpu() for k, v in self.reward_model.state_dict().items()}
             state["rm_learner"] = self.rm_learner.state_dict()
@@ -215,4 +233,3 @@ class PreferenceRounds:
             self.rm_learner.load_state_dict(state["rm_learner"])
         if self.snapshots and self.comparator is not None:
             self._load_comparator()
-

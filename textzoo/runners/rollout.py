@@ -2,8 +2,8 @@
 
 Each turn, each actor makes **one** batched generate call over every live env copy where one of its
 roles is active (actors on distinct devices generate at the same time, in threads); the envs then
-step (in a thread pool when `env_workers` > 1, so code-running tasks score many samples at once). The G copies of a prompt are reset with the same seed and item, so
-they pose the same task.
+step (in a thread pool when `env_workers` > 1, so code-running tasks score many samples at once).
+The G copies of a prompt are reset with the same seed and item, so they pose the same task.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import torch
 from textzoo.agents.batch import ActorStep, Rollout
 from textzoo.agents.policy import Generation
 from textzoo.agents.team import Actor
-from textzoo.runners.update import disjoint_models
 from textzoo.errors import EnvError
+from textzoo.runners.update import disjoint_models
 
 
 def prompt_seed(base_seed: int, step: int, prompt: int) -> int:
@@ -32,8 +32,9 @@ def prompt_seed(base_seed: int, step: int, prompt: int) -> int:
 class Collector:
     """Plays actors in a pool of env copies built by `env_fn`."""
 
-    def __init__(self, env_fn: Callable[[], Any], actors: Sequence[Actor], env_workers: int = 1,
-                 generate_workers: int = 1):
+    def __init__(
+        self, env_fn: Callable[[], Any], actors: Sequence[Actor], env_workers: int = 1, generate_workers: int = 1
+    ):
         self.env_fn = env_fn
         self.actors = list(actors)
         self.generate_workers = generate_workers
@@ -118,7 +119,7 @@ class Collector:
                 act_t[rows, ai] = True
                 steps.append(ActorStep(actor.id, t, torch.tensor(rows, dtype=torch.long), gen, greedy))
             start = time.perf_counter()
-            results = self._map(lambda e: envs[e].step(actions[e]), live)
+            results = self._map(lambda e, actions=actions: envs[e].step(actions[e]), live)
             time_env += time.perf_counter() - start
             rew_t = torch.zeros(E, R)
             still = []
@@ -140,10 +141,23 @@ class Collector:
             [rewards_t[:, [role_index[r] for r in a.roles], :].mean(1) for a in self.actors], dim=1
         )  # [E, A, T]
         rollout = Rollout(
-            num_prompts=B, group_size=G, roles=self.roles, actors=[a.id for a in self.actors], items=list(items),
-            steps=steps, rewards=rewards_t, actor_rewards=actor_rewards, active=torch.stack(active, dim=-1),
-            states=states, reward_terms=terms, infos={"parse_failures": parse_failures, "role_chars": role_chars,
-                   "time_generate": time_generate, "time_env": time_env},
+            num_prompts=B,
+            group_size=G,
+            roles=self.roles,
+            actors=[a.id for a in self.actors],
+            items=list(items),
+            steps=steps,
+            rewards=rewards_t,
+            actor_rewards=actor_rewards,
+            active=torch.stack(active, dim=-1),
+            states=states,
+            reward_terms=terms,
+            infos={
+                "parse_failures": parse_failures,
+                "role_chars": role_chars,
+                "time_generate": time_generate,
+                "time_env": time_env,
+            },
         )
         if cross:
             rollout.cross_rewards = self._cross(rollout, items, seeds)
@@ -167,8 +181,14 @@ class Collector:
             seeds = torch.randint(2**62, (len(requests),)).tolist()
             generators = [torch.Generator(device).manual_seed(s) for s in seeds]
             with ThreadPoolExecutor(min(self.generate_workers, len(requests))) as pool:
-                return list(pool.map(lambda i: requests[i][0].policy.generate(
-                    requests[i][1], greedy=greedy, generator=generators[i]), range(len(requests))))
+                return list(
+                    pool.map(
+                        lambda i: requests[i][0].policy.generate(
+                            requests[i][1], greedy=greedy, generator=generators[i]
+                        ),
+                        range(len(requests)),
+                    )
+                )
         out: list[Generation | None] = [None] * len(requests)
 
         def run(indices: list[int]) -> None:

@@ -52,7 +52,9 @@ def build_schedule(
     listed = [a for g in groups for a in g]
     unknown = sorted(set(listed) - set(agents))
     if unknown:
-        raise ConfigError(f"trainable_agents names {unknown}, which are not agents of this team; agents: {list(agents)}")
+        raise ConfigError(
+            f"trainable_agents names {unknown}, which are not agents of this team; agents: {list(agents)}"
+        )
     frozen = sorted(set(listed) - set(trainable))
     if frozen:
         raise ConfigError(

@@ -30,7 +30,9 @@ def load_pairs(path: str | Path) -> list[Pair]:
     """(prompt, completion) pairs from a JSONL file with `prompt` and `completion` string fields."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"pairs file {str(path)!r} does not exist; pass a JSONL file of {{\"prompt\", \"completion\"}} lines")
+        raise ConfigError(
+            f'pairs file {str(path)!r} does not exist; pass a JSONL file of {{"prompt", "completion"}} lines'
+        )
     pairs: list[Pair] = []
     for n, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
@@ -39,8 +41,12 @@ def load_pairs(path: str | Path) -> list[Pair]:
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise ConfigError(f"pairs file {str(path)!r}, line {n}: not JSON ({e})") from e
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not isinstance(row.get("completion"), str):
-            raise ConfigError(f"pairs file {str(path)!r}, line {n}: needs string fields \"prompt\" and \"completion\"")
+        if (
+            not isinstance(row, dict)
+            or not isinstance(row.get("prompt"), str)
+            or not isinstance(row.get("completion"), str)
+        ):
+            raise ConfigError(f'pairs file {str(path)!r}, line {n}: needs string fields "prompt" and "completion"')
         pairs.append((row["prompt"], row["completion"]))
     if not pairs:
         raise ConfigError(f"pairs file {str(path)!r} holds no pairs")
@@ -72,8 +78,13 @@ def completion_ids(policy: Policy, pairs: Sequence[Pair], add_eos: bool = True) 
     return rows
 
 
-def sft_loss(policy: Policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-             completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+def sft_loss(
+    policy: Policy,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+) -> torch.Tensor:
     """Mean negative log-likelihood of the completion tokens (a scalar with gradient)."""
     logprobs = policy.score(prompt_ids, prompt_mask, completion_ids, completion_mask)  # [S, C]
     mask = completion_mask.to(logprobs.dtype)  # [S, C]
@@ -186,11 +197,19 @@ def run_sft(args: SFTArgs) -> list[float]:
     from textzoo.runners.config import AgentConfig
 
     pairs = load_pairs(args.pairs)
-    agent = AgentConfig(model=args.model, n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head,
-                        lr=args.lr, allowed_outputs=tuple(args.allowed_outputs), device=args.device)
+    agent = AgentConfig(
+        model=args.model,
+        n_layer=args.n_layer,
+        n_embd=args.n_embd,
+        n_head=args.n_head,
+        lr=args.lr,
+        allowed_outputs=tuple(args.allowed_outputs),
+        device=args.device,
+    )
     policy = build_policy(agent, args.seed, resolve_device(args.device))
-    losses = sft(policy, pairs, steps=args.steps, lr=args.lr, batch_size=args.batch_size,
-                 add_eos=args.add_eos, seed=args.seed)
+    losses = sft(
+        policy, pairs, steps=args.steps, lr=args.lr, batch_size=args.batch_size, add_eos=args.add_eos, seed=args.seed
+    )
     out = Path(args.out)
     policy.save_pretrained(out)
     summary = {"args": asdict(args), "pairs": len(pairs), "loss_first": losses[0], "loss_last": losses[-1]}

@@ -22,8 +22,9 @@ class Tracker(Protocol):
 
 
 def _scalars(row: dict[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in row.items()
-            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {
+        k: float(v) for k, v in row.items() if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 class TensorBoardTracker:
@@ -57,8 +58,14 @@ class WandbTracker:
         id_file = run_dir / "wandb_id"
         run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:12]
         id_file.write_text(run_id + "\n")
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "textzoo"), id=run_id, resume="allow",
-                              dir=str(run_dir), name=run_dir.name, config=config)
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "textzoo"),
+            id=run_id,
+            resume="allow",
+            dir=str(run_dir),
+            name=run_dir.name,
+            config=config,
+        )
 
     def log(self, row: dict[str, Any], step: int) -> None:
         self.run.log(_scalars(row), step=step)
@@ -67,9 +74,13 @@ class WandbTracker:
         self.run.finish()
 
 
-def build_trackers(report_to: tuple[str, ...], run_dir: Path, config: dict[str, Any], resume_step: int = 0) -> list[Tracker]:
+def build_trackers(
+    report_to: tuple[str, ...], run_dir: Path, config: dict[str, Any], resume_step: int = 0
+) -> list[Tracker]:
     """The sinks named in `report_to` (validated by TrainConfig)."""
     trackers: list[Tracker] = []
     for name in report_to:
-        trackers.append(TensorBoardTracker(run_dir, resume_step) if name == "tensorboard" else WandbTracker(run_dir, config))
+        trackers.append(
+            TensorBoardTracker(run_dir, resume_step) if name == "tensorboard" else WandbTracker(run_dir, config)
+        )
     return trackers

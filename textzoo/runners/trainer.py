@@ -55,10 +55,25 @@ def default_run_dir(cfg: TrainConfig) -> Path:
     return Path("runs") / f"{name}-{cfg.algo}-s{cfg.seed}-{stamp}"
 
 
-RESUME_SAFE = frozenset({
-    "steps", "run_dir", "progress", "plot", "threads", "env_workers", "save_every", "keep_last", "report_to",
-    "eval_every", "eval_prompts", "devices", "device_map", "num_processes", "agent.device",
-})
+RESUME_SAFE = frozenset(
+    {
+        "steps",
+        "run_dir",
+        "progress",
+        "plot",
+        "threads",
+        "env_workers",
+        "save_every",
+        "keep_last",
+        "report_to",
+        "eval_every",
+        "eval_prompts",
+        "devices",
+        "device_map",
+        "num_processes",
+        "agent.device",
+    }
+)
 """Config fields a resumed run may change: they do not alter what was learned so far. A longer `steps`
 extends the run (a linear/cosine schedule is then stretched over the new total). Evaluation samples
 from its own stream, so the eval schedule never changes training; the replica count is checked
@@ -90,8 +105,13 @@ class Trainer:
     process group a launcher describes in the environment, else a single process).
     """
 
-    def __init__(self, cfg: TrainConfig, run_dir: str | Path | None = None, resume: str | Path | None = None,
-                 dist: DistContext | None = None):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        run_dir: str | Path | None = None,
+        resume: str | Path | None = None,
+        dist: DistContext | None = None,
+    ):
         self.cfg = cfg
         self.dist = dist or DistContext.from_env()
         if cfg.batch_prompts % self.dist.world_size:
@@ -111,24 +131,35 @@ class Trainer:
             raise ConfigError(f"{cfg.env!r} has no num_items(); textzoo runners select prompts by index")
         self.actors = build_actors(cfg, self.roles)
         self.family = build_family(cfg, self.actors)
-        overrides = {a.id: cfg.agent_config(a.id).device for a in self.actors
-                     if a.id in self.roles and cfg.agent_config(a.id).device != "auto"}
+        overrides = {
+            a.id: cfg.agent_config(a.id).device
+            for a in self.actors
+            if a.id in self.roles and cfg.agent_config(a.id).device != "auto"
+        }
         local_rank = self.dist.local_rank if self.dist.enabled else None
-        self.placement = place_models(team_models(self.actors, self.family),
-                                      visible_devices(cfg.devices, local_rank), {**overrides, **cfg.device_map})
+        self.placement = place_models(
+            team_models(self.actors, self.family),
+            visible_devices(cfg.devices, local_rank),
+            {**overrides, **cfg.device_map},
+        )
         if cfg.reinforce.joint_mode == "cross" and len(self.actors) > 6:
             raise ConfigError("joint_mode='cross' evaluates G^N combinations: use it with few agents")
         self.collector = Collector(self.env_fn, self.actors, cfg.env_workers, cfg.generate_workers)
         self.learners = {
             a.id: build_learner(a.policy.model, cfg.agent_config(a.id) if a.id in self.roles else cfg.agent, cfg.steps)
-            for a in self.actors if a.trainable
+            for a in self.actors
+            if a.trainable
         }
         # models a family trains besides the actors (critics, reward models): name -> (module, AgentConfig)
         for name, (module, settings) in getattr(self.family, "trainable_models", dict)().items():
             self.learners[name] = build_learner(module, settings, cfg.steps)
         self.sampler = ItemSampler(num_items, cfg.seed)
-        self.schedule = build_schedule(cfg.trainable_agents, cfg.alternate_every, [a.id for a in self.actors],
-                                       [a.id for a in self.actors if a.trainable])
+        self.schedule = build_schedule(
+            cfg.trainable_agents,
+            cfg.alternate_every,
+            [a.id for a in self.actors],
+            [a.id for a in self.actors if a.trainable],
+        )
         self.step = 0
         # pipeline stages between collection and the family (preference rounds, reward-model rewards)
         self.hooks = rollout_hooks(cfg)
@@ -143,7 +174,11 @@ class Trainer:
             for module, _kind, _trained in team_models(self.actors, self.family).values():
                 self.dist.broadcast_module(module)
             # replicas sample their own prompts with their own streams; replica 0 keeps the seed's
-            seed = int(np.random.SeedSequence([cfg.seed, self.dist.rank]).generate_state(1)[0]) if self.dist.rank else cfg.seed
+            seed = (
+                int(np.random.SeedSequence([cfg.seed, self.dist.rank]).generate_state(1)[0])
+                if self.dist.rank
+                else cfg.seed
+            )
             torch.manual_seed(seed)
             random.seed(seed)
             np.random.seed(seed)
@@ -185,14 +220,16 @@ class Trainer:
                 row[f"agent/{actor_id}/training"] = float(actor_id in training)
         step_time = t_update - t0
         tokens = row["tokens_generated"]
-        row.update({
-            "time/step": step_time,
-            "time/generate": rollout.infos["time_generate"],
-            "time/reward": rollout.infos["time_env"],
-            "time/update": t_update - t_collect,
-            "time/tokens_per_s": tokens / step_time,
-            "time/joint_actions_per_s": rollout.num_envs / step_time,
-        })
+        row.update(
+            {
+                "time/step": step_time,
+                "time/generate": rollout.infos["time_generate"],
+                "time/reward": rollout.infos["time_env"],
+                "time/update": t_update - t_collect,
+                "time/tokens_per_s": tokens / step_time,
+                "time/joint_actions_per_s": rollout.num_envs / step_time,
+            }
+        )
         return merge_rows(self.dist.gather(row)) if self.dist.enabled else row
 
     def evaluate(self, prompts: int | None = None) -> dict[str, float]:
@@ -232,7 +269,7 @@ class Trainer:
             print(format_placement(self.placement), file=sys.stderr)
         trackers = build_trackers(cfg.report_to, self.run_dir, to_dict(cfg), self.step) if main else []
         progress = _Progress(cfg.steps, self.step, enabled=cfg.progress and main)
-        with progress, (open(self.metrics_path, "a") if main else contextlib.nullcontext()) as log:
+        with progress, open(self.metrics_path, "a") if main else contextlib.nullcontext() as log:
             if self.step == 0 and main:
                 self._write(log, {"step": 0, **self.evaluate()}, trackers)
             while self.step < cfg.steps:
@@ -406,8 +443,14 @@ class _Progress:
         if enabled:
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-            self.bar = Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                                TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
+            self.bar = Progress(
+                TextColumn("[bold]train"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total}"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"),
+            )
             self.task = self.bar.add_task("train", total=total, completed=done, info="")
 
     def __enter__(self):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from contextlib import nullcontext
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -69,7 +69,9 @@ class UpdateConfig:
         if self.micro_batch_size < 1:
             raise ConfigError(f"update.micro_batch_size must be >= 1, got {self.micro_batch_size}")
         if self.parallel_jobs < 1:
-            raise ConfigError(f"update.parallel_jobs must be >= 1 (1 = one learner at a time), got {self.parallel_jobs}")
+            raise ConfigError(
+                f"update.parallel_jobs must be >= 1 (1 = one learner at a time), got {self.parallel_jobs}"
+            )
 
 
 def disjoint_models(models: list[torch.nn.Module]) -> bool:
@@ -112,7 +114,9 @@ def run_jobs(
     # starts at once instead of after an actor. Order cannot change results: the jobs are independent.
     order = sorted(jobs, key=_job_tokens, reverse=True)
     with ThreadPoolExecutor(workers) as pool:
-        stats = dict(zip((job.learner for job in order), pool.map(lambda job: run_job(job, learners[job.learner], cfg), order)))
+        stats = dict(
+            zip((job.learner for job in order), pool.map(lambda job: run_job(job, learners[job.learner], cfg), order))
+        )
     return {job.learner: stats[job.learner] for job in jobs}
 
 
