@@ -5,6 +5,8 @@ import threading
 import pytest
 import torch
 
+from textzoo.agents.backends.module import ModuleBackend
+from textzoo.agents.backends.plain import PlainBackend
 from textzoo.agents.fastlm import FastDecoder, KVCache
 from textzoo.agents.policy import GenerationConfig, Policy
 
@@ -72,9 +74,9 @@ def test_unsupported_models_fall_back():
     # the policy takes the fast forward for training too (dropout 0), and not when told not to
     policy = _tiny("llama")
     policy.model.train()
-    assert policy._fast() is not None
+    assert isinstance(policy.backend(), PlainBackend)
     policy.fast_forward = False
-    assert policy._fast() is None
+    assert isinstance(policy.backend(), ModuleBackend)
 
 
 def test_kv_cache_room():
@@ -109,13 +111,14 @@ def test_generation_is_the_same_with_and_without_the_fast_paths(arch, fast_forwa
 def _spy_rows(monkeypatch, policy: Policy) -> list[tuple[str, int]]:
     """Record (call, rows) of every model pass: the fast decoder's prefill/extend, or the module's forward."""
     seen: list[tuple[str, int]] = []
-    fast = policy._fast()
-    if fast is None:
-        forward = policy._forward
+    backend = policy.backend()
+    if isinstance(backend, ModuleBackend):
+        forward = backend._forward
         monkeypatch.setattr(
-            policy, "_forward", lambda ids, *a, **k: seen.append(("forward", ids.shape[0])) or forward(ids, *a, **k)
+            backend, "_forward", lambda ids, *a, **k: seen.append(("forward", ids.shape[0])) or forward(ids, *a, **k)
         )
         return seen
+    fast = backend.decoder
     prefill, extend = fast.prefill, fast.extend
     monkeypatch.setattr(
         fast, "prefill", lambda ids, *a, **k: seen.append(("prefill", ids.shape[0])) or prefill(ids, *a, **k)
@@ -144,7 +147,7 @@ def test_prefill_runs_each_distinct_prompt_once(monkeypatch, fast_forward):
 
 def test_grouped_rows_read_one_copy_of_their_prompt(monkeypatch):
     policy = _tiny("gpt2")
-    fast = policy._fast()
+    fast = policy.backend().decoder
     shares = []
     share = fast.share
     monkeypatch.setattr(fast, "share", lambda prefix, rows: shares.append(rows.group) or share(prefix, rows))
@@ -276,7 +279,7 @@ def test_scoring_with_active_dropout_gives_each_sample_its_own_prompt_pass(monke
     policy = _tiny("gpt2", dropout=0.1)
     gen = _generate(policy, _grouped(["p" * 30, "q" * 12], 4))
     policy.model.train()
-    assert policy._fast() is None  # only the module reproduces dropout
+    assert isinstance(policy.backend(), ModuleBackend)  # only the module reproduces dropout
     seen = _spy_rows(monkeypatch, policy)
     policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
     assert [rows for _, rows in seen] == [8]  # one pass over all rows: independent dropout masks
@@ -304,7 +307,8 @@ def _gqa_policy() -> Policy:
 @pytest.mark.parametrize("layout", ["groups", "scattered"])
 def test_grouped_query_attention_models_take_the_grouped_path_exactly(layout):
     policy = _gqa_policy()
-    assert policy._fast() is not None and policy._fast().kv_heads == 2 and policy._fast().heads == 4
+    fast = policy.backend().decoder
+    assert (fast.kv_heads, fast.heads) == (2, 4)
     prompts = _grouped(PROMPTS, 3) if layout == "groups" else ["b" * 9, "a", "b" * 9, "c" * 4]
     fast = _generate(policy, prompts)
     weights = torch.linspace(-1.0, 2.0, len(prompts))

@@ -292,3 +292,12 @@ def test_score_gradient_flows():
     gen = policy.generate(PROMPTS[:2], generator=torch.Generator().manual_seed(0))
     policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask).sum().backward()
     assert all(p.grad is not None for p in policy.model.parameters() if p.requires_grad)
+
+
+def test_length_counts_rows_without_texts(policy):
+    gen = policy.generate(PROMPTS[:3], generator=torch.Generator().manual_seed(0))
+    bare = Generation(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask, gen.logprobs)
+    assert len(bare) == 3 and bare.texts == []
+    assert len(bare.select([2, 0])) == 2 and bare.select([2, 0]).texts == []
+    both = Generation.cat([bare, gen], pad_id=PAD_ID)
+    assert len(both) == 6 and both.texts == []  # texts of only some batches would misalign rows

@@ -346,7 +346,7 @@ def test_per_sample_backward_runs_each_prompt_once_with_the_batched_gradient(arc
     gen = policy.generate(prompts, generator=torch.Generator().manual_seed(0))
     batch = SampleBatch(gen, torch.linspace(-1, 1, len(prompts)))
     cfg = ReinforceConfig(loss_aggregation="seq_mean")
-    fast = policy._fast()
+    fast = policy.backend().decoder
     calls = []
     prefill = fast.prefill
     monkeypatch.setattr(fast, "prefill", lambda ids, *a: calls.append(ids.shape[0]) or prefill(ids, *a))
@@ -369,4 +369,4 @@ def test_per_sample_backward_runs_each_prompt_once_with_the_batched_gradient(arc
     for name in ("per-sample", "per-sample, shared prompts"):
         torch.testing.assert_close(grads[name], grads["batched"], atol=1e-6, rtol=1e-4, msg=name)
     assert grads["batched"].abs().sum() > 0
-    assert policy._prompt_cache is None  # the context closed
+    assert policy.backends().plain._prompt_cache is None  # the context closed

@@ -1,12 +1,14 @@
-"""A plain-torch forward of GPT-2 and Llama-family decoders over the transformers module's own weights.
+"""A plain-torch forward of transformers decoders over the module's own weights, one architecture a table entry.
 
 `FastDecoder.build(model)` returns a decoder for a supported model (None otherwise): it reads the
 parameters of the module at every call, so gradients, optimizers and checkpoints are unchanged; it
 only skips transformers' per-call overhead (mask construction, cache objects, kwargs plumbing), which
-dominates for the tiny models textzoo trains on CPU. Supported: GPT-2 (`GPT2LMHeadModel`) and
-Llama / Qwen2 / Mistral (full attention, no sliding window) with unwrapped `nn.Linear` / `Conv1D`
-layers: a LoRA- or otherwise-wrapped layer, cross-attention, or active dropout makes `usable` false
-and callers fall back to the module.
+dominates for the tiny models textzoo trains on CPU. `ARCHITECTURES` maps ``config.model_type`` to
+an `Architecture`: where the trunk and its blocks live, one forward function (GPT-2; Llama / Qwen2 /
+Mistral share one), the final norm, the head counts, and which modules that forward reproduces
+exactly (unwrapped `nn.Linear` / `Conv1D` layers, full attention, no extra sub-layers). A LoRA- or
+otherwise-wrapped layer, cross-attention or a sliding window makes `build` return None, and active
+dropout makes `usable` false; callers then run the transformers module.
 
 `prefill(ids, lengths)` runs the prompts of a batch once each (`Prefix`); `extend(ids, position,
 prefix, cache, keep)` runs the tokens after them, the rows that share a prompt (a group of G samples)
@@ -17,14 +19,15 @@ in scoring the prompt's gradient is accumulated by the same matmul instead of a 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-_LLAMA_LIKE = frozenset({"llama", "qwen2", "mistral"})
 GROUPED_SCORES_LIMIT = 1 << 24
 """Attention scores (per layer) above which a multi-token `extend` (scoring) uses one fused sdpa call
 over per-row copies of the prompt instead of the grouped matmul: the grouped form keeps its scores
@@ -152,36 +155,28 @@ class Prefix:
 class FastDecoder:
     """Forward of a supported causal LM in plain torch ops, reading the module's parameters."""
 
-    def __init__(self, model: nn.Module, kind: str) -> None:
+    def __init__(self, model: nn.Module, arch: Architecture) -> None:
         self.model = model
-        self.kind = kind
+        self.arch = arch
         config = model.config
         self.lm_head: nn.Linear | None = getattr(model, "lm_head", None)
-        if kind == "gpt2":
-            self.body = model.transformer if self.lm_head is not None else model
-            self.layers = list(self.body.h)
-            self.heads = config.n_head
-            self.kv_heads = config.n_head
-            self.dropout = max(config.resid_pdrop, config.embd_pdrop, config.attn_pdrop)
-        else:
-            self.body = model.model if self.lm_head is not None else model
-            self.layers = list(self.body.layers)
-            self.heads = config.num_attention_heads
-            self.kv_heads = config.num_key_value_heads
-            self.dropout = float(config.attention_dropout)
+        self.body = getattr(model, arch.trunk) if self.lm_head is not None else model
+        self.layers = list(getattr(self.body, arch.layers))
+        self.heads, self.kv_heads = arch.heads(config)
+        self.dropout = float(arch.dropout(config))
 
     @classmethod
     def build(cls, model: nn.Module) -> FastDecoder | None:
         """A decoder for ``model`` (a causal LM, or its trunk without the LM head) when its
-        architecture is supported exactly, else None."""
+        architecture is in `ARCHITECTURES` and the module is one its forward reproduces, else None."""
         config = getattr(model, "config", None)
-        kind = getattr(config, "model_type", None)
+        arch = ARCHITECTURES.get(getattr(config, "model_type", None))
+        if arch is None:
+            return None
         try:
             head = getattr(model, "lm_head", None)
-            if kind == "gpt2" and _plain_gpt2(model.transformer if head is not None else model, head):
-                return cls(model, kind)
-            if kind in _LLAMA_LIKE and _plain_llama(model.model if head is not None else model, head, config):
-                return cls(model, kind)
+            if arch.exact(getattr(model, arch.trunk) if head is not None else model, head, config):
+                return cls(model, arch)
         except AttributeError:  # a module layout this version of transformers does not have
             return None
         return None
@@ -314,9 +309,7 @@ class FastDecoder:
 
     def norm(self, hidden: torch.Tensor) -> torch.Tensor:
         """The trunk's final norm ([..., d])."""
-        if self.kind == "gpt2":
-            return _layer_norm(hidden, self.body.ln_f)
-        return _rms_norm(hidden, self.body.norm)
+        return self.arch.final_norm(self.body, hidden)
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head on final hidden states ([..., d] -> [..., V])."""
@@ -330,49 +323,53 @@ class FastDecoder:
         With ``last`` ([S] column per row), the last layer computes keys/values at every position but
         its output at column ``last`` only ([S, 1, d]).
         """
-        layers = self._gpt2 if self.kind == "gpt2" else self._llama
-        return layers(ids, position, attend, last)
+        return self.arch.forward(self, ids, position, attend, last)
 
-    def _gpt2(self, ids, position, attend, last=None) -> torch.Tensor:
-        body = self.body
-        hidden = body.wte(ids) + body.wpe(position)  # [S, T, d] (the modules: padding_idx keeps a zero gradient)
-        for i, block in enumerate(self.layers):
-            S, T, d = hidden.shape
-            attn, mlp = block.attn, block.mlp
-            x = _layer_norm(hidden, block.ln_1).view(S * T, d)
-            qkv = torch.addmm(attn.c_attn.bias, x, attn.c_attn.weight).view(S, T, 3, self.heads, -1)  # [S, T, 3, H, D]
-            q, k, v = qkv.unbind(2)  # 3 x [S, T, H, D]
-            if last is not None and i == len(self.layers) - 1:
-                q, hidden, T = _at(q, last), _at(hidden, last), 1  # [S, 1, H, D], [S, 1, d]
-            out = attend(i, q, k, v, attn.scaling).reshape(S * T, d)
-            hidden = hidden + torch.addmm(attn.c_proj.bias, out, attn.c_proj.weight).view(S, T, d)
-            x = _layer_norm(hidden, block.ln_2).view(S * T, d)
-            x = mlp.act(torch.addmm(mlp.c_fc.bias, x, mlp.c_fc.weight))  # [S*T, 4d]
-            hidden = hidden + torch.addmm(mlp.c_proj.bias, x, mlp.c_proj.weight).view(S, T, d)
-        return hidden
 
-    def _llama(self, ids, position, attend, last=None) -> torch.Tensor:
-        body = self.body
-        hidden = body.embed_tokens(ids)  # [S, T, d] (the module: padding_idx keeps a zero gradient)
-        cos, sin = body.rotary_emb(hidden, position)  # [S, T, D] each
-        cos, sin = cos[:, :, None], sin[:, :, None]  # [S, T, 1, D]
-        for i, layer in enumerate(self.layers):
-            S, T, _ = hidden.shape
-            attn, mlp = layer.self_attn, layer.mlp
-            x = _rms_norm(hidden, layer.input_layernorm)
-            k = _linear(x, attn.k_proj).view(S, T, self.kv_heads, -1)  # [S, T, H_kv, D]
-            v = _linear(x, attn.v_proj).view(S, T, self.kv_heads, -1)
-            k = k * cos + _rotate_half(k) * sin
-            if last is not None and i == len(self.layers) - 1:  # queries and outputs at `last` only
-                x, hidden, q_cos, q_sin = _at(x, last), _at(hidden, last), _at(cos, last), _at(sin, last)
-            else:
-                q_cos, q_sin = cos, sin
-            q = _linear(x, attn.q_proj).view(S, x.shape[1], self.heads, -1)  # [S, T', H, D]
-            q = q * q_cos + _rotate_half(q) * q_sin
-            hidden = hidden + _linear(attend(i, q, k, v, attn.scaling), attn.o_proj)
-            x = _rms_norm(hidden, layer.post_attention_layernorm)
-            hidden = hidden + _linear(mlp.act_fn(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj), mlp.down_proj)
-        return hidden
+# ------------------------------------------------------------------- architectures: one forward each
+def gpt2_forward(dec: FastDecoder, ids, position, attend, last=None) -> torch.Tensor:
+    """GPT-2: learned positions, pre-LayerNorm blocks, fused qkv `Conv1D` (weights stored (in, out))."""
+    body = dec.body
+    hidden = body.wte(ids) + body.wpe(position)  # [S, T, d] (the modules: padding_idx keeps a zero gradient)
+    for i, block in enumerate(dec.layers):
+        S, T, d = hidden.shape
+        attn, mlp = block.attn, block.mlp
+        x = _layer_norm(hidden, block.ln_1).view(S * T, d)
+        qkv = torch.addmm(attn.c_attn.bias, x, attn.c_attn.weight).view(S, T, 3, dec.heads, -1)  # [S, T, 3, H, D]
+        q, k, v = qkv.unbind(2)  # 3 x [S, T, H, D]
+        if last is not None and i == len(dec.layers) - 1:
+            q, hidden, T = _at(q, last), _at(hidden, last), 1  # [S, 1, H, D], [S, 1, d]
+        out = attend(i, q, k, v, attn.scaling).reshape(S * T, d)
+        hidden = hidden + torch.addmm(attn.c_proj.bias, out, attn.c_proj.weight).view(S, T, d)
+        x = _layer_norm(hidden, block.ln_2).view(S * T, d)
+        x = mlp.act(torch.addmm(mlp.c_fc.bias, x, mlp.c_fc.weight))  # [S*T, 4d]
+        hidden = hidden + torch.addmm(mlp.c_proj.bias, x, mlp.c_proj.weight).view(S, T, d)
+    return hidden
+
+
+def llama_forward(dec: FastDecoder, ids, position, attend, last=None) -> torch.Tensor:
+    """Llama / Qwen2 / Mistral: RoPE, RMSNorm, grouped-query attention, SwiGLU MLP."""
+    body = dec.body
+    hidden = body.embed_tokens(ids)  # [S, T, d] (the module: padding_idx keeps a zero gradient)
+    cos, sin = body.rotary_emb(hidden, position)  # [S, T, D] each
+    cos, sin = cos[:, :, None], sin[:, :, None]  # [S, T, 1, D]
+    for i, layer in enumerate(dec.layers):
+        S, T, _ = hidden.shape
+        attn, mlp = layer.self_attn, layer.mlp
+        x = _rms_norm(hidden, layer.input_layernorm)
+        k = _linear(x, attn.k_proj).view(S, T, dec.kv_heads, -1)  # [S, T, H_kv, D]
+        v = _linear(x, attn.v_proj).view(S, T, dec.kv_heads, -1)
+        k = k * cos + _rotate_half(k) * sin
+        if last is not None and i == len(dec.layers) - 1:  # queries and outputs at `last` only
+            x, hidden, q_cos, q_sin = _at(x, last), _at(hidden, last), _at(cos, last), _at(sin, last)
+        else:
+            q_cos, q_sin = cos, sin
+        q = _linear(x, attn.q_proj).view(S, x.shape[1], dec.heads, -1)  # [S, T', H, D]
+        q = q * q_cos + _rotate_half(q) * q_sin
+        hidden = hidden + _linear(attend(i, q, k, v, attn.scaling), attn.o_proj)
+        x = _rms_norm(hidden, layer.post_attention_layernorm)
+        hidden = hidden + _linear(mlp.act_fn(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj), mlp.down_proj)
+    return hidden
 
 
 def _at(x: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
@@ -400,8 +397,22 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _plain_gpt2(body: nn.Module, head: nn.Module | None) -> bool:
-    if body.config.add_cross_attention or (head is not None and type(head) is not nn.Linear):
+# --------------------------------------------------- which modules each forward reproduces exactly
+def _plain_head(head: nn.Module | None) -> bool:
+    """No LM head (a trunk) or an unwrapped `nn.Linear` one."""
+    return head is None or type(head) is nn.Linear
+
+
+def _full_attention(config) -> bool:
+    """Every layer attends to every earlier position (no sliding window)."""
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    if any(kind != "full_attention" for kind in layer_types):
+        return False
+    return getattr(config, "sliding_window", None) is None or not getattr(config, "use_sliding_window", True)
+
+
+def gpt2_exact(body: nn.Module, head: nn.Module | None, config) -> bool:
+    if config.add_cross_attention or not _plain_head(head):
         return False
     for block in body.h:
         convs = (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj)
@@ -411,13 +422,8 @@ def _plain_gpt2(body: nn.Module, head: nn.Module | None) -> bool:
     return type(body.ln_f) is nn.LayerNorm
 
 
-def _plain_llama(body: nn.Module, head: nn.Module | None, config) -> bool:
-    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-    if any(kind != "full_attention" for kind in layer_types):
-        return False
-    if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
-        return False
-    if head is not None and type(head) is not nn.Linear:
+def llama_exact(body: nn.Module, head: nn.Module | None, config) -> bool:
+    if not _full_attention(config) or not _plain_head(head):
         return False
     for layer in body.layers:
         attn, mlp = layer.self_attn, layer.mlp
@@ -429,3 +435,47 @@ def _plain_llama(body: nn.Module, head: nn.Module | None, config) -> bool:
         if set(dict(attn.named_children())) != {"q_proj", "k_proj", "v_proj", "o_proj"}:
             return False
     return hasattr(body.norm, "variance_epsilon")
+
+
+# ------------------------------------------------------------------------- the architecture table
+@dataclass(frozen=True)
+class Architecture:
+    """How `FastDecoder` reads one family of transformers causal LMs: an entry of `ARCHITECTURES`."""
+
+    trunk: str
+    """The causal LM's attribute that holds the trunk (the model without its LM head)."""
+    layers: str
+    """The trunk's attribute that holds its blocks."""
+    forward: Callable[..., torch.Tensor]
+    """``(decoder, ids [S, T], position [S, T], attend, last) -> hidden [S, T, d]`` before the final norm;
+    ``attend(layer, q, k, v, scale)`` mixes positions (see `FastDecoder._hidden`)."""
+    final_norm: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+    """``(trunk, hidden) -> hidden`` after the trunk's final norm."""
+    heads: Callable[[Any], tuple[int, int]]
+    """``config -> (query heads, key/value heads)``."""
+    dropout: Callable[[Any], float]
+    """``config -> the largest dropout probability`` (train mode with dropout falls back to the module)."""
+    exact: Callable[[nn.Module, nn.Module | None, Any], bool]
+    """``(trunk, lm_head or None, config) ->`` whether `forward` reproduces this module exactly."""
+
+
+GPT2 = Architecture(
+    trunk="transformer",
+    layers="h",
+    forward=gpt2_forward,
+    final_norm=lambda body, hidden: _layer_norm(hidden, body.ln_f),
+    heads=lambda config: (config.n_head, config.n_head),
+    dropout=lambda config: max(config.resid_pdrop, config.embd_pdrop, config.attn_pdrop),
+    exact=gpt2_exact,
+)
+LLAMA = Architecture(
+    trunk="model",
+    layers="layers",
+    forward=llama_forward,
+    final_norm=lambda body, hidden: _rms_norm(hidden, body.norm),
+    heads=lambda config: (config.num_attention_heads, config.num_key_value_heads),
+    dropout=lambda config: config.attention_dropout,
+    exact=llama_exact,
+)
+ARCHITECTURES: dict[str, Architecture] = {"gpt2": GPT2, "llama": LLAMA, "qwen2": LLAMA, "mistral": LLAMA}
+"""``config.model_type`` -> how the plain-torch decoder runs it; other models run the transformers module."""

@@ -1,0 +1,194 @@
+"""Sampling and scoring arithmetic over a model backend: the distribution, draws, stop strings, texts.
+
+One distribution serves sampling and scoring: ``log_softmax(logits / temperature)`` restricted to the
+allowed tokens (an additive bias of 0 / -inf). top-k / top-p only truncate the distribution a token
+is *drawn* from; the recorded log-probs are of the full one, so the importance ratio of a fresh
+sample is 1 and the scored sequence is the sampled one.
+
+`decode` is the token loop: the backend's ``Decoding.decode(tokens) -> logits`` advances the model,
+and a ``choose(logp, rows, step) -> tokens`` function picks each step's tokens (a draw, the argmax,
+or, for a caller that scripts some positions, tokens of its own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from textzoo.agents.backends import Decoding, HeadInput
+from textzoo.agents.generation import GenerationConfig
+from textzoo.errors import ConfigError
+
+Choose = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+"""``choose(logp [S', V], rows [S'], step) -> tokens [S']``: the tokens of the rows ``rows`` (indices
+into the batch) at completion position ``step``, given the sampling distribution's log-probs."""
+
+
+def allowed_bias(
+    allowed: Sequence[int] | None, eos_ids: Sequence[int], vocab: int, device: torch.device, name: str = "policy"
+) -> torch.Tensor | None:
+    """0 on allowed ids (and EOS), -inf elsewhere ([V]); None when every token is allowed."""
+    if allowed is None:
+        return None
+    ids = sorted({*allowed, *eos_ids})
+    if ids[-1] >= vocab:
+        raise ConfigError(f"generation.allowed_tokens contains id {ids[-1]}, but policy {name!r} has {vocab} logits")
+    bias = torch.full((vocab,), float("-inf"), device=device)  # [V]
+    bias[ids] = 0.0
+    return bias
+
+
+def log_probs(logits: torch.Tensor, temperature: float, bias: torch.Tensor | None) -> torch.Tensor:
+    """The sampling/scoring distribution: log_softmax(logits / T), restricted by ``bias`` ([..., V])."""
+    logits = logits.float()  # [..., V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    if bias is not None:
+        logits = logits + bias
+    return torch.log_softmax(logits, dim=-1)  # [..., V]
+
+
+def draw(logp: torch.Tensor, top_k: int, top_p: float, uniform: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``logp`` ([S, V]) after top-k / top-p truncation, by inverse CDF at
+    ``uniform`` ([S, 1] float64 in [0, 1))."""
+    if top_k > 0 and top_k < logp.shape[-1]:
+        kth = logp.topk(top_k, dim=-1).values[:, -1:]  # [S, 1]
+        logp = logp.masked_fill(logp < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logp, order = logp.sort(dim=-1, descending=True)  # [S, V]
+        sorted_p = sorted_logp.softmax(-1)  # [S, V] renormalised after top-k
+        # Keep a token while the mass ranked above it is below top_p (so the top token is kept).
+        drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= top_p  # [S, V]
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)  # [S, V] in vocab order
+        logp = logp.masked_fill(drop, float("-inf"))
+    # Inverse-CDF sampling: one uniform per row instead of multinomial's V exponentials (~10x
+    # faster on CPU, same RNG source). u lies in (0, total], and searchsorted returns the first
+    # index with cdf >= u, so a zero-probability token is never drawn. float64 keeps tiny
+    # probabilities resolved in the running sum.
+    cdf = logp.double().exp().cumsum(-1)  # [S, V] unnormalised after truncation; u scales by the total
+    u = (1.0 - uniform) * cdf[:, -1:]  # [S, 1]
+    return torch.searchsorted(cdf, u).squeeze(1)  # [S]
+
+
+def token_choice(
+    cfg: GenerationConfig, rows: int, greedy: bool = False, generator: torch.Generator | None = None
+) -> Choose:
+    """The argmax (``greedy``) or a draw per row; a draw takes one uniform for each of the batch's
+    ``rows`` rows at every step, so a row's sample does not depend on which other rows are still live."""
+    if greedy:
+        return lambda logp, live, step: logp.argmax(-1)
+
+    def choose(logp: torch.Tensor, live: torch.Tensor, step: int) -> torch.Tensor:
+        uniform = torch.rand((rows, 1), dtype=torch.float64, device=logp.device, generator=generator)  # [S, 1]
+        return draw(logp, cfg.top_k, cfg.top_p, uniform if len(live) == rows else uniform[live])
+
+    return choose
+
+
+@dataclass
+class Decoded:
+    """The completions of one `decode` call, all [S, C]."""
+
+    completion_ids: torch.Tensor  # [S, C] right-padded with the pad id
+    completion_mask: torch.Tensor  # [S, C] 1 on every token up to and including the one that ended the row
+    logprobs: torch.Tensor  # [S, C] sampling log-probs, 0 where the mask is 0
+    by_stop: torch.Tensor  # [S] the row ended on a stop string
+
+
+def decode(
+    decoding: Decoding,
+    choose: Choose,
+    cfg: GenerationConfig,
+    *,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    bias: torch.Tensor | None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+) -> Decoded:
+    """Sample up to ``cfg.max_new_tokens`` tokens per row: a row ends at EOS, on a stop string
+    (``tokenizer`` decodes its recent tokens) or at the budget; finished rows emit padding."""
+    logits = decoding.logits  # [S, V]
+    S, device = logits.shape[0], logits.device
+    eos = torch.tensor(list(eos_ids), device=device)  # [E]
+    done = torch.zeros(S, dtype=torch.bool, device=device)  # [S]
+    by_stop = torch.zeros(S, dtype=torch.bool, device=device)  # [S]
+    stop_window = 4 * max((len(s) for s in cfg.stop_strings), default=0) + 4
+    every = torch.arange(S, device=device)  # [S]
+    # Per-step results go to lists and are stacked once: indexed writes cost more per step.
+    tokens, token_logps, done_after = [], [], []  # each C x [S]
+    N = cfg.max_new_tokens
+    for t in range(N):
+        logp = log_probs(logits, cfg.temperature, bias)  # [S, V]
+        token = choose(logp, every, t).masked_fill(done, pad_id)  # [S] finished rows emit padding
+        tokens.append(token)
+        token_logps.append(logp.gather(1, token[:, None]).squeeze(1))
+        done = done | (token == eos[0] if len(eos) == 1 else torch.isin(token, eos))
+        if cfg.stop_strings:
+            tail = torch.stack(tokens[-stop_window:], 1)  # [S, W]
+            hit = stop_hits(tokenizer, cfg.stop_strings, tail, ~done)  # [S]
+            by_stop |= hit
+            done = done | hit
+        done_after.append(done)
+        if bool(done.all()) or t + 1 == N:
+            break
+        logits = decoding.decode(token)  # [S, V]
+    completion = torch.stack(tokens, 1)  # [S, C]
+    # A token is scored iff its row was not done before it: every sampled token up to and
+    # including the one that ended the sample.
+    done_before = torch.stack([torch.zeros_like(done), *done_after[:-1]], 1)  # [S, C]
+    logprobs = torch.stack(token_logps, 1).masked_fill(done_before, 0.0)  # [S, C]
+    return Decoded(completion, (~done_before).long(), logprobs, by_stop)
+
+
+def stop_hits(
+    tokenizer: PreTrainedTokenizerBase, stop_strings: Sequence[str], tail: torch.Tensor, live: torch.Tensor
+) -> torch.Tensor:
+    """Rows (among ``live``) whose recent tokens ``tail`` ([S, W]) contain a stop string."""
+    hit = torch.zeros_like(live)
+    rows = live.nonzero().squeeze(1).tolist()
+    if rows:
+        texts = tokenizer.batch_decode(tail[rows].tolist(), skip_special_tokens=True)
+        for row, text in zip(rows, texts):
+            hit[row] = any(s in text for s in stop_strings)
+    return hit
+
+
+def completion_texts(
+    tokenizer: PreTrainedTokenizerBase,
+    decoded: Decoded,
+    eos_ids: Sequence[int],
+    stop_strings: Sequence[str],
+) -> list[str]:
+    """Decode the scored tokens of each row, dropping the final EOS and cutting after a stop string."""
+    completion, mask = decoded.completion_ids, decoded.completion_mask
+    lengths = mask.sum(1)  # [S]
+    last = completion.gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1)  # [S]
+    ends_eos = torch.isin(last, torch.tensor(list(eos_ids), device=completion.device)) & (lengths > 0)  # [S]
+    keep = (lengths - ends_eos.long()).tolist()
+    rows = [row[:n] for row, n in zip(completion.tolist(), keep)]
+    texts = tokenizer.batch_decode(rows, skip_special_tokens=True)
+    for i in decoded.by_stop.nonzero().squeeze(1).tolist():
+        ends = [texts[i].find(s) + len(s) for s in stop_strings if s in texts[i]]
+        if ends:
+            texts[i] = texts[i][: min(ends)]
+    return texts
+
+
+def selected_log_probs(
+    inputs: HeadInput,
+    tokens: torch.Tensor,
+    temperature: float,
+    bias: torch.Tensor | None,
+    *,
+    return_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs ([S, C]) of ``tokens`` ([S, C]) under the sampling distribution at each position, and
+    with ``return_entropy`` that distribution's entropy ([S, C]; else None)."""
+    logp = log_probs(inputs.logits(), temperature, bias)  # [S, C, V]
+    token_logp = logp.gather(2, tokens[..., None]).squeeze(2)  # [S, C]
+    if not return_entropy:
+        return token_logp, None
+    return token_logp, torch.special.entr(logp.exp()).sum(-1)  # [S, C]
