@@ -36,7 +36,8 @@ import tyro
 
 from textzoo.agents.policy import Policy
 from textzoo.errors import TextzooError
-from textzoo.runners.config import ALGORITHMS, AgentConfig, TrainConfig
+from textzoo.runners.algorithms import ALGORITHMS
+from textzoo.runners.config import AgentConfig, TrainConfig
 from textzoo.runners.trainer import Trainer
 
 MODES = ("decentralized", "centralized")
@@ -220,8 +221,8 @@ def main(args: Args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     families: dict[str, str] = {}
-    for name, (family, _) in ALGORITHMS.items():
-        families.setdefault(family, name)
+    for name, algorithm in ALGORITHMS.items():
+        families.setdefault(algorithm.family, name)
     algos = list(args.algos) or list(families.values())
     rows = []
     for env in args.envs:

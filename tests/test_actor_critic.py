@@ -12,15 +12,14 @@ from textzoo.agents.actor_critic import (  # noqa: E402
     ActorCriticConfig,
     ActorCriticFamily,
     actor_loss,
-    critic_loss,
     critic_name,
     value_job_loss,
 )
 from textzoo.agents.batch import Job, SampleBatch  # noqa: E402
 from textzoo.agents.critic import Critic  # noqa: E402
-from textzoo.agents.losses import BatchNorm, policy_gradient_loss  # noqa: E402
 from textzoo.agents.policy import GenerationConfig, Policy  # noqa: E402
 from textzoo.agents.reinforce import ReinforceConfig, reinforce_loss  # noqa: E402
+from textzoo.agents.rlmath import BatchNorm, policy_gradient_loss  # noqa: E402
 from textzoo.agents.team import AgentActor  # noqa: E402
 from textzoo.envs import make  # noqa: E402
 from textzoo.errors import ConfigError  # noqa: E402
@@ -40,23 +39,6 @@ def tiny_critic(seed: int, **kwargs) -> Critic:
 
 
 # ---- critic loss ----------------------------------------------------------------------------
-def test_critic_loss_by_hand_and_value_clipping():
-    values = torch.tensor([1.0, 2.0, 1.0], requires_grad=True)
-    old = torch.tensor([0.5, 2.0, 0.5])
-    targets = torch.tensor([2.0, 0.0, 0.0])
-    norm = BatchNorm(3, 3, 1)
-    contrib, _ = critic_loss(values, old, targets, norm, value_coef=0.5)
-    assert torch.allclose(contrib, 0.5 * torch.tensor([1.0, 4.0, 1.0]) / 3)
-
-    contrib, stats = critic_loss(values, old, targets, norm, value_coef=0.5, value_clip=0.2)
-    # V_clip = old + clip(V − old, ±0.2) = [0.7, 2.0, 0.7]; (V_clip − y)² = [1.69, 4, 0.49]
-    assert torch.allclose(contrib, 0.5 * torch.tensor([1.69, 4.0, 1.0]) / 3)
-    contrib.sum().backward()
-    # sample 0: the clipped error is larger and flat in V -> no gradient; samples 1, 2: c_v·2(V − y)/3
-    assert torch.allclose(values.grad, torch.tensor([0.0, 2.0 / 3, 1.0 / 3]))
-    assert math.isclose(float(stats["value_clipfrac"]), 1 / 3, rel_tol=1e-6)
-
-
 # ---- critic -----------------------------------------------------------------------------------
 def test_value_reads_the_last_prompt_or_completion_token_regardless_of_padding():
     critic = tiny_critic(0, init_std=0.5).eval()
@@ -180,7 +162,7 @@ def build_team(env_id: str, env_kwargs: dict, centralized: bool, cfg: ActorCriti
 @pytest.mark.parametrize("centralized", [False, True])
 def test_each_value_and_log_prob_is_computed_once(centralized, fast_forward):
     # a Q critic reads the completions, so no two of its inputs are alike and every row is a forward
-    cfg = ActorCriticConfig(critic_type="q", clip_range=0.2, epochs=2).for_algorithm({})
+    cfg = ActorCriticConfig(critic_type="q", clip_range=0.2, epochs=2)
     collector, actors, critics, family, learners = build_team("textzoo/Writing-v0", WRITING, centralized, cfg)
     for critic in critics.values():
         critic.fast_forward = fast_forward

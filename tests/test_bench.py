@@ -11,7 +11,7 @@ torch.set_num_threads(1)
 
 import textzoo.runners.bench as bench  # noqa: E402
 from textzoo.errors import ConfigError, TextzooError  # noqa: E402
-from textzoo.runners import config as config_module  # noqa: E402
+from textzoo.runners import algorithms  # noqa: E402
 from textzoo.runners.bench import load_grid, merge_config, run_grid, summarize, write_report  # noqa: E402
 from textzoo.runners.cli import main as cli_main  # noqa: E402
 
@@ -89,11 +89,11 @@ agent_overrides = {}
 
 
 def test_all_algorithms_are_whatever_textzoo_has_at_run_time(tmp_path, monkeypatch):
-    monkeypatch.setitem(config_module.ALGORITHMS, "magrpo_late", ("reinforce", {"estimator": "grpo"}))
+    monkeypatch.setitem(algorithms.ALGORITHMS, "magrpo_late", algorithms.ALGORITHMS["magrpo"])
     path = write(tmp_path, TINY.replace('algos = ["magrpo", "mareinforce"]', 'algos = "all"'))
     grid = load_grid(path)
     algos = list(dict.fromkeys(c.algo for c in grid.cells))
-    assert algos == list(config_module.ALGORITHMS) and "magrpo_late" in algos
+    assert algos == list(algorithms.ALGORITHMS) and "magrpo_late" in algos
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ torch.set_num_threads(1)
 from toy import CategoricalPolicy  # noqa: E402
 
 from textzoo.agents.reinforce import ReinforceConfig, ReinforceFamily  # noqa: E402
+from textzoo.agents.rlmath import credited_rewards  # noqa: E402
 from textzoo.agents.team import AgentActor  # noqa: E402
 from textzoo.agents.tokenizer import byte_tokenizer  # noqa: E402
 from textzoo.envs import make  # noqa: E402
@@ -324,9 +325,9 @@ def test_per_agent_credit_uses_each_refiners_own_term(tmp_path):
     assert rollout.active[:, :2, 0].all() and not rollout.active[:, :2, 1].any()
     assert rollout.active[:, 2, 1].all() and not rollout.active[:, 2, 0].any()
     terms = rollout.reward_terms  # [E, R] per term
-    own = trainer.family.credited_rewards(rollout).sum(-1)  # [E, A]
+    assert trainer.family.credit == "per_agent"
+    own = credited_rewards(rollout.rewards, rollout.actor_roles, "per_agent").sum(-1)  # [E, A]
     assert torch.equal(own[:, 0], terms["refiner_0"][:, 0]) and torch.equal(own[:, 1], terms["refiner_1"][:, 1])
     assert torch.allclose(own[:, 2], terms["team"][:, 2])
-    trainer.family.credit = "shared"
-    shared = trainer.family.credited_rewards(rollout).sum(-1)
+    shared = credited_rewards(rollout.rewards, rollout.actor_roles, "shared").sum(-1)
     assert torch.allclose(shared, terms["team"][:, :1].expand(-1, 3))  # the mean over roles is the team score

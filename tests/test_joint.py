@@ -7,14 +7,15 @@ import torch
 
 from textzoo.agents.batch import ActorStep, Rollout
 from textzoo.agents.joint import JointActor, parse_joint
-from textzoo.agents.losses import BatchNorm
 from textzoo.agents.policy import GenerationConfig, Policy
 from textzoo.agents.reinforce import ReinforceConfig, ReinforceFamily
+from textzoo.agents.rlmath import BatchNorm
 from textzoo.agents.team import AgentActor
 from textzoo.envs.base import StepResult, TextParallelEnv
 from textzoo.envs.registry import register
 from textzoo.errors import ConfigError
-from textzoo.runners.config import ALGORITHMS, AgentConfig, TrainConfig
+from textzoo.runners.algorithms import ALGORITHMS
+from textzoo.runners.config import AgentConfig, TrainConfig
 from textzoo.runners.rollout import Collector, prompt_seed
 from textzoo.runners.trainer import Trainer, rollout_metrics
 
@@ -219,10 +220,10 @@ def _rollout(actor_id: str, roles: list[str], gen, role_rewards: torch.Tensor) -
         group_size=G,
         roles=roles,
         actors=[actor_id],
+        actor_roles=[tuple(range(len(roles)))],
         items=[0],
         steps=[ActorStep(actor_id, 0, torch.arange(G), gen)],
         rewards=rewards,
-        actor_rewards=rewards.mean(1, keepdim=True),
         active=torch.ones(G, 1, 1, dtype=torch.bool),
         states=[[""] * G],
     )
@@ -302,7 +303,7 @@ def _cfg(**kw) -> TrainConfig:
 
 FAMILY_ALGOS = [a for a in ("magrpo", "iac", "maac", "madpo") if a in ALGORITHMS]
 # MADPO pairs whole episodes and refuses an actor that acts in several turns (the joint actor on Relay)
-ONLINE_ALGOS = [a for a in FAMILY_ALGOS if ALGORITHMS[a][0] != "preference"]
+ONLINE_ALGOS = [a for a in FAMILY_ALGOS if ALGORITHMS[a].family != "preference"]
 
 
 @pytest.mark.parametrize("algo", FAMILY_ALGOS)

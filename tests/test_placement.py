@@ -69,7 +69,9 @@ def test_team_models_lists_actors_family_models_and_references():
         SimpleNamespace(id="b", policy=policy(3), trainable=False),
     ]
     critic = torch.nn.Linear(4, 1, bias=False)
-    family = SimpleNamespace(trainable_models=lambda: {"critic": (critic, None)}, references={"a": policy(2)})
+    family = SimpleNamespace(
+        trainable_models=lambda: {"critic": (critic, None)}, frozen_models=lambda: {"a-ref": policy(2).model}
+    )
     models = team_models(actors, family)
     assert {k: (v[1], v[2]) for k, v in models.items()} == {
         "a": ("actor", True),

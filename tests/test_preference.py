@@ -12,16 +12,15 @@ torch.set_num_threads(1)
 from toy import CategoricalPolicy, TargetWordEnv  # noqa: E402
 
 from textzoo.agents.joint import JointActor  # noqa: E402
-from textzoo.agents.losses import BatchNorm  # noqa: E402
 from textzoo.agents.preference import (  # noqa: E402
     MADPOFamily,
     PairBatch,
     PairStore,
     PreferenceConfig,
-    dpo_loss,
     merge_groups,
     select_pairs,
 )
+from textzoo.agents.rlmath import BatchNorm  # noqa: E402
 from textzoo.agents.team import AgentActor  # noqa: E402
 from textzoo.agents.tokenizer import byte_tokenizer  # noqa: E402
 from textzoo.errors import ConfigError  # noqa: E402
@@ -32,64 +31,6 @@ from textzoo.runners.trainer import Trainer  # noqa: E402
 from textzoo.runners.update import Learner, UpdateConfig, run_job  # noqa: E402
 
 WORDS = ["alpha", "beta", "gamma"]
-
-
-def nll_sigmoid(x: float) -> float:
-    """−log σ(x) by hand."""
-    return math.log1p(math.exp(-x))
-
-
-# ---- the loss ----------------------------------------------------------------------------------
-# per agent: (ℓ(y^w), ℓ(y^l), ℓ_ref(y^w), ℓ_ref(y^l)); Δ with reference, Δ without
-AGENTS = [(-1.0, -2.0, -1.5, -1.0), (-0.7, -0.9, -0.5, -0.9), (-3.0, -1.0, -2.5, -1.4)]
-DELTA_REF = [(-1.0 + 1.5) - (-2.0 + 1.0), (-0.7 + 0.5) - (-0.9 + 0.9), (-3.0 + 2.5) - (-1.0 + 1.4)]  # 1.5, -0.2, -0.9
-DELTA_FREE = [-1.0 + 2.0, -0.7 + 0.9, -3.0 + 1.0]  # 1.0, 0.2, -2.0
-
-
-@pytest.mark.parametrize("n", [1, 2, 3])
-@pytest.mark.parametrize("reference", [True, False])
-def test_dpo_loss_matches_hand_computed_values(n, reference):
-    beta = 0.5
-    deltas = DELTA_REF if reference else DELTA_FREE
-    for i in range(n):
-        lw, ll, rw, rl = (torch.tensor([v]) for v in AGENTS[i])
-        others = torch.tensor([sum(deltas[j] for j in range(n) if j != i)])
-        contrib, stats = dpo_loss(
-            lw, ll, rw if reference else None, rl if reference else None, others, beta, BatchNorm(1, 1, 1)
-        )
-        margin = beta * sum(deltas[:n])
-        assert contrib.item() == pytest.approx(nll_sigmoid(margin), abs=1e-6)
-        assert stats["dpo_accuracy"].item() == float(margin > 0)
-
-
-def test_dpo_loss_is_a_mean_over_pairs_of_the_batch():
-    lw, ll, others = torch.tensor([-1.0, -2.0]), torch.tensor([-2.0, -1.0]), torch.zeros(2)
-    contrib, _ = dpo_loss(lw, ll, None, None, others, 1.0, BatchNorm(4, 1, 1))  # two of four pairs
-    assert contrib.tolist() == pytest.approx([nll_sigmoid(1.0) / 4, nll_sigmoid(-1.0) / 4], abs=1e-6)
-
-
-@pytest.mark.parametrize("n", [2, 3])
-def test_partners_terms_are_stop_gradient(n):
-    """Agent 0's gradient is −σ(−m)β(e_w − e_l) per pair; the partners' parameters get none."""
-    torch.manual_seed(0)
-    beta = 0.7
-    thetas = [torch.randn(4, requires_grad=True) for _ in range(n)]
-    w, l = [0, 1, 2][:n], [3, 2, 1][:n]  # each agent's chosen / rejected word
-
-    def logp(i, k):
-        return torch.log_softmax(thetas[i], -1)[k].unsqueeze(0)
-
-    partner = [logp(j, w[j]) - logp(j, l[j]) for j in range(1, n)]  # reference-free Δ_j with a graph
-    others = sum(partner)
-    contrib, _ = dpo_loss(logp(0, w[0]), logp(0, l[0]), None, None, others, beta, BatchNorm(1, 1, 1))
-    contrib.sum().backward()
-    margin = beta * float(sum(t.detach() for t in [logp(0, w[0]) - logp(0, l[0]), *partner]))
-    expected = torch.zeros(4)
-    expected[w[0]] -= beta / (1 + math.exp(margin))
-    expected[l[0]] += beta / (1 + math.exp(margin))
-    assert torch.allclose(thetas[0].grad, expected, atol=1e-6)
-    for j in range(1, n):
-        assert thetas[j].grad is None
 
 
 # ---- pairs -------------------------------------------------------------------------------------

@@ -1,6 +1,5 @@
 """MARLHF's joint reward model: Bradley–Terry loss, learning a separable preference, relabelling, the pipeline."""
 
-import math
 import random
 
 import pytest
@@ -12,36 +11,22 @@ from toy import CategoricalPolicy, TargetWordEnv  # noqa: E402
 
 from textzoo.agents.batch import Job  # noqa: E402
 from textzoo.agents.critic import Critic  # noqa: E402
-from textzoo.agents.losses import BatchNorm  # noqa: E402
 from textzoo.agents.policy import Policy  # noqa: E402
 from textzoo.agents.preference import PairBatch  # noqa: E402
 from textzoo.agents.reward_model import (  # noqa: E402
-    bradley_terry_loss,
     encode_texts,
     joint_texts,
     pair_accuracy,
     relabel,
     reward_model_loss,
 )
+from textzoo.agents.rlmath import credited_rewards  # noqa: E402
 from textzoo.agents.team import AgentActor  # noqa: E402
 from textzoo.agents.tokenizer import byte_tokenizer  # noqa: E402
 from textzoo.runners.config import AgentConfig, TrainConfig  # noqa: E402
 from textzoo.runners.rollout import Collector  # noqa: E402
 from textzoo.runners.trainer import Trainer  # noqa: E402
 from textzoo.runners.update import Learner, UpdateConfig, run_job  # noqa: E402
-
-
-def test_bradley_terry_loss_and_gradient_by_hand():
-    s_w = torch.tensor([1.0, -0.5], requires_grad=True)
-    s_l = torch.tensor([0.5, 0.5], requires_grad=True)
-    contrib, stats = bradley_terry_loss(s_w, s_l, BatchNorm(2, 1, 1))
-    assert contrib.tolist() == pytest.approx([math.log1p(math.exp(-0.5)) / 2, math.log1p(math.exp(1.0)) / 2], abs=1e-6)
-    assert stats["rm_accuracy"].item() == 0.5
-    contrib.sum().backward()
-    # d/ds_w −log σ(s_w − s_l) = −σ(s_l − s_w), halved by the batch of two
-    expected = [-1 / (1 + math.exp(0.5)) / 2, -1 / (1 + math.exp(-1.0)) / 2]
-    assert s_w.grad.tolist() == pytest.approx(expected, abs=1e-6)
-    assert s_l.grad.tolist() == pytest.approx([-g for g in expected], abs=1e-6)
 
 
 def separable_pairs(model: Critic, n: int, seed: int) -> PairBatch:
@@ -96,7 +81,7 @@ def test_relabel_moves_task_rewards_to_terms():
     scores = torch.arange(rollout.num_envs, dtype=torch.float32)
     out = relabel(rollout, lambda texts: scores[: len(texts)])
     assert torch.equal(out.team_rewards.sum(-1), scores)
-    assert torch.equal(out.actor_rewards[:, 1, 0], scores)
+    assert torch.equal(credited_rewards(out.rewards, out.actor_roles, "per_agent")[:, 1, 0], scores)
     assert torch.equal(out.reward_terms["task/mean"], rollout.rewards.sum(-1))
     assert torch.equal(out.reward_terms["task/own_hit"], rollout.reward_terms["own_hit"])
     assert torch.equal(out.reward_terms["rm"][:, 0], scores)

@@ -11,6 +11,7 @@ credit "shared", the actor's own reward with "per_agent"):
 A turn where the actor does not act (Relay's receiver at turn 0) folds into the decision before it:
 its reward is discounted onto that decision and γ spans the gap. With a Q critic, V(s_t) above reads
 Q(s_t, a_t) (the SARSA(λ) form). Optional per-actor advantage standardisation over the batch.
+Every formula is a function of `textzoo.agents.rlmath` (`gae`, `policy_gradient_loss`, `critic_loss`).
 
 Losses: the actor's is `policy_gradient_loss` (the REINFORCE family's, PPO-clip with `clip_range`)
 minus an optional entropy bonus; the critic's is c_v·(V − y)², or with value clipping ε_v
@@ -30,8 +31,18 @@ import torch
 
 from textzoo.agents.batch import Job, Rollout, SampleBatch
 from textzoo.agents.critic import Critic
-from textzoo.agents.losses import AGGREGATIONS, BatchNorm, entropy_bonus, policy_gradient_loss
+from textzoo.agents.family import RolloutNeeds
 from textzoo.agents.policy import Generation, Policy
+from textzoo.agents.rlmath import (
+    AGGREGATIONS,
+    BatchNorm,
+    credited_rewards,
+    critic_loss,
+    entropy_bonus,
+    gae,
+    policy_gradient_loss,
+    standardize,
+)
 from textzoo.agents.team import Actor
 from textzoo.errors import ConfigError
 
@@ -56,8 +67,6 @@ class ActorCriticConfig:
     """Longest critic input (the model's position limit caps it); longer inputs keep their last tokens."""
     gae_lambda: float = 1.0
     """GAE λ over turns: 1 = Monte Carlo returns minus V, 0 = one-step TD."""
-    normalize_advantages: bool = False
-    """Standardise each actor's advantages over the batch."""
     value_coef: float = 1.0
     """c_v, the weight of the critic's squared error."""
     value_clip: float | None = None
@@ -65,7 +74,7 @@ class ActorCriticConfig:
     entropy_coef: float = 0.0
     """Weight of the actor's entropy bonus (0 = off)."""
     loss_aggregation: str = "seq_sum"
-    """seq_sum | seq_mean | token_mean | constant (see textzoo.agents.losses)."""
+    """seq_sum | seq_mean | token_mean | constant (`textzoo.agents.rlmath.AGGREGATIONS`)."""
     clip_range: float | None = None
     """PPO ratio clip ε of the actor loss; None = on-policy gradient. ippo / mappo default it to 0.2."""
     epochs: int | None = None
@@ -104,82 +113,24 @@ class ActorCriticConfig:
         if (self.epochs is not None and self.epochs < 1) or self.minibatches < 1:
             raise ConfigError("actor_critic.epochs and actor_critic.minibatches must be >= 1")
 
-    def for_algorithm(self, defaults: dict[str, Any]) -> ActorCriticConfig:
-        """This config with an algorithm's defaults (ippo/mappo: clip_range, epochs) filled in where a
-        field still has its class default; then checks the cross-field rules."""
-        base = {f.name: f.default for f in dataclasses.fields(self)}
-        fill = {k: v for k, v in defaults.items() if k in base and getattr(self, k) == base[k]}
-        out = dataclasses.replace(self, **fill)
-        if out.epochs is None:
-            out.epochs = 1
-        if out.epochs > 1 and out.clip_range is None:
-            raise ConfigError(
-                "actor_critic.epochs > 1 reuses samples off-policy: set actor_critic.clip_range (e.g. 0.2)"
-            )
-        return out
+
+def check_actor_critic(config: ActorCriticConfig, centralized: bool, credit: str) -> None:
+    """The actor-critic rules across fields (`TrainConfig` checks them before anything is built)."""
+    if (config.epochs or 1) > 1 and config.clip_range is None:
+        raise ConfigError("actor_critic.epochs > 1 reuses samples off-policy: set actor_critic.clip_range (e.g. 0.2)")
+    if centralized and credit != "shared":
+        raise ConfigError(
+            "maac/mappo's centralized critic estimates the team's return: use credit='shared' "
+            "(or iac/ippo, whose per-agent critics follow credit='per_agent')"
+        )
+    if centralized and config.critic_model == "actor":
+        raise ConfigError(
+            "actor_critic.critic_model='actor' puts a value head on each actor's trunk: use it with "
+            "iac/ippo (maac/mappo's critic reads the whole state, not one actor's prompt)"
+        )
 
 
-# ---- GAE and losses: pure functions -------------------------------------------------------------
-def gae(
-    rewards: torch.Tensor, values: torch.Tensor, active: torch.Tensor, gamma: float, lam: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Turn-level GAE advantages and value targets over the last (turn) axis.
-
-    `active` marks decision turns; rewards of other turns are credited to the decision before them
-    (discounted), and γ spans the gap to the next decision. After the last decision V = 0.
-    Shapes: rewards, values, active [..., T] -> advantages, targets [..., T] (0 off decisions).
-    """
-    active = active.bool()
-    adv = torch.zeros_like(rewards)
-    zero = torch.zeros_like(rewards[..., 0])  # [...]
-    reward_to_next = zero  # Σ γ^k r̃ from this turn up to the next decision
-    discount_to_next = zero  # γ^(gap to the next decision); 0 when there is none
-    next_value, next_adv = zero, zero
-    for t in range(rewards.shape[-1] - 1, -1, -1):  # T is a handful of turns
-        reward_to_next = rewards[..., t] + gamma * reward_to_next
-        discount_to_next = gamma * discount_to_next
-        delta = reward_to_next + discount_to_next * next_value - values[..., t]
-        a_t = delta + discount_to_next * lam * next_adv
-        here = active[..., t]
-        adv[..., t] = torch.where(here, a_t, zero)
-        next_value = torch.where(here, values[..., t], next_value)
-        next_adv = torch.where(here, a_t, next_adv)
-        reward_to_next = torch.where(here, zero, reward_to_next)
-        discount_to_next = torch.where(here, torch.ones_like(zero), discount_to_next)
-    targets = torch.where(active, adv + values, torch.zeros_like(adv))
-    return adv, targets
-
-
-def critic_loss(
-    values: torch.Tensor,
-    old_values: torch.Tensor,
-    targets: torch.Tensor,
-    norm: BatchNorm,
-    value_coef: float = 1.0,
-    value_clip: float | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-sample contributions of c_v·(V − y)², mean over the batch's samples.
-
-    With `value_clip` ε_v: c_v·max((V − y)², (V_clip − y)²), V_clip = V_old + clip(V − V_old, −ε_v, ε_v)
-    (the PPO2 / CleanRL form), so one batch cannot move a value far from the value that computed the
-    advantages. Shapes: values, old_values, targets [S] -> [S].
-    """
-    old_values, targets = old_values.detach().to(values.dtype), targets.detach().to(values.dtype)
-    error = (values - targets) ** 2  # [S]
-    clipped = torch.zeros_like(error)
-    if value_clip is not None:
-        v_clip = old_values + torch.clamp(values - old_values, -value_clip, value_clip)  # [S]
-        error_clip = (v_clip - targets) ** 2
-        clipped = (error_clip > error).to(error.dtype)
-        error = torch.maximum(error, error_clip)
-    contrib = value_coef * error / norm.num_samples  # [S]
-    stats = {
-        "value_error": ((values - targets) ** 2).mean().detach(),
-        "value_clipfrac": clipped.mean().detach(),
-    }
-    return contrib, stats
-
-
+# ---- losses of one micro-batch: routing to textzoo.agents.rlmath ----------------------------------
 def actor_loss(policy: Policy, cfg: ActorCriticConfig, batch: SampleBatch, norm: BatchNorm):
     """Per-sample actor contributions: the shared policy-gradient loss, minus β_H·entropy when set."""
     g = batch.gen
@@ -204,16 +155,7 @@ def value_job_loss(critic: Critic, cfg: ActorCriticConfig, at_completion: bool, 
         values = critic.value(batch.extra["features"])
     else:
         values = critic(g.prompt_ids, g.prompt_mask, *((g.completion_ids, g.completion_mask) if at_completion else ()))
-    old = batch.extra["old_values"].to(values.device)
-    targets = batch.extra["targets"].to(values.device)
-    return critic_loss(values, old, targets, norm, cfg.value_coef, cfg.value_clip)
-
-
-def normalize_per_actor(adv: torch.Tensor) -> torch.Tensor:
-    """Standardise one actor's advantages over its samples ([S] -> [S])."""
-    if adv.numel() < 2:
-        return adv
-    return (adv - adv.mean()) / (adv.std(unbiased=False) + 1e-6)
+    return critic_loss(values, batch.extra["old_values"], batch.extra["targets"], norm, cfg.value_coef, cfg.value_clip)
 
 
 # ---- the family ---------------------------------------------------------------------------------
@@ -242,13 +184,11 @@ class ActorCriticFamily:
         gamma: float = 1.0,
         credit: str = "shared",
         critic_settings: dict[str, Any] | None = None,
+        normalize_per_agent: bool = False,
     ):
-        config = config.for_algorithm({})
-        if centralized and credit != "shared":
-            raise ConfigError(
-                "maac/mappo's centralized critic estimates the team's return: use credit='shared' "
-                "(or iac/ippo, whose per-agent critics follow credit='per_agent')"
-            )
+        check_actor_critic(config, centralized, credit)
+        if config.epochs is None:  # built without an algorithm's defaults: one pass
+            config = dataclasses.replace(config, epochs=1)
         self.config = config
         self.actors = {a.id: a for a in actors}
         self.centralized = centralized
@@ -256,6 +196,7 @@ class ActorCriticFamily:
         self.credit = credit
         self.critics = critics
         self.critic_settings = critic_settings or {}
+        self.normalize_per_agent = normalize_per_agent
         expected = ["critic"] if centralized else [critic_name(a.id) for a in actors if a.trainable]
         if sorted(critics) != sorted(expected):
             raise ConfigError(f"{'maac' if centralized else 'iac'} needs critics {expected}, got {sorted(critics)}")
@@ -265,10 +206,13 @@ class ActorCriticFamily:
             for a in actors
             if not centralized and a.trainable
         }
-        self.needs_greedy_baseline = False
+        self.needs = RolloutNeeds()
 
     def trainable_models(self) -> dict[str, tuple[torch.nn.Module, Any]]:
         return {name: (critic, self.critic_settings.get(name)) for name, critic in self.critics.items()}
+
+    def frozen_models(self) -> dict[str, torch.nn.Module]:
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         return {}  # critics and their optimizers are learners: the trainer checkpoints them
@@ -276,26 +220,17 @@ class ActorCriticFamily:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
-    def credited_rewards(self, rollout: Rollout) -> torch.Tensor:
-        """r̃ [E, A, T]: the team reward for every actor (shared) or each actor's own reward."""
-        if self.credit == "shared":
-            return rollout.team_rewards.unsqueeze(1).expand(-1, len(rollout.actors), -1)
-        return rollout.actor_rewards
-
     def jobs(self, rollout: Rollout) -> tuple[list[Job], dict[str, float]]:
         cfg = self.config
-        rewards = self.credited_rewards(rollout)  # [E, A, T]
+        rewards = credited_rewards(rollout.rewards, rollout.actor_roles, self.credit)  # [E, A, T]
         E, A, T = rewards.shape
         stats: dict[str, float] = {}
-        # per actor: its samples (one Generation over all turns) and where each row played
-        samples: dict[str, tuple[Generation, torch.Tensor, torch.Tensor]] = {}
-        for actor_id in rollout.actors:
-            steps = rollout.steps_of(actor_id)
-            if steps:
-                gen = Generation.cat([s.gen for s in steps], pad_id=self.actors[actor_id].policy.pad_id)
-                env_ids = torch.cat([s.env_ids for s in steps]).cpu()  # [S]
-                turns = torch.cat([torch.full_like(s.env_ids, s.turn) for s in steps]).cpu()  # [S]
-                samples[actor_id] = (gen, env_ids, turns)
+        samples = {
+            actor_id: s
+            for actor_id in rollout.actors
+            if self.actors[actor_id].trainable
+            and (s := rollout.samples(actor_id, self.actors[actor_id].policy.pad_id)) is not None
+        }
 
         critic_jobs: list[Job] = []
         if self.centralized:
@@ -319,7 +254,7 @@ class ActorCriticFamily:
                 name = critic_name(actor_id)
                 if name not in self.critics or actor_id not in samples:
                     continue
-                gen, env_ids, turns = samples[actor_id]
+                gen, env_ids, turns = samples[actor_id].gen, samples[actor_id].env_ids, samples[actor_id].turns
                 inputs = self._own_inputs(name, self.actors[actor_id].policy, gen)
                 old, features = self._values(self.critics[name], inputs)  # [S], [S, d] or None
                 values = torch.zeros(E, T)
@@ -336,15 +271,15 @@ class ActorCriticFamily:
             actor = self.actors[actor_id]
             if not actor.trainable or actor_id not in samples:
                 continue
-            gen, env_ids, turns = samples[actor_id]
-            sample_adv = adv[env_ids, ai, turns]  # [S]
-            if cfg.normalize_advantages:
-                sample_adv = normalize_per_actor(sample_adv)
+            s = samples[actor_id]
+            sample_adv = adv[s.env_ids, ai, s.turns]  # [S]
+            if self.normalize_per_agent:
+                sample_adv = standardize(sample_adv)
             stats[f"agent/{actor_id}/advantage_abs"] = float(sample_adv.abs().mean())
             jobs.append(
                 Job(
                     actor_id,
-                    SampleBatch(gen, sample_adv.to(gen.logprobs.device)),
+                    SampleBatch(s.gen, sample_adv),
                     partial(actor_loss, actor.policy, cfg),
                     epochs=cfg.epochs,
                     minibatches=cfg.minibatches,

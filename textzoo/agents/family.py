@@ -1,11 +1,13 @@
 """The one interface between the trainer and an algorithm family.
 
 A family turns a `Rollout` into update `Job`s; the trainer executes them with `run_job`. Families
-never touch optimizers, devices or files, and the trainer never branches on the algorithm.
+never touch optimizers, files or device placement, and the trainer never branches on the algorithm:
+what a family needs beyond the plain rollout it declares in `needs`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -13,11 +15,21 @@ import torch
 from textzoo.agents.batch import Job, Rollout
 
 
+@dataclass(frozen=True)
+class RolloutNeeds:
+    """The extra rollouts a family asks the runner for, besides the B x G samples of each step."""
+
+    greedy: bool = False
+    """One greedy (argmax) rollout of each prompt, as `rollout.greedy` (ReMax's baseline)."""
+    cross: bool = False
+    """The reward of every combination of the actors' samples, as `rollout.cross_rewards` (joint mode cross)."""
+
+
 class Family(Protocol):
     """What every algorithm family provides (see `ReinforceFamily` for the reference one)."""
 
-    needs_greedy_baseline: bool
-    """Ask the trainer for one extra greedy rollout per prompt (`rollout.greedy`)."""
+    needs: RolloutNeeds
+    """Extra rollouts the runner collects for this family each step."""
 
     def jobs(self, rollout: Rollout) -> tuple[list[Job], dict[str, float]]:
         """Update jobs for this batch (one per learner and objective) and statistics to log."""
@@ -25,6 +37,10 @@ class Family(Protocol):
 
     def trainable_models(self) -> dict[str, tuple[torch.nn.Module, Any]]:
         """Models the family trains besides the actors: name -> (module, AgentConfig-like settings)."""
+        ...
+
+    def frozen_models(self) -> dict[str, torch.nn.Module]:
+        """Frozen models the family reads (reference copies): placement name -> module."""
         ...
 
     def state_dict(self) -> dict[str, Any]:

@@ -15,22 +15,23 @@ agent is its own reference, so its Δ_j is 0). A centralized team is one joint a
 Pairs are kept as token ids in a replay store, so a replayed pair is scored on exactly the tokens
 that were sampled.
 
-A "sample" of the update is a pair: `dpo_loss` returns one contribution per pair.
+A "sample" of the update is a pair: `textzoo.agents.rlmath.dpo_loss` returns one contribution per pair.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from textzoo.agents.batch import ActorStep, Job, Rollout
-from textzoo.agents.losses import BatchNorm
+from textzoo.agents.batch import ActorStep, Job, PairBatch, Rollout
+from textzoo.agents.family import RolloutNeeds
 from textzoo.agents.policy import Generation, Policy
-from textzoo.agents.team import Actor, frozen_references
+from textzoo.agents.rlmath import BatchNorm, dpo_loss
+from textzoo.agents.team import Actor, frozen_references, reference_models
 from textzoo.errors import ConfigError
 
 SELECTIONS = ("gap", "random", "all")
@@ -151,16 +152,15 @@ def episode_samples(rollout: Rollout, actor: str, pad_id: int) -> Generation:
     MADPO pairs whole episodes, so each actor must act exactly once per episode (single-turn tasks,
     or turn-taking ones such as Relay-v0).
     """
-    steps = rollout.steps_of(actor)
-    env_ids = torch.cat([s.env_ids for s in steps]).cpu() if steps else torch.zeros(0, dtype=torch.long)
+    samples = rollout.samples(actor, pad_id)
+    env_ids = samples.env_ids if samples is not None else torch.zeros(0, dtype=torch.long)
     if len(env_ids) != rollout.num_envs or len(set(env_ids.tolist())) != rollout.num_envs:
         raise ConfigError(
             f"madpo pairs whole episodes and needs every actor to act exactly once per episode; {actor!r} made "
             f"{len(env_ids)} samples in {rollout.num_envs} episodes. Use algo=marlhf (reward model + online RL) "
             "for tasks where an actor acts in several turns"
         )
-    gen = Generation.cat([s.gen for s in steps], pad_id=pad_id)
-    return gen.select(torch.argsort(env_ids).to(gen.prompt_ids.device))
+    return samples.gen.select(torch.argsort(env_ids))
 
 
 def _shift(steps: list[ActorStep], old_G: int, new_G: int, offset: int) -> list[ActorStep]:
@@ -174,7 +174,7 @@ def _shift(steps: list[ActorStep], old_G: int, new_G: int, offset: int) -> list[
 
 def merge_groups(a: Rollout, b: Rollout) -> Rollout:
     """One rollout with the G_a + G_b samples of each prompt (a's first); both played the same prompts."""
-    if a.items != b.items or a.roles != b.roles or a.actors != b.actors:
+    if a.items != b.items or a.roles != b.roles or a.actors != b.actors or a.actor_roles != b.actor_roles:
         raise ConfigError("only rollouts of the same prompts and team can be merged into one candidate pool")
     Ga, Gb, B = a.group_size, b.group_size, a.num_prompts
     G = Ga + Gb
@@ -204,40 +204,14 @@ def merge_groups(a: Rollout, b: Rollout) -> Rollout:
         group_size=G,
         roles=a.roles,
         actors=a.actors,
+        actor_roles=a.actor_roles,
         items=a.items,
         steps=_shift(a.steps, Ga, G, 0) + _shift(b.steps, Gb, G, Ga),
         rewards=cat(a.rewards, b.rewards),
-        actor_rewards=cat(a.actor_rewards, b.actor_rewards),
         active=cat(a.active.float(), b.active.float()).bool(),
         states=cat_states(a.states, b.states),
         reward_terms=terms,
     )
-
-
-@dataclass
-class PairBatch:
-    """One actor's pairs: row s of `chosen` beat row s of `rejected`; per-pair tensors in `extra`.
-
-    `gen` is the chosen side, so a runner sizes micro-batches and normalisers in pairs.
-    """
-
-    chosen: Generation
-    rejected: Generation
-    extra: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [S]
-
-    @property
-    def gen(self) -> Generation:
-        return self.chosen
-
-    def __len__(self) -> int:
-        return len(self.chosen)
-
-    def select(self, index: torch.Tensor) -> PairBatch:
-        return PairBatch(
-            self.chosen.select(index),
-            self.rejected.select(index),
-            {k: v[index.to(v.device)] for k, v in self.extra.items()},
-        )
 
 
 class PairStore:
@@ -282,40 +256,13 @@ class PairStore:
         }
 
 
-# ---- the loss ----------------------------------------------------------------------------------
-def dpo_loss(
-    logp_chosen: torch.Tensor,
-    logp_rejected: torch.Tensor,
-    ref_chosen: torch.Tensor | None,
-    ref_rejected: torch.Tensor | None,
-    others: torch.Tensor,
-    beta: float,
-    norm: BatchNorm,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-pair contributions of −log σ(β[Δ_i + Σ_{j≠i} sg(Δ_j)]) / (pairs in the batch), and statistics.
-
-    Shapes: sequence log-probs logp_*, ref_* [S] (ref None = reference-free); `others` [S] is
-    Σ_{j≠i} Δ_j of the partners (detached here, whatever the caller passes).
-    """
-    delta = logp_chosen - logp_rejected  # [S] Δ_i
-    if ref_chosen is not None:
-        delta = delta - (ref_chosen - ref_rejected).detach()
-    margin = beta * (delta + others.detach())  # [S] joint implicit reward margin
-    contrib = -F.logsigmoid(margin) / norm.num_samples  # [S]
-    stats = {
-        "dpo_accuracy": (margin > 0).float().mean().detach(),
-        "dpo_margin": margin.mean().detach(),
-        "own_margin": (beta * delta).mean().detach(),
-    }
-    return contrib, stats
-
-
+# ---- the loss of one micro-batch: routing to textzoo.agents.rlmath.dpo_loss -----------------------
 def madpo_loss(policy: Policy, beta: float, batch: PairBatch, norm: BatchNorm):
     """The DPO loss of one micro-batch of pairs: chosen and rejected scored in one forward."""
     m = len(batch)
     both = Generation.cat([batch.chosen, batch.rejected], pad_id=policy.pad_id)
     logp = policy.score(both.prompt_ids, both.prompt_mask, both.completion_ids, both.completion_mask).sum(-1)  # [2m]
-    extra = {k: v.to(logp.device) for k, v in batch.extra.items()}
+    extra = batch.extra
     return dpo_loss(logp[:m], logp[m:], extra.get("ref_chosen"), extra.get("ref_rejected"), extra["others"], beta, norm)
 
 
@@ -344,7 +291,7 @@ class MADPOFamily:
     `rollout.infos["comparator"]`, join the candidate pool.
     """
 
-    needs_greedy_baseline = False
+    needs = RolloutNeeds()
 
     def __init__(self, config: PreferenceConfig, actors: list[Actor]):
         self.config = config
@@ -355,6 +302,9 @@ class MADPOFamily:
 
     def trainable_models(self) -> dict:
         return {}
+
+    def frozen_models(self) -> dict[str, torch.nn.Module]:
+        return reference_models(self.references)
 
     def state_dict(self) -> dict[str, Any]:
         return {"store": self.store.state_dict()}

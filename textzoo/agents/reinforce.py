@@ -2,21 +2,19 @@
 
 For env copy e = (b, g), actor i, turn t the credited return is
     R[e,i,t] = Σ_{k>=t} γ^{k-t} r̃[e,i,k],   r̃ = team reward (credit "shared") or own reward ("per_agent"),
-minus β·Σ_k(ℓ_k − ℓ_ref,k) when `kl_in="reward"` (the k1 log-ratio: as a REINFORCE reward its
-gradient is exactly ∇KL(π‖π_ref); the k3 estimator the design doc named is biased as a reward and was
-measured to push the policy away from the reference, so k3 is only logged, and used in the loss).
-The group of (b, i, t) is its G samples; baselines:
+less β·Σ_k(ℓ_k − ℓ_ref,k) per turn when `kl_in="reward"` (k1 shaping; k3 is logged, and is the loss term
+of `kl_in="loss"`). The group of (b, i, t) is its G samples; baselines:
     grpo       A_g = R_g − mean_g R                       (Shao et al. 2024; MAGRPO)
     rloo       A_g = R_g − mean_{g'≠g} R_{g'}             (Ahmadian et al. 2024)
     remax      A_g = R_g − R_greedy                       (Li et al. 2023; one greedy rollout per prompt)
     reinforce  A_g = R_g (− a running mean of past returns when `reinforce_baseline="running_mean"`)
-`advantage_scale="std"` divides by max(std_g R, std_floor) + 1e-6 and never re-centres, so the four
-estimators stay different (CoMLRL re-centres by default, which makes all four GRPO); "none" is
+`advantage_scale="std"` divides by max(std_g R, std_floor) + 1e-6 and never re-centres; "none" is
 Dr. GRPO. `normalize_per_agent` then standardises each actor's advantages over the batch (Dr. MAS).
 `joint_mode="cross"` (single-turn) credits sample g of actor i with the **mean** return over every
-combination of its partners' samples (CoMLRL sums, scaling returns by G^(N−1)).
-Loss: `policy_gradient_loss` (−A·ℓ, or PPO-clip with `clip_range` over several `epochs`), plus
-β·KL_k3 per token when `kl_in="loss"`.
+combination of its partners' samples. Loss: `policy_gradient_loss` (−A·ℓ, or PPO-clip with
+`clip_range` over several `epochs`), plus β·KL_k3 per token when `kl_in="loss"`.
+
+Every formula is a function of `textzoo.agents.rlmath`; this module routes the rollout to them.
 """
 
 from __future__ import annotations
@@ -27,13 +25,27 @@ from functools import partial
 import torch
 
 from textzoo.agents.batch import Job, Rollout, SampleBatch
-from textzoo.agents.losses import AGGREGATIONS, BatchNorm, k3_kl, policy_gradient_loss
+from textzoo.agents.family import RolloutNeeds
 from textzoo.agents.policy import Generation, Policy
-from textzoo.agents.team import Actor, frozen_references
+from textzoo.agents.rlmath import (
+    AGGREGATIONS,
+    ESTIMATORS,
+    GROUP_ESTIMATORS,
+    BatchNorm,
+    advantages,
+    credited_rewards,
+    cross_returns,
+    discounted_returns,
+    k1_log_ratio,
+    k3_kl,
+    kl_loss,
+    kl_shaped_rewards,
+    policy_gradient_loss,
+    running_mean_update,
+    standardize,
+)
+from textzoo.agents.team import Actor, frozen_references, reference_models
 from textzoo.errors import ConfigError
-
-ESTIMATORS = ("grpo", "rloo", "remax", "reinforce")
-GROUP_ESTIMATORS = ("grpo", "rloo")
 
 
 @dataclass
@@ -44,10 +56,8 @@ class ReinforceConfig:
     """"std": divide by the group's std of returns (+1e-6); "none": leave unscaled (Dr. GRPO)."""
     std_floor: float = 0.0
     """Lower bound on the group std when scaling, so near-constant sparse rewards do not blow up."""
-    normalize_per_agent: bool = False
-    """Standardise each agent's advantages over the whole batch after the baseline (Dr. MAS)."""
     loss_aggregation: str = "seq_sum"
-    """seq_sum | seq_mean | token_mean | constant (see textzoo.agents.losses)."""
+    """seq_sum | seq_mean | token_mean | constant (`textzoo.agents.rlmath.AGGREGATIONS`)."""
     clip_range: float | None = None
     """PPO ratio clip ε; None = plain on-policy REINFORCE gradient."""
     epochs: int = 1
@@ -55,9 +65,10 @@ class ReinforceConfig:
     minibatches: int = 1
     """Optimizer steps per pass over a batch."""
     kl_coef: float = 0.0
-    """β of the reference KL (k3); 0 disables the frozen reference copy."""
+    """β of the KL to a frozen copy of the initial policy (k1 in the reward, k3 in the loss: see kl_in);
+    0 disables the reference copy."""
     kl_in: str = "reward"
-    """"reward": subtract β·log(π/π_ref) (k1) from the turn's reward; "loss": add β·KL_k3 per token to the loss."""
+    """"reward": subtract β·Σ_k log(π/π_ref) (k1) from the turn's reward; "loss": add β·KL_k3 per token to the loss."""
     joint_mode: str = "aligned"
     """"aligned": sample g of every agent forms joint action g; "cross": all G^N combinations."""
     reinforce_baseline: str = "none"
@@ -90,95 +101,9 @@ class ReinforceConfig:
             raise ConfigError(f"reinforce.std_floor must be >= 0, got {self.std_floor}")
 
 
-# ---- returns and baselines: pure functions on [B, G, ...] tensors --------------------------------
-def discounted_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
-    """R[..., t] = Σ_{k>=t} γ^{k-t} r[..., k] over the last (turn) axis."""
-    out = torch.zeros_like(rewards)
-    running = torch.zeros_like(rewards[..., 0])
-    for t in range(rewards.shape[-1] - 1, -1, -1):  # T is a handful of turns
-        running = rewards[..., t] + gamma * running
-        out[..., t] = running
-    return out
-
-
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
-    return (x * mask).sum(dim, keepdim=True) / mask.sum(dim, keepdim=True).clamp(min=1)
-
-
-def group_baseline(returns: torch.Tensor, mask: torch.Tensor, estimator: str) -> torch.Tensor:
-    """Baseline b_g of each sample from its group (dim 1 = G). Shapes [B, G, ...] -> [B, G, ...]."""
-    if estimator == "grpo":
-        return _masked_mean(returns, mask, 1).expand_as(returns)
-    if estimator == "rloo":
-        n = mask.sum(1, keepdim=True)  # [B, 1, ...]
-        others = (returns * mask).sum(1, keepdim=True) - returns * mask
-        # a group of one has no other sample: its baseline is its own return (advantage 0)
-        return torch.where(n > 1, others / (n - 1).clamp(min=1), returns)
-    raise ValueError(f"no group baseline for {estimator!r}")
-
-
-def group_std(returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Unbiased std of each group's returns over dim 1 (0 for groups of one). [B, G, ...] -> [B, 1, ...]."""
-    n = mask.sum(1, keepdim=True)
-    mean = _masked_mean(returns, mask, 1)
-    var = (((returns - mean) * mask) ** 2).sum(1, keepdim=True) / (n - 1).clamp(min=1)
-    return var.sqrt()
-
-
-def advantages(
-    returns: torch.Tensor,
-    mask: torch.Tensor,
-    estimator: str,
-    scale: str = "std",
-    std_floor: float = 0.0,
-    greedy_returns: torch.Tensor | None = None,
-    running_mean: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Advantages of every sample. `returns`, `mask`: [B, G, A, T]; `greedy_returns`: [B, A, T]."""
-    mask = mask.to(returns.dtype)
-    if estimator in GROUP_ESTIMATORS:
-        adv = returns - group_baseline(returns, mask, estimator)
-    elif estimator == "remax":
-        if greedy_returns is None:
-            raise ValueError("remax needs the greedy rollout's returns")
-        adv = returns - greedy_returns.unsqueeze(1)
-    elif estimator == "reinforce":
-        adv = returns if running_mean is None else returns - running_mean
-    else:
-        raise ValueError(f"unknown estimator {estimator!r}")
-    if scale == "std":
-        adv = adv / (group_std(returns, mask).clamp(min=std_floor) + 1e-6)
-    return adv * mask
-
-
-def normalize_over_batch(adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Standardise advantages per actor over the batch. [B, G, A, T] with actors on dim 2."""
-    mask = mask.to(adv.dtype)
-    dims = (0, 1, 3)
-    n = mask.sum(dims, keepdim=True).clamp(min=1)
-    mean = (adv * mask).sum(dims, keepdim=True) / n
-    std = ((((adv - mean) * mask) ** 2).sum(dims, keepdim=True) / n).sqrt()
-    return (adv - mean) / (std + 1e-6) * mask
-
-
-def cross_returns(cross_rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Mean credited reward of each actor's sample over all partner combinations.
-
-    `cross_rewards` [B, G**A, A] (combination index in row-major order of (g_1, ..., g_A)) -> [B, G, A].
-    """
-    B, _, A = cross_rewards.shape
-    grid = cross_rewards.reshape(B, *([group_size] * A), A)  # [B, G, ..., G, A]
-    out = []
-    for a in range(A):
-        partner_dims = [1 + d for d in range(A) if d != a]
-        per_a = grid[..., a]
-        out.append(per_a.mean(dim=partner_dims) if partner_dims else per_a)  # [B, G]
-    return torch.stack(out, dim=-1)
-
-
 # ---- the family ---------------------------------------------------------------------------------
 class ReinforceFamily:
-    """Turns rollouts into one policy-gradient job per trainable actor."""
+    """Routes a rollout through `textzoo.agents.rlmath` into one policy-gradient job per trainable actor."""
 
     def __init__(
         self,
@@ -188,17 +113,16 @@ class ReinforceFamily:
         gamma: float = 1.0,
         credit: str = "shared",
         group_size: int = 2,
+        normalize_per_agent: bool = False,
     ):
-        if estimator not in ESTIMATORS:
-            raise ConfigError(f"unknown estimator {estimator!r}; choose one of {ESTIMATORS}")
-        if estimator in GROUP_ESTIMATORS and group_size < 2:
-            raise ConfigError(f"{estimator} compares samples within a group: set group_size >= 2 (got {group_size})")
+        check_estimator(estimator, group_size)
         self.config = config
         self.estimator = estimator
         self.gamma = gamma
         self.credit = credit
+        self.normalize_per_agent = normalize_per_agent
         self.actors = {a.id: a for a in actors}
-        self.needs_greedy_baseline = estimator == "remax"
+        self.needs = RolloutNeeds(greedy=estimator == "remax", cross=config.joint_mode == "cross")
         self.running_mean: torch.Tensor | None = None
         # frozen copies of the initial weights, made before any checkpoint is loaded
         self.references: dict[str, Policy] = frozen_references(actors) if config.kl_coef > 0 else {}
@@ -206,101 +130,96 @@ class ReinforceFamily:
     def trainable_models(self) -> dict:
         return {}
 
+    def frozen_models(self) -> dict[str, torch.nn.Module]:
+        return reference_models(self.references)
+
     def state_dict(self) -> dict:
         return {"running_mean": self.running_mean}
 
     def load_state_dict(self, state: dict) -> None:
         self.running_mean = state.get("running_mean")
 
-    def credited_rewards(self, rollout: Rollout) -> torch.Tensor:
-        """r̃ [E, A, T]: the team reward for every actor (shared) or each actor's own reward."""
-        if self.credit == "shared":
-            team = rollout.team_rewards  # [E, T]
-            return team.unsqueeze(1).expand(-1, len(rollout.actors), -1).clone()
-        return rollout.actor_rewards.clone()
-
     def jobs(self, rollout: Rollout) -> tuple[list[Job], dict[str, float]]:
         cfg = self.config
         B, G, A = rollout.num_prompts, rollout.group_size, len(rollout.actors)
-        batches: dict[str, tuple[Generation, torch.Tensor, torch.Tensor]] = {}
-        rewards = self.credited_rewards(rollout)  # [E, A, T]
+        rewards = credited_rewards(rollout.rewards, rollout.actor_roles, self.credit)  # [E, A, T]
         T = rewards.shape[-1]
         stats: dict[str, float] = {}
-        kl = torch.zeros_like(rewards)
+        samples = {
+            actor_id: s
+            for actor_id in rollout.actors
+            if self.actors[actor_id].trainable
+            and (s := rollout.samples(actor_id, self.actors[actor_id].policy.pad_id)) is not None
+        }
+        refs: dict[str, torch.Tensor] = {}  # actor -> reference log-probs [S, C] (on the reference's device)
+        log_ratio = torch.zeros_like(rewards)  # [E, A, T] k1 of each sample
         for ai, actor_id in enumerate(rollout.actors):
-            steps = rollout.steps_of(actor_id)
-            if not steps or not self.actors[actor_id].trainable:
+            if actor_id not in samples or actor_id not in self.references:
                 continue
-            gen = Generation.cat([s.gen for s in steps], pad_id=self.actors[actor_id].policy.pad_id)
-            env_ids = torch.cat([s.env_ids for s in steps]).cpu()
-            turns = torch.cat([torch.full_like(s.env_ids, s.turn) for s in steps]).cpu()
-            ref_lp = None
-            if actor_id in self.references:
-                # the reference may sit on another device (placement spreads models)
-                ref_lp = _score_no_grad(self.references[actor_id], gen).to(gen.logprobs.device)
-                mask = gen.completion_mask.to(ref_lp.dtype)
-                # shaping uses the log-ratio (k1): its score-function gradient is exactly ∇KL(π‖π_ref).
-                # k3 as a reward is biased: it penalises rare samples most and pushes *away* from π_ref
-                log_ratio = ((gen.logprobs - ref_lp) * mask).sum(-1).cpu()  # [S]
-                kl[env_ids, ai, turns] = log_ratio.to(kl.dtype)
-                stats[f"agent/{actor_id}/kl"] = float(k3_kl(gen.logprobs, ref_lp, mask).mean())  # low-variance estimate
-            batches[actor_id] = (gen, torch.stack([env_ids, turns], 1), ref_lp)
-        if cfg.kl_coef > 0 and cfg.kl_in == "reward":
-            rewards = rewards - cfg.kl_coef * kl
+            s = samples[actor_id]
+            refs[actor_id] = _score_no_grad(self.references[actor_id], s.gen)
+            lp, ref, mask = s.gen.logprobs.cpu(), refs[actor_id].cpu(), s.gen.completion_mask.cpu().float()
+            log_ratio[s.env_ids, ai, s.turns] = k1_log_ratio(lp, ref, mask).to(log_ratio.dtype)
+            stats[f"agent/{actor_id}/kl"] = float(k3_kl(lp, ref, mask).mean())  # the low-variance estimate
+        shaping = cfg.kl_coef > 0 and cfg.kl_in == "reward"
 
-        mask = rollout.active.to(rewards.dtype)  # [E, A, T]
+        mask = rollout.active.to(rewards.dtype).view(B, G, A, T)
         if cfg.joint_mode == "cross":
             if rollout.cross_rewards is None or T != 1:
                 raise ConfigError("joint_mode='cross' needs a single-turn env and cross rewards from the runner")
-            credited = (
-                rollout.cross_rewards
-                if self.credit == "per_agent"
-                else rollout.cross_rewards.mean(-1, keepdim=True).expand_as(rollout.cross_rewards)
-            )
-            returns = cross_returns(credited, G).unsqueeze(-1)  # [B, G, A, 1]
-            if cfg.kl_coef > 0 and cfg.kl_in == "reward":
-                returns = returns - cfg.kl_coef * kl.view(B, G, A, T)
+            C, R = rollout.cross_rewards.shape[1:]
+            combos = credited_rewards(rollout.cross_rewards.reshape(B * C, R), rollout.actor_roles, self.credit)
+            returns = cross_returns(combos.view(B, C, A), G).unsqueeze(-1)  # [B, G, A, 1]
+            if shaping:
+                returns = kl_shaped_rewards(returns, log_ratio.view(B, G, A, T), cfg.kl_coef)
         else:
+            if shaping:
+                rewards = kl_shaped_rewards(rewards, log_ratio, cfg.kl_coef)
             returns = discounted_returns(rewards, self.gamma).view(B, G, A, T)
         greedy = None
         if self.estimator == "remax":
-            greedy = discounted_returns(self.credited_rewards(rollout.greedy), self.gamma)  # [B, A, T]
+            g = rollout.greedy  # one greedy sample per prompt: E = B
+            greedy = discounted_returns(credited_rewards(g.rewards, g.actor_roles, self.credit), self.gamma)  # [B,A,T]
         running = None
         if self.estimator == "reinforce" and cfg.reinforce_baseline == "running_mean":
             running = self.running_mean
-            batch_mean = (returns * mask.view(B, G, A, T)).sum((0, 1)) / mask.view(B, G, A, T).sum((0, 1)).clamp(min=1)
-            self.running_mean = batch_mean if running is None else 0.9 * running + 0.1 * batch_mean  # [A, T]
-        adv = advantages(
-            returns, mask.view(B, G, A, T), self.estimator, cfg.advantage_scale, cfg.std_floor, greedy, running
-        )
-        if cfg.normalize_per_agent:
-            adv = normalize_over_batch(adv, mask.view(B, G, A, T))
+            self.running_mean = running_mean_update(running, returns, mask)  # [A, T]
+        adv = advantages(returns, mask, self.estimator, cfg.advantage_scale, cfg.std_floor, greedy, running)
         adv = adv.reshape(B * G, A, T)
 
         jobs = []
         for ai, actor_id in enumerate(rollout.actors):
-            if actor_id not in batches:
+            if actor_id not in samples:
                 continue
-            gen, where, ref_lp = batches[actor_id]
-            sample_adv = adv[where[:, 0], ai, where[:, 1]]  # [S]
+            s, policy = samples[actor_id], self.actors[actor_id].policy
+            sample_adv = adv[s.env_ids, ai, s.turns]  # [S]
+            if self.normalize_per_agent:
+                sample_adv = standardize(sample_adv)
             stats[f"agent/{actor_id}/advantage_abs"] = float(sample_adv.abs().mean())
-            loss = partial(reinforce_loss, self.actors[actor_id].policy, cfg)
             jobs.append(
                 Job(
                     actor_id,
-                    SampleBatch(gen, sample_adv.to(gen.logprobs.device), ref_lp),
-                    loss,
+                    SampleBatch(s.gen, sample_adv, refs.get(actor_id)),
+                    partial(reinforce_loss, policy, cfg),
                     epochs=cfg.epochs,
                     minibatches=cfg.minibatches,
-                    max_new_tokens=self.actors[actor_id].policy.generation.max_new_tokens,
-                    prompt_cache=getattr(self.actors[actor_id].policy, "prompt_cache", None),
+                    max_new_tokens=policy.generation.max_new_tokens,
+                    prompt_cache=getattr(policy, "prompt_cache", None),
                 )
             )
         return jobs, stats
 
 
+def check_estimator(estimator: str, group_size: int) -> None:
+    """An estimator exists and has the group it needs (grpo and rloo compare samples of a group)."""
+    if estimator not in ESTIMATORS:
+        raise ConfigError(f"unknown estimator {estimator!r}; choose one of {ESTIMATORS}")
+    if estimator in GROUP_ESTIMATORS and group_size < 2:
+        raise ConfigError(f"{estimator} compares samples within a group: set group_size >= 2 (got {group_size})")
+
+
 def reinforce_loss(policy: Policy, cfg: ReinforceConfig, batch: SampleBatch, norm: BatchNorm):
-    """Per-sample loss contributions of one micro-batch (policy gradient, plus β·KL if in the loss)."""
+    """Per-sample loss contributions of one micro-batch (policy gradient, plus β·KL_k3 if in the loss)."""
     g = batch.gen
     logprobs = policy.score(g.prompt_ids, g.prompt_mask, g.completion_ids, g.completion_mask)  # [S, C]
     contrib, stats = policy_gradient_loss(
@@ -308,10 +227,8 @@ def reinforce_loss(policy: Policy, cfg: ReinforceConfig, batch: SampleBatch, nor
     )
     if cfg.kl_coef > 0 and cfg.kl_in == "loss" and batch.ref_logprobs is not None:
         mask = g.completion_mask.to(logprobs.dtype)
-        d = (batch.ref_logprobs - logprobs) * mask
-        token_kl = torch.exp(d) - d - 1  # [S, C] k3 per token
-        contrib = contrib + cfg.kl_coef * AGGREGATIONS[cfg.loss_aggregation](token_kl, mask, norm)
-        stats["kl"] = ((token_kl * mask).sum(-1).mean()).detach()
+        contrib = contrib + cfg.kl_coef * kl_loss(logprobs, batch.ref_logprobs, mask, norm, cfg.loss_aggregation)
+        stats["kl"] = k3_kl(logprobs, batch.ref_logprobs, mask).mean().detach()
     return contrib, stats
 
 

@@ -2,8 +2,8 @@
 
 The model is a `Critic` (trunk + value head) that reads the whole episode as text — `state()` before
 the last turn followed by every actor's last completion — and answers one score per episode. It is
-trained on pairs with the Bradley–Terry loss −log σ(s_w − s_l) (Bradley & Terry 1952; the reward
-model of Ouyang et al. 2022, eq. 1), then frozen and used as the reward of any online family:
+trained on pairs with the Bradley–Terry loss −log σ(s_w − s_l) (`textzoo.agents.rlmath.bradley_terry_loss`),
+then frozen and used as the reward of any online family:
 `relabel` puts the score on each episode's last turn for every role and keeps the task's rewards in
 `reward_terms` as `task/mean` and `task/<term>`, so logs show `reward/task/...` beside the reward
 being optimised (a rising model reward over a flat task reward is reward hacking).
@@ -18,13 +18,11 @@ import dataclasses
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
-from textzoo.agents.batch import Rollout
+from textzoo.agents.batch import PairBatch, Rollout
 from textzoo.agents.critic import Critic
-from textzoo.agents.losses import BatchNorm
 from textzoo.agents.policy import Generation
-from textzoo.agents.preference import PairBatch
+from textzoo.agents.rlmath import BatchNorm, bradley_terry_loss
 
 
 def last_turns(rollout: Rollout) -> torch.Tensor:
@@ -50,15 +48,6 @@ def encode_texts(model: Critic, texts: list[str]) -> Generation:
     ids, mask = model.encode(texts)  # [S, L]
     empty = ids.new_zeros((len(texts), 0))
     return Generation(ids, mask, empty, empty.clone(), empty.float(), texts=list(texts))
-
-
-def bradley_terry_loss(
-    score_chosen: torch.Tensor, score_rejected: torch.Tensor, norm: BatchNorm
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-pair contributions of −log σ(s_w − s_l) / (pairs in the batch), and statistics. Shapes [S]."""
-    margin = score_chosen - score_rejected  # [S]
-    contrib = -F.logsigmoid(margin) / norm.num_samples  # [S]
-    return contrib, {"rm_accuracy": (margin > 0).float().mean().detach(), "rm_margin": margin.mean().detach()}
 
 
 def reward_model_loss(model: Critic, batch: PairBatch, norm: BatchNorm):
@@ -104,9 +93,7 @@ def relabel(rollout: Rollout, score_texts: Callable[[list[str]], torch.Tensor]) 
     rows = torch.arange(E)
     rewards = torch.zeros_like(rollout.rewards)  # [E, R, T]
     rewards[rows, :, last] = s[:, None]
-    actor_rewards = torch.zeros_like(rollout.actor_rewards)  # [E, A, T]
-    actor_rewards[rows, :, last] = s[:, None]
     terms = {"rm": s[:, None].expand(E, R).clone(), "task/mean": rollout.rewards.sum(-1)}
     terms.update({f"task/{k}": v for k, v in rollout.reward_terms.items()})
     greedy = None if rollout.greedy is None else relabel(rollout.greedy, score_texts)
-    return dataclasses.replace(rollout, rewards=rewards, actor_rewards=actor_rewards, reward_terms=terms, greedy=greedy)
+    return dataclasses.replace(rollout, rewards=rewards, reward_terms=terms, greedy=greedy)

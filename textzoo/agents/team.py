@@ -9,6 +9,8 @@ from __future__ import annotations
 import copy
 from typing import Protocol
 
+import torch
+
 from textzoo.agents.lora import AdapterView
 from textzoo.agents.policy import Policy
 
@@ -65,3 +67,8 @@ def frozen_references(actors: list[Actor]) -> dict[str, Policy]:
         ref.model.eval().requires_grad_(False)
         refs[a.id] = ref
     return refs
+
+
+def reference_models(references: dict[str, Policy]) -> dict[str, torch.nn.Module]:
+    """The models of frozen references by placement name, "<actor id>-ref"."""
+    return {f"{actor_id}-ref": policy.model for actor_id, policy in references.items()}

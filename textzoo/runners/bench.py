@@ -60,7 +60,8 @@ from typing import Any
 import tyro
 
 from textzoo.errors import ConfigError, TextzooError
-from textzoo.runners.config import ALGORITHMS, TrainConfig, from_dict, resolve_algorithm, to_dict
+from textzoo.runners.algorithms import ALGORITHMS, resolve_algorithm
+from textzoo.runners.config import TrainConfig, from_dict, to_dict
 
 MARKER = "bench.json"
 """File a finished cell writes into its run dir."""

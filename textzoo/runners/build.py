@@ -1,7 +1,7 @@
-"""Builders: turn a `TrainConfig` into envs, policies, actors, learners and an algorithm family.
+"""Builders: turn a `TrainConfig` into envs, policies, actors and learners (families: `algorithms`).
 
-Everything that can fail on bad input (unknown env or algo, missing model, agents that do not match
-the env) fails here, before any training work starts.
+Everything that can fail on bad input (unknown env, missing model, agents that do not match the env)
+fails here, before any training work starts.
 """
 
 from __future__ import annotations
@@ -9,24 +9,22 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from textzoo.agents.actor_critic import ActorCriticFamily, critic_name
-from textzoo.agents.critic import Critic
 from textzoo.agents.joint import JointActor
 from textzoo.agents.lora import SharedBase
 from textzoo.agents.policy import GenerationConfig, Policy
-from textzoo.agents.preference import MADPOFamily
-from textzoo.agents.reinforce import ReinforceFamily
 from textzoo.agents.team import Actor, AgentActor
 from textzoo.agents.tokenizer import llama_byte_tokenizer
 from textzoo.envs import make as make_env
 from textzoo.errors import ConfigError, EnvError
-from textzoo.runners.config import AgentConfig, TrainConfig, resolve_algorithm
 from textzoo.runners.update import Learner
+
+if TYPE_CHECKING:
+    from textzoo.runners.config import AgentConfig, TrainConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -219,64 +217,6 @@ def build_learner(model: torch.nn.Module, agent: AgentConfig, total_steps: int) 
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     return Learner(model, optimizer, scheduler, agent.max_grad_norm or None, params=params)
-
-
-def build_family(cfg: TrainConfig, actors: list[Actor], algo: str | None = None):
-    """The algorithm family named by `algo` (default `cfg.algo`), over `actors`."""
-    family, extra = resolve_algorithm(algo or cfg.algo)
-    if family == "reinforce":
-        return ReinforceFamily(cfg.reinforce, actors, extra["estimator"], cfg.gamma, cfg.credit, cfg.group_size)
-    if family == "actor_critic":
-        return build_actor_critic(cfg, actors, centralized=extra["centralized"])
-    if family == "preference":
-        # MARLHF updates with its online algorithm; the reward model is the pipeline's (runners.preference)
-        return (
-            build_family(cfg, actors, cfg.rl_algo) if extra.get("reward_model") else MADPOFamily(cfg.preference, actors)
-        )
-    raise ConfigError(f"algorithm family {family!r} is not available")
-
-
-def build_actor_critic(cfg: TrainConfig, actors: list[Actor], centralized: bool) -> ActorCriticFamily:
-    """IAC / IPPO (a critic per trainable actor) or MAAC / MAPPO (one centralized critic)."""
-    ac = cfg.actor_critic
-
-    on_actor = ac.critic_model == "actor"
-    if on_actor and centralized:
-        raise ConfigError(
-            "actor_critic.critic_model='actor' puts a value head on each actor's trunk: use it with "
-            "iac/ippo (maac/mappo's critic reads the whole state, not one actor's prompt)"
-        )
-
-    def critic(agent: AgentConfig, seed: int, actor: Actor | None = None) -> tuple[Critic, AgentConfig]:
-        # the critic's model and learner settings: the agent's, with the critic's model and lr
-        head = dict(
-            hidden=ac.value_head_hidden, init_std=ac.value_head_init_std, max_tokens=ac.critic_max_tokens, seed=seed
-        )
-        if on_actor:
-            return Critic.from_policy(actor.policy, shared_trunk=True, **head), dataclasses.replace(
-                agent, lr=ac.critic_lr or agent.lr
-            )
-        settings = dataclasses.replace(agent, model=ac.critic_model or agent.model, lr=ac.critic_lr or agent.lr)
-        policy = build_policy(settings, seed, build_device(settings.device))
-        return Critic.from_policy(policy, **head), settings
-
-    if centralized:
-        built = {"critic": critic(cfg.agent, cfg.seed * 1000 + 999)}
-    else:
-        built = {
-            critic_name(a.id): critic(cfg.agent_config(a.id), cfg.seed * 1000 + 500 + i, a)
-            for i, a in enumerate(actors)
-            if a.trainable
-        }
-    return ActorCriticFamily(
-        ac,
-        actors,
-        {k: v[0] for k, v in built.items()},
-        centralized,
-        cfg.gamma,
-        cfg.credit,
-        critic_settings={k: v[1] for k, v in built.items()},
-    )
 
 
 @dataclass

@@ -19,7 +19,9 @@ import tyro
 from textzoo.agents.actor_critic import ActorCriticConfig
 from textzoo.agents.preference import PreferenceConfig
 from textzoo.agents.reinforce import ReinforceConfig
+from textzoo.agents.rlmath import CREDITS
 from textzoo.errors import ConfigError
+from textzoo.runners.algorithms import ALGORITHMS, resolve_algorithm
 from textzoo.runners.update import UpdateConfig
 
 JsonDict = Annotated[
@@ -122,30 +124,6 @@ class AgentConfig:
         self.lora_target_modules = tuple(self.lora_target_modules)
 
 
-ALGORITHMS: dict[str, tuple[str, dict[str, Any]]] = {
-    "magrpo": ("reinforce", {"estimator": "grpo"}),
-    "marloo": ("reinforce", {"estimator": "rloo"}),
-    "maremax": ("reinforce", {"estimator": "remax"}),
-    "mareinforce": ("reinforce", {"estimator": "reinforce"}),
-    "iac": ("actor_critic", {"centralized": False}),
-    "maac": ("actor_critic", {"centralized": True}),
-    "ippo": ("actor_critic", {"centralized": False, "clip_range": 0.2, "epochs": 2}),
-    "mappo": ("actor_critic", {"centralized": True, "clip_range": 0.2, "epochs": 2}),
-    "madpo": ("preference", {}),
-    "marlhf": ("preference", {"reward_model": True}),
-}
-"""Algorithm name -> (family, family arguments). Aliases without the "ma" prefix are accepted."""
-
-
-def resolve_algorithm(name: str) -> tuple[str, dict[str, Any]]:
-    key = name.lower()
-    if key not in ALGORITHMS and f"ma{key}" in ALGORITHMS:
-        key = f"ma{key}"
-    if key not in ALGORITHMS:
-        raise ConfigError(f"unknown algo {name!r}; choose one of {', '.join(sorted(ALGORITHMS))}")
-    return ALGORITHMS[key]
-
-
 @dataclass
 class TrainConfig:
     """Everything a training run needs. `textzoo train` with no arguments runs these defaults."""
@@ -182,6 +160,8 @@ class TrainConfig:
     """Discount over turns."""
     credit: str = "shared"
     """shared (team reward) | per_agent (each agent's own reward)."""
+    normalize_per_agent: bool = False
+    """Standardise each agent's advantages over the batch after the baseline or GAE (Dr. MAS)."""
     seed: int = 0
     """Seed of models, data order and sampling."""
     run_dir: str = ""
@@ -226,18 +206,12 @@ class TrainConfig:
     """Update execution (micro-batches, per-sample backward)."""
 
     def __post_init__(self) -> None:
-        family, extra = resolve_algorithm(self.algo)
+        algorithm = resolve_algorithm(self.algo)  # an unknown name fails first, with the known ones
         for name in ("steps", "batch_prompts", "group_size", "eval_prompts", "env_workers", "generate_workers"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if family == "preference":
-            family, extra = self._check_preference(extra)
-        if extra.get("estimator") in ("grpo", "rloo") and self.group_size < 2:
-            raise ConfigError(f"{self.algo} compares samples of a group: set group_size >= 2 (got {self.group_size})")
-        if self.credit not in ("shared", "per_agent"):
-            raise ConfigError(f"credit must be 'shared' or 'per_agent', got {self.credit!r}")
-        if family == "actor_critic":
-            self.actor_critic = self.actor_critic.for_algorithm(extra)
+        if self.credit not in CREDITS:
+            raise ConfigError(f"credit must be one of {CREDITS}, got {self.credit!r}")
         if self.collaboration not in ("decentralized", "centralized"):
             raise ConfigError(f"collaboration must be 'decentralized' or 'centralized', got {self.collaboration!r}")
         if self.joint_max_new_tokens < 0:
@@ -268,24 +242,7 @@ class TrainConfig:
             if not isinstance(overrides, dict):
                 raise ConfigError(f"agent_overrides[{agent_id!r}] must be an object of AgentConfig fields")
             self.agent_config(agent_id)  # validates field names and values
-
-    def _check_preference(self, extra: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        """Validate the preference pipeline; return the family and arguments the run's updates use."""
-        if self.iterations < 1 or self.steps % self.iterations:
-            raise ConfigError(f"iterations ({self.iterations}) must be >= 1 and divide steps ({self.steps})")
-        if self.reinforce.joint_mode == "cross":
-            raise ConfigError("preference algorithms pair aligned joint samples: set reinforce.joint_mode='aligned'")
-        if not extra.get("reward_model"):
-            if self.group_size < 2 and self.preference.comparator == "current":
-                raise ConfigError("madpo pairs the samples of a prompt: set group_size >= 2 (or a comparator)")
-            return "preference", extra
-        if self.num_processes > 1:
-            # each replica would fit its own reward model on its own samples, and the replicas' rewards diverge
-            raise ConfigError("marlhf trains its reward model in one process: set num_processes=1")
-        family, rl_extra = resolve_algorithm(self.rl_algo)
-        if family == "preference":
-            raise ConfigError(f"rl_algo must be an online algorithm (magrpo, marloo, iac, ...), got {self.rl_algo!r}")
-        return family, rl_extra
+        algorithm.configure(self)  # the algorithm's defaults, then its rules across fields
 
     def agent_config(self, agent_id: str) -> AgentConfig:
         """The `agent` settings with `agent_overrides[agent_id]` applied."""
@@ -315,8 +272,39 @@ def _describe(value: Any) -> str:
     return f"<{type(value).__module__}.{type(value).__qualname__} object>"
 
 
+def migrate(data: dict[str, Any]) -> dict[str, Any]:
+    """A `TrainConfig` dict written by an older textzoo, with today's field names (the input is not changed).
+
+    - `reinforce.normalize_per_agent` and `actor_critic.normalize_advantages` became the one
+      `normalize_per_agent`: it takes the value of the family the run learns with.
+    """
+    renamed = {"reinforce": "normalize_per_agent", "actor_critic": "normalize_advantages"}
+    old = {
+        section: data[section][key]
+        for section, key in renamed.items()
+        if isinstance(data.get(section), dict) and key in data[section]
+    }
+    if not old:
+        return data
+    data = {k: ({f: x for f, x in v.items() if f != renamed[k]} if k in old else v) for k, v in data.items()}
+    algorithm = resolve_algorithm(str(data.get("algo", TrainConfig.algo)))
+    if algorithm is ALGORITHMS["marlhf"]:
+        algorithm = resolve_algorithm(str(data.get("rl_algo", TrainConfig.rl_algo)))
+    value = bool(old.get(algorithm.family, False))
+    if "normalize_per_agent" in data and bool(data["normalize_per_agent"]) != value:
+        raise ConfigError(
+            f"the config sets normalize_per_agent={data['normalize_per_agent']} and the older "
+            f"{algorithm.family} field it replaces to {value}: keep only normalize_per_agent"
+        )
+    data["normalize_per_agent"] = value
+    return data
+
+
 def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
-    """Build `cls` from a dict; missing fields keep defaults, unknown ones raise `ConfigError`."""
+    """Build `cls` from a dict (a `TrainConfig` after `migrate`); missing fields keep defaults, unknown ones
+    raise `ConfigError`."""
+    if cls is TrainConfig:
+        data = migrate(data)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:

@@ -193,20 +193,14 @@ def _footprint(module: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 
 def team_models(actors: Sequence[Any], family: Any) -> dict[str, tuple[torch.nn.Module, str, bool]]:
-    """Every model of a run: actors, the family's trained models (critics, reward models), frozen copies.
-
-    Frozen copies come from `family.references` (name -> Policy, placed as "<name>-ref") and an
-    optional `family.frozen_models()` (name -> module).
-    """
+    """Every model of a run: actors, the family's trained models (critics, reward models) and its frozen
+    ones (`family.frozen_models()`: reference copies, placed as "<actor id>-ref")."""
     out: dict[str, tuple[torch.nn.Module, str, bool]] = {}
     for a in actors:
         out[a.id] = (a.policy.model, "actor", a.trainable)
     for name, (module, _settings) in family.trainable_models().items():
         out[name] = (module, "critic" if "critic" in name else "model", True)
-    for name, policy in getattr(family, "references", {}).items():
-        out[f"{name}-ref"] = (policy.model, "reference", False)
-    frozen = getattr(family, "frozen_models", None)
-    for name, module in (frozen() if frozen else {}).items():
+    for name, module in family.frozen_models().items():
         out[name] = (module, "reference", False)
     return out
 

@@ -1,7 +1,8 @@
-"""The preference pipeline: iterative rounds with comparators, and MARLHF's reward model, in the Trainer.
+"""The preference pipeline: iterative rounds with comparators, and MARLHF's reward model, as a rollout hook.
 
 A run of `steps` steps is split into `iterations` rounds of equal length. `PreferenceRounds` is a
-rollout hook the Trainer calls after collecting each step's rollout and before `family.jobs`:
+rollout hook (`textzoo.runners.hooks`) the trainer calls after collecting each step's rollout and
+before `family.jobs`:
 
 - at the first step of round r it refreshes the comparator (`copy`: a frozen copy of the team now;
   `history`: the team at the start of round max(r − k, 0); `model`: another model, built once) and,
@@ -13,7 +14,7 @@ rollout hook the Trainer calls after collecting each step's rollout and before `
   replaces the rewards with the frozen reward model's (`relabel`), so any online family trains on them.
 
 Everything a resume needs (round, snapshots, reward model and its optimizer, pair store) is in
-`state_dict`, which the Trainer checkpoints beside the family's.
+`state_dict`, which the trainer checkpoints beside the family's.
 """
 
 from __future__ import annotations
@@ -26,29 +27,29 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from textzoo.agents.batch import Job, Rollout
+from textzoo.agents.batch import Job, PairBatch, Rollout
 from textzoo.agents.critic import Critic
 from textzoo.agents.policy import Generation
-from textzoo.agents.preference import PairBatch, PairStore, merge_groups, select_pairs
+from textzoo.agents.preference import PairStore, merge_groups, select_pairs
 from textzoo.agents.reward_model import encode_texts, joint_texts, pair_accuracy, relabel, reward_model_loss, scores
 from textzoo.errors import ConfigError
 from textzoo.runners.build import build_actors, build_learner, build_policy
-from textzoo.runners.config import TrainConfig, resolve_algorithm
+from textzoo.runners.hooks import Run
 from textzoo.runners.rollout import Collector
 from textzoo.runners.update import run_job
 
 if TYPE_CHECKING:
-    from textzoo.runners.trainer import Trainer
+    from textzoo.runners.config import TrainConfig
 
 
-def rollout_hooks(cfg: TrainConfig) -> list[PreferenceRounds]:
-    """The hooks a config needs: the preference pipeline for MARLHF, and for MADPO with rounds/comparator."""
-    family, extra = resolve_algorithm(cfg.algo)
-    if family != "preference":
-        return []
-    if extra.get("reward_model") or cfg.preference.comparator != "current":
-        return [PreferenceRounds(cfg)]
-    return []
+def madpo_hooks(cfg: TrainConfig) -> list[PreferenceRounds]:
+    """MADPO's hooks: the preference pipeline when a comparator joins the candidates, else none."""
+    return [PreferenceRounds(cfg, marlhf=False)] if cfg.preference.comparator != "current" else []
+
+
+def marlhf_hooks(cfg: TrainConfig) -> list[PreferenceRounds]:
+    """MARLHF's hook: the preference pipeline that trains the reward model and relabels every rollout."""
+    return [PreferenceRounds(cfg, marlhf=True)]
 
 
 def _seed(*parts: int) -> int:
@@ -64,10 +65,10 @@ def _cat_pairs(batches: list[PairBatch], pad_id: int) -> PairBatch:
 class PreferenceRounds:
     """Round-start work and per-step rollout changes of the preference pipeline (see the module doc)."""
 
-    def __init__(self, cfg: TrainConfig):
+    def __init__(self, cfg: TrainConfig, marlhf: bool):
         self.cfg = cfg
         self.pc = cfg.preference
-        self.marlhf = bool(resolve_algorithm(cfg.algo)[1].get("reward_model"))
+        self.marlhf = marlhf
         self.round_steps = cfg.steps // cfg.iterations
         self.round = -1
         self.snapshots: dict[int, dict[str, dict[str, torch.Tensor]]] = {}  # round -> actor -> weights
@@ -76,11 +77,10 @@ class PreferenceRounds:
         self.reward_model: Critic | None = None
 
     # ---- building --------------------------------------------------------------------------------
-    def attach(self, trainer: Trainer) -> None:
-        """Build the reward model, its learner and the comparator team next to the trainer's."""
+    def attach(self, run: Run) -> None:
+        """Build the reward model, its learner and the comparator team next to the run's team."""
         cfg, pc = self.cfg, self.pc
-        self.trainer = trainer
-        device = trainer.actors[0].policy.device
+        device = run.actors[0].policy.device
         if self.marlhf:
             settings = dataclasses.replace(
                 cfg.agent, model=pc.reward_model, lr=pc.rm_lr, lr_schedule="constant", warmup_steps=0, trainable=True
@@ -93,8 +93,8 @@ class PreferenceRounds:
         self.comparator = None
         if pc.comparator == "model":
             agent = dataclasses.replace(cfg.agent, model=pc.comparator_model, trainable=False)
-            self.comparator = build_actors(dataclasses.replace(cfg, agent=agent, agent_overrides={}), trainer.roles)
-            own = trainer.actors[0].policy.tokenizer.get_vocab()
+            self.comparator = build_actors(dataclasses.replace(cfg, agent=agent, agent_overrides={}), run.roles)
+            own = run.actors[0].policy.tokenizer.get_vocab()
             if any(a.policy.tokenizer.get_vocab() != own for a in self.comparator):
                 raise ConfigError(
                     f"preference.comparator_model {pc.comparator_model!r} has a different tokenizer from the agents': "
@@ -102,7 +102,7 @@ class PreferenceRounds:
                 )
         elif pc.comparator in ("copy", "history"):
             self.comparator = []
-            for actor in trainer.actors:
+            for actor in run.actors:
                 twin = copy.deepcopy(actor)
                 twin.trainable = False
                 twin.policy.model.eval().requires_grad_(False)
@@ -110,17 +110,17 @@ class PreferenceRounds:
         if self.comparator is not None:
             for twin in self.comparator:
                 twin.policy.model.to(device)
-            self.collector = Collector(trainer.env_fn, self.comparator, cfg.env_workers)
+            self.collector = Collector(run.env_fn, self.comparator, cfg.env_workers)
 
     # ---- the hook --------------------------------------------------------------------------------
     def before_jobs(
-        self, trainer: Trainer, rollout: Rollout, items: list[int], seeds: list[int]
+        self, run: Run, rollout: Rollout, items: list[int], seeds: list[int]
     ) -> tuple[Rollout, dict[str, float]]:
         """Start a round when one begins; add comparator samples (MADPO) or reward-model rewards (MARLHF)."""
         stats: dict[str, float] = {}
-        r = trainer.step // self.round_steps
+        r = run.step // self.round_steps
         if r != self.round:
-            self.start_round(trainer, r)
+            self.start_round(run, r)
             stats.update(self.round_stats)
         stats["round"] = float(self.round)
         if self.comparator is not None and not self.marlhf:
@@ -134,19 +134,19 @@ class PreferenceRounds:
     def score_texts(self, texts: list[str]) -> torch.Tensor:
         return scores(self.reward_model, encode_texts(self.reward_model, texts))
 
-    def start_round(self, trainer: Trainer, r: int) -> None:
+    def start_round(self, run: Run, r: int) -> None:
         self.round = r
         if self.pc.comparator in ("copy", "history"):
             self.snapshots[r] = {
                 a.id: {k: v.detach().to("cpu", copy=True) for k, v in a.policy.model.state_dict().items()}
-                for a in trainer.actors
+                for a in run.actors
             }
             back = 0 if self.pc.comparator == "copy" else self.pc.history_k
             for old in [k for k in self.snapshots if k < r - back]:
                 del self.snapshots[old]
             self._load_comparator()
         if self.marlhf:
-            self.train_reward_model(trainer, r)
+            self.train_reward_model(run, r)
 
     def _load_comparator(self) -> None:
         back = 0 if self.pc.comparator == "copy" else self.pc.history_k
@@ -155,21 +155,21 @@ class PreferenceRounds:
             for twin in self.comparator:
                 twin.policy.model.load_state_dict(weights[twin.id])
 
-    def candidates(self, trainer: Trainer, items: list[int], seeds: list[int]) -> Rollout:
+    def candidates(self, run: Run, items: list[int], seeds: list[int]) -> Rollout:
         """The current team's samples of the prompts, and the comparator's when there is one."""
-        rollout = trainer.collector.collect(items, seeds, self.cfg.group_size)
+        rollout = run.collector.collect(items, seeds, self.cfg.group_size)
         if self.comparator is not None:
             rollout = merge_groups(rollout, self.collector.collect(items, seeds, self.cfg.group_size))
         return rollout
 
-    def train_reward_model(self, trainer: Trainer, r: int) -> None:
+    def train_reward_model(self, run: Run, r: int) -> None:
         """Collect pairs by task reward, hold some out, replay older ones, fit Bradley–Terry, report accuracy."""
         cfg, pc, rm = self.cfg, self.pc, self.reward_model
         new, task = [], []
         for k in range(pc.rm_batches):
-            items = trainer.sampler.next(cfg.batch_prompts)
+            items = run.sampler.next(cfg.batch_prompts)
             seeds = [_seed(cfg.seed, 2, r, k, b) for b in range(cfg.batch_prompts)]
-            pool = self.candidates(trainer, items, seeds)
+            pool = self.candidates(run, items, seeds)
             episode = pool.team_rewards.sum(-1).view(pool.num_prompts, pool.group_size)  # [B, K]
             task.append(episode.mean())
             chosen = select_pairs(episode, pc.pair_selection, pc.pairs_per_prompt)  # [S, 3]

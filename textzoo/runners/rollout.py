@@ -136,19 +136,15 @@ class Collector:
             active.append(act_t)
             live = still
             t += 1
-        rewards_t = torch.stack(rewards, dim=-1)  # [E, R, T]
-        actor_rewards = torch.stack(
-            [rewards_t[:, [role_index[r] for r in a.roles], :].mean(1) for a in self.actors], dim=1
-        )  # [E, A, T]
         rollout = Rollout(
             num_prompts=B,
             group_size=G,
             roles=self.roles,
             actors=[a.id for a in self.actors],
+            actor_roles=[tuple(role_index[r] for r in a.roles) for a in self.actors],
             items=list(items),
             steps=steps,
-            rewards=rewards_t,
-            actor_rewards=actor_rewards,
+            rewards=torch.stack(rewards, dim=-1),  # [E, R, T]
             active=torch.stack(active, dim=-1),
             states=states,
             reward_terms=terms,
@@ -201,7 +197,7 @@ class Collector:
         return out
 
     def _cross(self, rollout: Rollout, items: Sequence[int], seeds: Sequence[int]) -> torch.Tensor:
-        """Credited reward of every combination of the actors' samples, per prompt: [B, G**A, A]."""
+        """Each role's reward for every combination of the actors' samples, per prompt: [B, G**A, R]."""
         if rollout.rewards.shape[-1] != 1:
             raise EnvError("joint_mode='cross' needs a single-turn env")
         B, G, A = rollout.num_prompts, rollout.group_size, len(self.actors)
@@ -213,7 +209,6 @@ class Collector:
                 texts[(ai, e)] = actor.parse(text, actor.roles)[0]
         combos = list(itertools.product(range(G), repeat=A))
         jobs = [(b, c) for b in range(B) for c in range(len(combos))]
-        role_index = {r: i for i, r in enumerate(self.roles)}
         base = rollout.num_envs
         for i in range(len(jobs)):
             self._env(base + i)
@@ -226,11 +221,10 @@ class Collector:
             for ai, g in enumerate(combos[c]):
                 actions.update(texts.get((ai, b * G + g), {}))
             rew = env.step(actions)[1]
-            per_role = torch.tensor([float(rew.get(r, 0.0)) for r in self.roles])
-            return torch.stack([per_role[[role_index[r] for r in a.roles]].mean() for a in self.actors])
+            return torch.tensor([float(rew.get(r, 0.0)) for r in self.roles])  # [R]
 
-        out = torch.stack(self._map(play, list(range(len(jobs)))))  # [B*G**A, A]
-        return out.view(B, len(combos), A)
+        out = torch.stack(self._map(play, list(range(len(jobs)))))  # [B*G**A, R]
+        return out.view(B, len(combos), len(self.roles))
 
     def close(self) -> None:
         if self._pool is not None:

@@ -21,13 +21,8 @@ import torch
 
 from textzoo.agents.batch import Rollout
 from textzoo.errors import CheckpointError, ConfigError
-from textzoo.runners.build import (
-    ItemSampler,
-    build_actors,
-    build_family,
-    build_learner,
-    env_factory,
-)
+from textzoo.runners.algorithms import resolve_algorithm
+from textzoo.runners.build import ItemSampler, build_actors, build_learner, env_factory
 from textzoo.runners.checkpoint import (
     apply_weights,
     capture_rng,
@@ -42,7 +37,6 @@ from textzoo.runners.checkpoint import (
 from textzoo.runners.config import TrainConfig, from_dict, save_config, to_dict
 from textzoo.runners.distributed import DistContext, merge_rows
 from textzoo.runners.placement import format_placement, place_models, team_models, visible_devices
-from textzoo.runners.preference import rollout_hooks
 from textzoo.runners.rollout import Collector, prompt_seed
 from textzoo.runners.schedule import build_schedule
 from textzoo.runners.tracking import build_trackers
@@ -129,8 +123,11 @@ class Trainer:
         probe.close()
         if not num_items:
             raise ConfigError(f"{cfg.env!r} has no num_items(); textzoo runners select prompts by index")
+        algorithm = resolve_algorithm(cfg.algo)
+        algorithm.check(cfg)  # again: the config may have changed since it was built
+        algorithm.check_team(cfg, self.roles)
         self.actors = build_actors(cfg, self.roles)
-        self.family = build_family(cfg, self.actors)
+        self.family = algorithm.build(cfg, self.actors)
         overrides = {
             a.id: cfg.agent_config(a.id).device
             for a in self.actors
@@ -142,8 +139,6 @@ class Trainer:
             visible_devices(cfg.devices, local_rank),
             {**overrides, **cfg.device_map},
         )
-        if cfg.reinforce.joint_mode == "cross" and len(self.actors) > 6:
-            raise ConfigError("joint_mode='cross' evaluates G^N combinations: use it with few agents")
         self.collector = Collector(self.env_fn, self.actors, cfg.env_workers, cfg.generate_workers)
         self.learners = {
             a.id: build_learner(a.policy.model, cfg.agent_config(a.id) if a.id in self.roles else cfg.agent, cfg.steps)
@@ -151,7 +146,7 @@ class Trainer:
             if a.trainable
         }
         # models a family trains besides the actors (critics, reward models): name -> (module, AgentConfig)
-        for name, (module, settings) in getattr(self.family, "trainable_models", dict)().items():
+        for name, (module, settings) in self.family.trainable_models().items():
             self.learners[name] = build_learner(module, settings, cfg.steps)
         self.sampler = ItemSampler(num_items, cfg.seed)
         self.schedule = build_schedule(
@@ -162,7 +157,7 @@ class Trainer:
         )
         self.step = 0
         # pipeline stages between collection and the family (preference rounds, reward-model rewards)
-        self.hooks = rollout_hooks(cfg)
+        self.hooks = algorithm.hooks(cfg)
         for hook in self.hooks:
             hook.attach(self)
         if resume == "auto":
@@ -195,8 +190,9 @@ class Trainer:
         share = self.dist.shard(cfg.batch_prompts)
         items = self.sampler.next(cfg.batch_prompts)[share]
         seeds = [prompt_seed(cfg.seed, self.step, b) for b in range(cfg.batch_prompts)][share]
-        rollout = self.collector.collect(items, seeds, cfg.group_size, cross=cfg.reinforce.joint_mode == "cross")
-        if self.family.needs_greedy_baseline:
+        needs = self.family.needs
+        rollout = self.collector.collect(items, seeds, cfg.group_size, cross=needs.cross)
+        if needs.greedy:
             rollout.greedy = self.collector.collect(items, seeds, 1, greedy=True)
         t_collect = time.perf_counter()
         hook_stats: dict[str, float] = {}

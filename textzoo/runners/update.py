@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from textzoo.agents.batch import Job
-from textzoo.agents.losses import BatchNorm
 from textzoo.agents.policy import has_dropout
+from textzoo.agents.rlmath import BatchNorm
 
 
 @dataclass
@@ -35,6 +35,11 @@ class Learner:
     def __post_init__(self) -> None:
         if not self.params:
             self.params = [p for p in self.model.parameters() if p.requires_grad]
+
+    @property
+    def device(self) -> torch.device:
+        """Where the trained parameters live (what a job's batch is moved to)."""
+        return self.params[0].device if self.params else torch.device("cpu")
 
     def state_dict(self) -> dict:
         return {
@@ -138,7 +143,7 @@ def run_job(
     `grad_sync(params)`, when given, runs once per optimizer step before the zero-gradient check and
     clipping (data parallelism averages gradients over replicas there).
     """
-    batch = job.batch
+    batch = job.batch.to(learner.device)
     n = len(batch)
     micro = 1 if cfg.per_sample_backward else cfg.micro_batch_size
     learner.model.train()
