@@ -32,6 +32,7 @@ import torch
 from textzoo.agents.batch import Job, Rollout, SampleBatch
 from textzoo.agents.critic import Critic
 from textzoo.agents.family import RolloutNeeds
+from textzoo.agents.inference import chunks, eval_mode
 from textzoo.agents.policy import Generation, Policy
 from textzoo.agents.rlmath import (
     AGGREGATIONS,
@@ -319,13 +320,9 @@ class ActorCriticFamily:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Values [S] of every sample, once, in eval mode (no dropout): the old values of this batch;
         and, for a head on an actor's trunk, the trunk features [S, d] its job trains the head on."""
-        was_training = critic.training
-        critic.eval()
-        try:
-            g = inputs.gen
-            out, feats = [], []
-            for i in range(0, len(g), chunk):
-                part = g.select(torch.arange(i, min(i + chunk, len(g))))
+        out, feats = [], []
+        with eval_mode(critic):
+            for part in chunks(inputs.gen, chunk):
                 comp = (part.completion_ids, part.completion_mask) if inputs.at_completion else ()
                 if critic.shared_trunk and not comp and part.prompt_features is not None:
                     features = part.prompt_features  # the actor's sampling pass read them (same weights)
@@ -334,10 +331,8 @@ class ActorCriticFamily:
                 out.append(critic.value(features).float().cpu())
                 if critic.shared_trunk:
                     feats.append(features)
-            values = torch.cat(out) if out else torch.zeros(0)
-            return values, (torch.cat(feats) if feats else None)
-        finally:
-            critic.train(was_training)
+        values = torch.cat(out) if out else torch.zeros(0)
+        return values, (torch.cat(feats) if feats else None)
 
     def _critic_job(
         self,

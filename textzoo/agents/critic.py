@@ -18,6 +18,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from textzoo.agents.fastlm import FastDecoder, distinct_rows, first_tokens_first, shared_rows
+from textzoo.agents.inference import eval_mode
 from textzoo.agents.policy import Policy
 
 
@@ -115,13 +116,8 @@ class Critic(torch.nn.Module):
         """The trunk's final hidden state ([S, d]) at the token `forward` reads; without gradient
         when the trunk is shared with an actor."""
         if self.shared_trunk:  # the actor's trunk, read as it samples: no gradient, no dropout
-            was_training = self.trunk.training
-            self.trunk.eval()
-            try:
-                with torch.no_grad():
-                    return self._features(prompt_ids, prompt_mask, completion_ids, completion_mask)
-            finally:
-                self.trunk.train(was_training)
+            with eval_mode(self.trunk), torch.no_grad():
+                return self._features(prompt_ids, prompt_mask, completion_ids, completion_mask)
         return self._features(prompt_ids, prompt_mask, completion_ids, completion_mask)
 
     def _features(self, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from textzoo.agents.inference import eval_mode
 from textzoo.agents.policy import GenerationConfig, Policy
 from textzoo.errors import ConfigError, ModelError
 
@@ -163,11 +164,8 @@ class AdapterView(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self.shared.activate(self.adapter)
         if self.frozen and self.shared.model.training:  # a frozen copy never drops anything
-            self.shared.model.eval()
-            try:
+            with eval_mode(self.shared.model):
                 return self.shared.model(*args, **kwargs)
-            finally:
-                self.shared.model.train(True)
         return self.shared.model(*args, **kwargs)
 
     def adapter_parameters(self) -> dict[str, torch.nn.Parameter]:

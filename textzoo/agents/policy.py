@@ -34,6 +34,7 @@ from textzoo.agents.backends.module import ModuleBackend, has_dropout
 from textzoo.agents.backends.plain import PlainBackend
 from textzoo.agents.fastlm import FastDecoder
 from textzoo.agents.generation import Generation, GenerationConfig, first_used_column
+from textzoo.agents.inference import eval_mode
 from textzoo.agents.loading import build_tiny, load_pretrained
 from textzoo.errors import ModelError
 
@@ -261,17 +262,13 @@ class Policy:
         if S == 0:
             empty = torch.zeros((0, 0), dtype=torch.long, device=prompt_ids.device)
             return Generation(empty, empty, empty, empty, empty.float(), [])
-        was_training = self.model.training
-        self.model.eval()
-        try:
+        with eval_mode(self.model):
             decoding = self.backend().prefill(prompt_ids, prompt_mask, cfg.max_new_tokens)
             bias = self._allowed_bias(decoding.logits.shape[-1])
             choose = sampling.token_choice(cfg, S, greedy, generator)
             out = sampling.decode(
                 decoding, choose, cfg, eos_ids=self.eos_ids, pad_id=self.pad_id, bias=bias, tokenizer=self.tokenizer
             )
-        finally:
-            self.model.train(was_training)
         texts = sampling.completion_texts(self.tokenizer, out, self.eos_ids, cfg.stop_strings)
         return Generation(
             prompt_ids, prompt_mask, out.completion_ids, out.completion_mask, out.logprobs, texts, decoding.features

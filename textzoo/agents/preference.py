@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from textzoo.agents.batch import ActorStep, Job, PairBatch, Rollout
 from textzoo.agents.family import RolloutNeeds
+from textzoo.agents.inference import score_no_grad
 from textzoo.agents.policy import Generation, Policy
 from textzoo.agents.rlmath import BatchNorm, dpo_loss
 from textzoo.agents.team import Actor, frozen_references, reference_models
@@ -266,21 +267,9 @@ def madpo_loss(policy: Policy, beta: float, batch: PairBatch, norm: BatchNorm):
     return dpo_loss(logp[:m], logp[m:], extra.get("ref_chosen"), extra.get("ref_rejected"), extra["others"], beta, norm)
 
 
-@torch.no_grad()
-def sequence_logprobs(policy: Policy, gen: Generation, chunk: int = 64) -> torch.Tensor:
-    """Sequence log-probs [S] under `policy` in eval mode (no dropout), without gradients."""
-    model = policy.model
-    was_training = model.training
-    model.eval()
-    try:
-        out = []
-        for i in range(0, len(gen), chunk):
-            part = gen.select(torch.arange(i, min(i + chunk, len(gen))))
-            lp = policy.score(part.prompt_ids, part.prompt_mask, part.completion_ids, part.completion_mask)
-            out.append(lp.sum(-1).float().cpu())
-        return torch.cat(out) if out else torch.zeros(0)
-    finally:
-        model.train(was_training)
+def sequence_logprobs(policy: Policy, gen: Generation) -> torch.Tensor:
+    """Sequence log-probs [S] (float, CPU) under `policy`, in eval mode, without gradients."""
+    return score_no_grad(policy, gen).sum(-1).float().cpu()
 
 
 # ---- the family ----------------------------------------------------------------------------------

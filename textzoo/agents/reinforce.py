@@ -26,7 +26,8 @@ import torch
 
 from textzoo.agents.batch import Job, Rollout, SampleBatch
 from textzoo.agents.family import RolloutNeeds
-from textzoo.agents.policy import Generation, Policy
+from textzoo.agents.inference import score_no_grad
+from textzoo.agents.policy import Policy
 from textzoo.agents.rlmath import (
     AGGREGATIONS,
     ESTIMATORS,
@@ -157,7 +158,7 @@ class ReinforceFamily:
             if actor_id not in samples or actor_id not in self.references:
                 continue
             s = samples[actor_id]
-            refs[actor_id] = _score_no_grad(self.references[actor_id], s.gen)
+            refs[actor_id] = score_no_grad(self.references[actor_id], s.gen)
             lp, ref, mask = s.gen.logprobs.cpu(), refs[actor_id].cpu(), s.gen.completion_mask.cpu().float()
             log_ratio[s.env_ids, ai, s.turns] = k1_log_ratio(lp, ref, mask).to(log_ratio.dtype)
             stats[f"agent/{actor_id}/kl"] = float(k3_kl(lp, ref, mask).mean())  # the low-variance estimate
@@ -230,14 +231,3 @@ def reinforce_loss(policy: Policy, cfg: ReinforceConfig, batch: SampleBatch, nor
         contrib = contrib + cfg.kl_coef * kl_loss(logprobs, batch.ref_logprobs, mask, norm, cfg.loss_aggregation)
         stats["kl"] = k3_kl(logprobs, batch.ref_logprobs, mask).mean().detach()
     return contrib, stats
-
-
-@torch.no_grad()
-def _score_no_grad(policy: Policy, gen: Generation, chunk: int = 64) -> torch.Tensor:
-    outs = []
-    for i in range(0, len(gen), chunk):
-        part = gen.select(torch.arange(i, min(i + chunk, len(gen))))
-        lp = policy.score(part.prompt_ids, part.prompt_mask, part.completion_ids, part.completion_mask)
-        pad = gen.completion_ids.shape[1] - lp.shape[1]
-        outs.append(torch.nn.functional.pad(lp, (0, pad)))
-    return torch.cat(outs)  # [S, C]

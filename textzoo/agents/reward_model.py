@@ -21,6 +21,7 @@ import torch
 
 from textzoo.agents.batch import PairBatch, Rollout
 from textzoo.agents.critic import Critic
+from textzoo.agents.inference import chunks, eval_mode
 from textzoo.agents.policy import Generation
 from textzoo.agents.rlmath import BatchNorm, bradley_terry_loss
 
@@ -59,18 +60,11 @@ def reward_model_loss(model: Critic, batch: PairBatch, norm: BatchNorm):
 
 
 @torch.no_grad()
-def scores(model: Critic, gen: Generation, chunk: int = 64) -> torch.Tensor:
-    """Reward-model scores [S] of encoded texts, in eval mode, without gradients."""
-    was_training = model.training
-    model.eval()
-    try:
-        out = [
-            model(gen.prompt_ids[i : i + chunk], gen.prompt_mask[i : i + chunk]).float().cpu()
-            for i in range(0, len(gen), chunk)
-        ]
-        return torch.cat(out) if out else torch.zeros(0)
-    finally:
-        model.train(was_training)
+def scores(model: Critic, gen: Generation) -> torch.Tensor:
+    """Reward-model scores [S] (float, CPU) of encoded texts, in eval mode, without gradients."""
+    with eval_mode(model):
+        out = [model(part.prompt_ids, part.prompt_mask).float().cpu() for part in chunks(gen)]
+    return torch.cat(out) if out else torch.zeros(0)
 
 
 def pair_accuracy(model: Critic, batch: PairBatch) -> float:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from textzoo.agents.inference import eval_mode
 from textzoo.agents.policy import Policy
 from textzoo.errors import ConfigError
 
@@ -121,9 +122,7 @@ def sft(
     generator = torch.Generator().manual_seed(seed)
     order: list[int] = []
     losses: list[float] = []
-    was_training = policy.model.training
-    policy.model.train()
-    try:
+    with eval_mode(policy.model, training=True):
         for _ in range(steps):
             if len(order) < min(batch_size, len(pairs)):
                 order += torch.randperm(len(pairs), generator=generator).tolist()
@@ -144,8 +143,6 @@ def sft(
                 torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
             optimizer.step()
             losses.append(float(loss.detach()))
-    finally:
-        policy.model.train(was_training)
     return losses
 
 
