@@ -6,7 +6,8 @@ import torch
 torch.set_num_threads(1)
 
 from textzoo.envs import check_env, make  # noqa: E402
-from textzoo.envs.refine_v0 import KEYWORDS, words  # noqa: E402
+from textzoo.envs.base import words  # noqa: E402
+from textzoo.envs.refine_v0 import KEYWORDS  # noqa: E402
 from textzoo.errors import EnvError  # noqa: E402
 
 

@@ -9,14 +9,13 @@ the index only, so it is deterministic and the two splits are disjoint.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from textzoo.errors import EnvError
+from textzoo.jsonl import read_jsonl
 
 EVAL_EVERY = 5
 SPLITS = ("train", "eval", "all")
@@ -48,7 +47,7 @@ def load_records(data: Any, field: str, arg: str) -> list[dict[str, Any]]:
     becomes the row `{field: s}`). `arg` names the argument in error messages.
     """
     if isinstance(data, (str, os.PathLike)):
-        rows = _read_jsonl(Path(data), arg)
+        rows = [row for _, row in read_jsonl(data, arg, EnvError)]
     elif hasattr(data, "column_names"):
         rows = [dict(row) for row in data]
     elif isinstance(data, Sequence) and not isinstance(data, (bytes, bytearray)):
@@ -72,24 +71,6 @@ def load_records(data: Any, field: str, arg: str) -> list[dict[str, Any]]:
                 f"row {i} of {arg} has no field {field!r} (fields: {sorted(map(str, row))}); "
                 f"name the column that holds the text with the field argument"
             )
-    return rows
-
-
-def _read_jsonl(path: Path, arg: str) -> list[dict[str, Any]]:
-    if not path.is_file():
-        raise EnvError(f"{arg}: file not found: {str(path)!r}; pass an existing JSONL file (one JSON object per line)")
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EnvError(f"{arg}: {str(path)!r} line {lineno} is not valid JSON: {e}") from None
-            if not isinstance(row, dict):
-                raise EnvError(f"{arg}: {str(path)!r} line {lineno} must be a JSON object, got {type(row).__name__}")
-            rows.append(row)
     return rows
 
 

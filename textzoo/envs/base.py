@@ -80,6 +80,14 @@ def text_space(max_length: int) -> spaces.Text:
     return space
 
 
+_WORD = re.compile(r"\w+")
+
+
+def words(text: str) -> list[str]:
+    """The lower-cased word tokens (`\\w+` runs) of `text`: what the tasks count and match."""
+    return _WORD.findall(text.lower())
+
+
 def clean_text(text: Any, max_chars: int) -> tuple[str, list[str]]:
     """Coerce `text` to a `str` inside `TEXT_CHARSET` and `max_chars`; return it with notes on fixes."""
     notes: list[str] = []

@@ -46,8 +46,6 @@ Version history:
 from __future__ import annotations
 
 import ast
-import gzip
-import json
 import os
 import re
 from collections.abc import Sequence
@@ -62,6 +60,7 @@ from textzoo.envs._sources import check_split, split_indices
 from textzoo.envs.base import StepResult, TextParallelEnv
 from textzoo.envs.sandbox import Program, SandboxLimits, SandboxResult, run_many
 from textzoo.errors import EnvError
+from textzoo.jsonl import read_jsonl
 
 HELPER_NAME = "aux"
 WEIGHTS: dict[str, float] = {
@@ -177,18 +176,8 @@ def default_dataset_path() -> Path:
 
 @lru_cache(maxsize=8)
 def _load_path(path: str) -> tuple[Problem, ...]:
-    if not os.path.isfile(path):
-        raise EnvError(f"dataset file not found: {path!r}; pass dataset= a HumanEval-format JSONL(.gz) file")
-    opener = gzip.open if path.endswith(".gz") else open
-    rows = []
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    rows.append((json.loads(line), f"{path} line {lineno}"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise EnvError(f"cannot read dataset {path!r}: {e}; pass a HumanEval-format JSONL(.gz) file") from None
-    return tuple(Problem.from_row(r, w) if isinstance(r, dict) else _not_a_dict(w) for r, w in rows)
+    rows = read_jsonl(path, "dataset (a HumanEval-format JSONL(.gz) file)", EnvError)
+    return tuple(Problem.from_row(row, f"{path} line {n}") for n, row in rows)
 
 
 def _not_a_dict(where: str) -> Problem:

@@ -43,14 +43,13 @@ Version history:
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from pettingzoo.utils.conversions import parallel_to_aec
 
 from textzoo.envs._sources import check_split, split_indices
-from textzoo.envs.base import StepResult, TextParallelEnv
+from textzoo.envs.base import StepResult, TextParallelEnv, words
 from textzoo.errors import EnvError
 
 TOPICS = (
@@ -104,12 +103,6 @@ GENERATOR_FOOTER = "\nAnswer:"
 WAIT_PROMPT = "Wait: the refiners write the prompt this turn."
 DONE_PROMPT = "Done: the generator answers this turn."
 ITEM_SEED = 8
-_WORD = re.compile(r"\w+")
-
-
-def words(text: str) -> list[str]:
-    """The lower-cased `\\w+` runs of `text`."""
-    return _WORD.findall(text.lower())
 
 
 def refiner_names(n: int) -> list[str]:

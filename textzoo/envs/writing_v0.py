@@ -49,14 +49,13 @@ Version history:
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pettingzoo.utils.conversions import parallel_to_aec
 
 from textzoo.envs._sources import check_split, load_records, procedural_paragraph, split_indices
-from textzoo.envs.base import StepResult, TextParallelEnv
+from textzoo.envs.base import StepResult, TextParallelEnv, words
 from textzoo.errors import EnvError
 
 TERMS = ("length_ratio", "diversity", "length_limits", "coordination")
@@ -69,12 +68,6 @@ STOPWORDS = frozenset(
 SUMMARY_PROMPT = "Summarize the text in one sentence of at most {limit} words.\nText: {source}\nSummary:"
 ELABORATION_PROMPT = "Elaborate on the text in detail, in at most {limit} words.\nText: {source}\nElaboration:"
 GENERATOR_SEED = 0  # fixed: the procedural item set never depends on reset seeds
-_WORD = re.compile(r"\w+")
-
-
-def words(text: str) -> list[str]:
-    """Lower-cased word tokens (`\\w+` runs)."""
-    return _WORD.findall(text.lower())
 
 
 def content_words(text: str) -> set[str]:

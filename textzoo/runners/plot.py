@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from textzoo.errors import TextzooError
+from textzoo.jsonl import read_jsonl
 
 PANELS = (
     ("reward", lambda k: k in ("reward/mean", "eval/sampled/reward/mean", "eval/greedy/reward/mean")),
@@ -22,13 +22,7 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise TextzooError(f"{str(path)!r} does not exist: pass a run directory written by `textzoo train`")
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    return [row for _, row in read_jsonl(path, "metrics file", torn_tail=True)]
 
 
 def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1) -> Path:

@@ -23,30 +23,16 @@ import torch
 from textzoo.agents.inference import eval_mode
 from textzoo.agents.policy import Policy
 from textzoo.errors import ConfigError
+from textzoo.jsonl import read_jsonl
 
 Pair = tuple[str, str]
 
 
 def load_pairs(path: str | Path) -> list[Pair]:
     """(prompt, completion) pairs from a JSONL file with `prompt` and `completion` string fields."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(
-            f'pairs file {str(path)!r} does not exist; pass a JSONL file of {{"prompt", "completion"}} lines'
-        )
     pairs: list[Pair] = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"pairs file {str(path)!r}, line {n}: not JSON ({e})") from e
-        if (
-            not isinstance(row, dict)
-            or not isinstance(row.get("prompt"), str)
-            or not isinstance(row.get("completion"), str)
-        ):
+    for n, row in read_jsonl(path, "pairs file", ConfigError):
+        if not isinstance(row.get("prompt"), str) or not isinstance(row.get("completion"), str):
             raise ConfigError(f'pairs file {str(path)!r}, line {n}: needs string fields "prompt" and "completion"')
         pairs.append((row["prompt"], row["completion"]))
     if not pairs:
