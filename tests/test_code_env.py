@@ -58,7 +58,14 @@ def test_toy_tests_are_split_per_assert():
 def test_perfect_pair_scores_one():
     p = load_problems()[0]
     (s,) = score_batch([p], [AUX], [CLOSE_MAIN], LIMITS)
-    assert s.terms == {"helper_defined": 1.0, "main_defined": 1.0, "parses": 1.0, "tests": 1.0, "uses_helper": 1.0}
+    assert s.terms == {
+        "helper_defined": 1.0,
+        "main_defined": 1.0,
+        "parses": 1.0,
+        "tests": 1.0,
+        "uses_helper": 1.0,
+        "solved": 1.0,
+    }
     assert s.team == pytest.approx(1.0) and s.own == {"helper": pytest.approx(1.0), "main": pytest.approx(1.0)}
 
 
@@ -66,7 +73,14 @@ def test_canonical_solution_passes_everything_without_helper():
     p = load_problems()[0]
     main = p.prompt + p.canonical_solution
     (s,) = score_batch([p], [""], [main], LIMITS)
-    assert s.terms == {"helper_defined": 0.0, "main_defined": 1.0, "parses": 1.0, "tests": 1.0, "uses_helper": 0.0}
+    assert s.terms == {
+        "helper_defined": 0.0,
+        "main_defined": 1.0,
+        "parses": 1.0,
+        "tests": 1.0,
+        "uses_helper": 0.0,
+        "solved": 1.0,
+    }
     assert s.team == pytest.approx(0.8)
     assert s.own["helper"] == pytest.approx((0.1 + 0.6) / 0.8)
     assert s.own["main"] == pytest.approx((0.1 + 0.1 + 0.6) / 0.9)
@@ -78,7 +92,7 @@ def test_wrong_solution_gets_partial_credit():
     main = "def has_close_elements(numbers, threshold):\n    return True\n"
     (s,) = score_batch([p], [AUX], [main], LIMITS)
     assert s.terms["tests"] == pytest.approx(4 / 7)
-    assert s.terms["uses_helper"] == 0.0
+    assert s.terms["uses_helper"] == 0.0 and s.terms["solved"] == 0.0  # solved: every test, a diagnostic
     assert s.team == pytest.approx(0.1 + 0.1 + 0.1 + 0.6 * 4 / 7)
     assert "4/7 tests passed" in s.feedback and "AssertionError" in s.feedback
 
@@ -88,7 +102,14 @@ def test_toy_partial_and_helper_call():
     main = "def add(a, b):\n    return aux(a, b)\n"
     helper = "def aux(a, b):\n    return a * b\n"  # 1*2 != 3; 5*0 != 5; i*i == 2i only for i in {0, 2} -> loop fails
     (s,) = score_batch([p], [helper], [main], LIMITS)
-    assert s.terms == {"helper_defined": 1.0, "main_defined": 1.0, "parses": 1.0, "tests": 0.0, "uses_helper": 1.0}
+    assert s.terms == {
+        "helper_defined": 1.0,
+        "main_defined": 1.0,
+        "parses": 1.0,
+        "tests": 0.0,
+        "uses_helper": 1.0,
+        "solved": 0.0,
+    }
     helper = "def aux(a, b):\n    return 0 if (a, b) == (1, 2) else a + b\n"  # fails only the first test
     (s,) = score_batch([p], [helper], [main], LIMITS)
     assert s.terms["tests"] == pytest.approx(2 / 3)
@@ -100,7 +121,14 @@ def test_non_compiling_code_skips_the_sandbox():
     t = time.monotonic()
     (s,) = score_batch([p], ["lorem ipsum ((("], [CLOSE_MAIN], LIMITS)
     assert time.monotonic() - t < 0.5 and s.result is None
-    assert s.terms == {"helper_defined": 0.0, "main_defined": 1.0, "parses": 0.0, "tests": 0.0, "uses_helper": 0.0}
+    assert s.terms == {
+        "helper_defined": 0.0,
+        "main_defined": 1.0,
+        "parses": 0.0,
+        "tests": 0.0,
+        "uses_helper": 0.0,
+        "solved": 0.0,
+    }
     assert any("does not compile" in n for n in s.notes["helper"])
     (s,) = score_batch([p], ["x = 1"], ["return 1"], LIMITS)  # parses but does not compile
     assert s.terms["parses"] == 0.0 and s.result is None
@@ -119,6 +147,7 @@ def test_score_batch_checks_lengths_and_keeps_order():
     mains[1] = "def nope(): pass"
     scores = score_batch(problems, [""] * 3, mains, LIMITS, workers=2)
     assert [s.terms["tests"] for s in scores] == [1.0, 0.0, 1.0]
+    assert [s.terms["solved"] for s in scores] == [1.0, 0.0, 1.0]
     with pytest.raises(EnvError, match="as many"):
         score_batch(problems, [""], mains)
 

@@ -24,8 +24,9 @@ Reward terms, each in [0, 1]:
 - `parses`: the combined program compiles;
 - `tests`: the fraction of the problem's tests passed (0 without running the sandbox when the
   program does not compile or does not bind `entry_point` at top level: every test would fail);
-- `uses_helper`: `entry_point` (in the main code) calls `aux` and the helper defines `aux`.
-Team reward = sum_k WEIGHTS[k] * term_k (weights 0.1, 0.1, 0.1, 0.6, 0.1; sum 1). Both agents get
+- `uses_helper`: `entry_point` (in the main code) calls `aux` and the helper defines `aux`;
+- `solved` (a diagnostic, not part of the reward): every test passed (HumanEval's pass@1 success).
+Team reward = sum_k WEIGHTS[k] * term_k over the first five (weights 0.1, 0.1, 0.1, 0.6, 0.1; sum 1). Both agents get
 the team reward. `infos[agent]["reward_terms"]` holds the five terms and `own`, the agent's own
 score for per-agent credit: the weighted mean over `OWN_TERMS[agent]` (helper: helper_defined,
 parses, tests; main: main_defined, uses_helper, parses, tests; the shared terms count for both).
@@ -40,7 +41,7 @@ problem i of the split. `score_batch` scores many (helper, main) pairs in parall
 `step` uses the same code for its one pair.
 
 Version history:
-- v0: first version.
+- v0: first version; later the `solved` diagnostic term was added (rewards unchanged).
 """
 
 from __future__ import annotations
@@ -288,6 +289,7 @@ def _prepare(problem: Problem, helper_text: str, main_text: str):
         "parses": float(error is None),
         "tests": 0.0,
         "uses_helper": float(aux_def and _calls(main_def, HELPER_NAME)),
+        "solved": 0.0,
     }
     notes: dict[str, list[str]] = {"helper": [], "main": []}
     if h_tree is None:
@@ -351,6 +353,7 @@ def score_batch(
         result = results.get(i)
         if result is not None:
             terms["tests"] = result.fraction_passed
+            terms["solved"] = float(result.passed and bool(problems[i].tests))
             why = _feedback(problems[i], result)
         scores.append(_finish(terms, notes, result, why))
     return scores
