@@ -1,0 +1,224 @@
+"""textzoo/PlanPath-v0: a tool agent and a plan agent find a path from S to G on a grid with walls.
+
+Roles and turns (the PettingLLMs arrangement of `textzoo.envs._toolplan`): every turn `tool` writes
+a Python program (run in the sandbox after `grid`, `start` and `goal` are bound) whose printed
+output is its answer, and `plan` answers in text; from turn 1 on both see the tool's last program
+and output, the plan's last answer and the feedback on both. The episode ends when either answer
+reaches the goal, else after `turns` turns (default 3).
+
+Observations: the rules and the grid (`size` x `size`, default 10x10; `#` wall, `.` free, `S`
+start, `G` goal; row 0 at the top, column 0 at the left), the answer format and, from turn 1 on,
+the last turn.
+
+Actions: any string. The answer is the text after the last `####` (all of it without one); its
+moves are the words up/down/left/right (any case) and standalone runs of the capital letters
+U, D, L, R, in order ("R R D", "RRD", "['R', 'D']" and "right, right, down" all read RRD; see
+`textzoo.envs._toolplan.parse_moves`). It is valid when it holds at least one move.
+
+Walk: from S, each move goes one cell (U: row - 1, D: row + 1, L: column - 1, R: column + 1); a
+move into a wall or off the grid leaves the walker where it is; the walk stops at G. Only the
+first size*size moves count.
+
+Scores of an answer: `valid` (above); `solved` = the walk reaches G; `progress` = the distance
+closed, max(0, (d(S) - d(end)) / d(S)) with d the shortest-path distance to G (BFS) and `end` where
+the walk stops (0 when not valid). Terms, per-agent scores (`WEIGHTS` of `_toolplan`) and rewards
+(score differences between turns: an episode's return is its last turn's score) are those of
+`textzoo.envs._toolplan`: plan = 0.6 solved + 0.3 plan_progress + 0.1 plan_valid; tool = 0.6 solved
++ 0.2 tool_progress + 0.1 tool_valid + 0.1 tool_ran; team = their mean.
+
+Items: grid k is generated from k alone: each cell is a wall with probability `wall_prob`
+(default 0.25), then S and G are two random free cells; the grid is kept when G is reachable from
+S and the shortest path has at least `min_distance` moves (default `size`), else drawn again.
+`num_items` (default 1000) sets the pool; `split="train"|"eval"|"all"` keeps grids k with
+k % 5 != 4 | k % 5 == 4 | all (`textzoo.envs._sources`).
+
+Version history:
+- v0: first version.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from pettingzoo.utils.conversions import parallel_to_aec
+
+from textzoo.envs._toolplan import Outcome, ToolPlanEnv, parse_moves
+from textzoo.envs.sandbox import SandboxLimits
+from textzoo.errors import EnvError
+
+MOVES: dict[str, tuple[int, int]] = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
+ITEM_SEED = 29
+_ATTEMPTS = 1000
+Cell = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class PathPuzzle:
+    """A grid (`#` wall, `.` free, `S`, `G`), its start and goal, and one shortest path."""
+
+    rows: tuple[str, ...]
+    start: Cell
+    goal: Cell
+    shortest: str
+    """A shortest path from start to goal as moves ("UDLR")."""
+
+    @property
+    def size(self) -> int:
+        return len(self.rows)
+
+    def free(self, cell: Cell) -> bool:
+        r, c = cell
+        return 0 <= r < self.size and 0 <= c < self.size and self.rows[r][c] != "#"
+
+    @functools.cached_property
+    def distance(self) -> dict[Cell, int]:
+        """Shortest-path distance to the goal of every cell that can reach it."""
+        return bfs(self.rows, self.goal)[0]
+
+
+def bfs(rows: tuple[str, ...], source: Cell) -> tuple[dict[Cell, int], dict[Cell, tuple[Cell, str]]]:
+    """Distances from `source` over free cells, and each reached cell's (parent, move from it)."""
+    n = len(rows)
+    dist, parent = {source: 0}, {}
+    queue = deque([source])
+    while queue:
+        cell = queue.popleft()
+        for move, (dr, dc) in MOVES.items():
+            nxt = (cell[0] + dr, cell[1] + dc)
+            if 0 <= nxt[0] < n and 0 <= nxt[1] < n and rows[nxt[0]][nxt[1]] != "#" and nxt not in dist:
+                dist[nxt] = dist[cell] + 1
+                parent[nxt] = (cell, move)
+                queue.append(nxt)
+    return dist, parent
+
+
+@functools.lru_cache(maxsize=4096)
+def make_puzzle(k: int, size: int, wall_prob: float, min_distance: int) -> PathPuzzle:
+    """Grid `k`: G reachable from S by a shortest path of at least `min_distance` moves."""
+    rng = random.Random(ITEM_SEED * 1_000_003 + k)
+    for _ in range(_ATTEMPTS):
+        cells = [["#" if rng.random() < wall_prob else "." for _ in range(size)] for _ in range(size)]
+        free = [(r, c) for r in range(size) for c in range(size) if cells[r][c] == "."]
+        if len(free) < 2:
+            continue
+        start, goal = rng.sample(free, 2)
+        rows = tuple("".join(row) for row in cells)
+        dist, parent = bfs(rows, start)
+        if dist.get(goal, -1) < min_distance:
+            continue
+        path, cell = [], goal
+        while cell != start:
+            cell, move = parent[cell]
+            path.append(move)
+        cells[start[0]][start[1]], cells[goal[0]][goal[1]] = "S", "G"
+        return PathPuzzle(tuple("".join(row) for row in cells), start, goal, "".join(reversed(path)))
+    raise EnvError(
+        f"no {size}x{size} grid with a path of >= {min_distance} moves found for item {k}; "
+        "lower min_distance or wall_prob"
+    )
+
+
+def walk(puzzle: PathPuzzle, moves: str) -> tuple[Cell, int, bool]:
+    """Play `moves` from the start: (where the walk stops, moves that hit a wall or the edge, reached G)."""
+    cell, bumps = puzzle.start, 0
+    for move in moves[: puzzle.size**2]:
+        dr, dc = MOVES[move]
+        nxt = (cell[0] + dr, cell[1] + dc)
+        if puzzle.free(nxt):
+            cell = nxt
+        else:
+            bumps += 1
+        if cell == puzzle.goal:
+            return cell, bumps, True
+    return cell, bumps, False
+
+
+def score_path(puzzle: PathPuzzle, answer: str) -> Outcome:
+    """Score one answer (see the module docstring)."""
+    moves = parse_moves(answer)
+    if not moves:
+        return Outcome(False, False, 0.0, "no valid answer: no moves found (write U, D, L, R)")
+    end, bumps, reached = walk(puzzle, moves)
+    cut = f"; only the first {puzzle.size**2} moves count" if len(moves) > puzzle.size**2 else ""
+    hits = f"; {bumps} moves hit a wall or the edge" if bumps else ""
+    if reached:
+        return Outcome(True, True, 1.0, f"solved: the path reaches G{hits}")
+    d0, d = puzzle.distance[puzzle.start], puzzle.distance[end]
+    return Outcome(
+        True,
+        False,
+        max(0.0, (d0 - d) / d0),
+        f"the path stops at row {end[0]}, column {end[1]}, {d} moves from G (S is {d0} moves from G){hits}{cut}",
+    )
+
+
+class PlanPathGame:
+    """Grid path finding for `ToolPlanEnv`."""
+
+    title = "a grid path-finding puzzle"
+    answer_format = "the moves from S to G, each U (up), D (down), L (left) or R (right), e.g. #### R R D L"
+
+    def __init__(self, size: int = 10, wall_prob: float = 0.25, min_distance: int | None = None):
+        if not isinstance(size, int) or isinstance(size, bool) or not 3 <= size <= 30:
+            raise EnvError(f"size must be an int in [3, 30], got {size!r}")
+        if not isinstance(wall_prob, (int, float)) or isinstance(wall_prob, bool) or not 0 <= wall_prob <= 0.5:
+            raise EnvError(f"wall_prob must be a number in [0, 0.5], got {wall_prob!r}")
+        min_distance = size if min_distance is None else min_distance
+        if not isinstance(min_distance, int) or isinstance(min_distance, bool) or not 1 <= min_distance <= 2 * size - 2:
+            raise EnvError(f"min_distance must be an int in [1, 2*size - 2 = {2 * size - 2}], got {min_distance!r}")
+        self.size, self.wall_prob, self.min_distance = size, float(wall_prob), min_distance
+
+    def puzzle(self, k: int) -> PathPuzzle:
+        return make_puzzle(k, self.size, self.wall_prob, self.min_distance)
+
+    def task(self, puzzle: PathPuzzle) -> str:
+        return (
+            "Move from S to G through free cells (.) without entering walls (#). U moves up one row, "
+            "D down, L left, R right; row 0 is the top row, column 0 the left column.\n" + "\n".join(puzzle.rows)
+        )
+
+    def variables(self, puzzle: PathPuzzle) -> str:
+        rows = ", ".join(f'"{row}"' for row in puzzle.rows)
+        return (
+            f"grid = [{rows}]  # '#' wall, '.' free\n"
+            f"start = {puzzle.start}  # (row, column) of S\n"
+            f"goal = {puzzle.goal}  # (row, column) of G"
+        )
+
+    def score(self, puzzle: PathPuzzle, answer: str) -> Outcome:
+        return score_path(puzzle, answer)
+
+
+def parallel_env(
+    size: int = 10,
+    wall_prob: float = 0.25,
+    min_distance: int | None = None,
+    num_items: int = 1000,
+    split: str = "train",
+    turns: int = 3,
+    sandbox_limits: SandboxLimits | None = None,
+    max_prompt_chars: int = 8192,
+    max_action_chars: int = 4096,
+    render_mode: str | None = None,
+) -> ToolPlanEnv:
+    """PettingZoo entry point: PlanPath-v0 (see the module docstring)."""
+    return ToolPlanEnv(
+        PlanPathGame(size, wall_prob, min_distance),
+        "planpath_v0",
+        num_items=num_items,
+        split=split,
+        turns=turns,
+        sandbox_limits=sandbox_limits,
+        max_prompt_chars=max_prompt_chars,
+        max_action_chars=max_action_chars,
+        render_mode=render_mode,
+    )
+
+
+def env(**kwargs: Any):
+    """The AEC version (PettingZoo's `parallel_to_aec`), for tools that step agents in turn."""
+    return parallel_to_aec(parallel_env(**kwargs))
