@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from textzoo.envs import make
+from textzoo.envs import check_env, make
 from textzoo.envs.debate_v0 import WEIGHTS, format_number, load_problems, make_problem, parse_answer
 from textzoo.errors import EnvError
 
@@ -170,3 +170,8 @@ def test_arguments():
             make("textzoo/Debate-v0", **bad)
     with pytest.raises(EnvError, match="max_prompt_chars"):
         make("textzoo/Debate-v0", num_agents=4, response_chars=2000, max_prompt_chars=4000)
+
+
+def test_user_data_task_passes_check_env():
+    rows = [{"question": f"What is {i} times 3?", "answer": 3 * i} for i in range(6)]
+    check_env(lambda: make("textzoo/Debate-v0", dataset=rows, split="all", num_agents=3), num_cycles=50)

@@ -1,6 +1,8 @@
 """The tool/plan arrangement: answer regions, move parsing, sandboxed programs, rewards as score
 differences (hand-computed), early end, what each role sees next turn, arguments."""
 
+import importlib
+
 import pytest
 
 from textzoo.envs import make
@@ -170,3 +172,17 @@ def test_state_holds_both_roles_and_metadata_names_the_task():
     assert "<tool action>\nprint(1)" in state and "<plan action>\n#### U" in state
     assert env.metadata["name"] == "sokoban_v0"
     assert make("textzoo/Sudoku-v0").metadata["name"] == "sudoku_v0"
+
+
+@pytest.mark.parametrize("module", ["sudoku_v0", "planpath_v0", "sokoban_v0", "debate_v0"])
+def test_aec_versions_step_agents_in_turn(module):
+    # PettingZoo's AEC api_test compares observations by dtype, which a Text space's str has not
+    aec = importlib.import_module(f"textzoo.envs.{module}").env(turns=2)
+    aec.reset(seed=0)
+    steps = 0
+    for _ in aec.agent_iter(max_iter=20):
+        obs, reward, termination, truncation, info = aec.last()
+        assert isinstance(obs, str) and isinstance(reward, (int, float))
+        aec.step(None if termination or truncation else "#### 1")
+        steps += 1
+    assert not aec.agents and steps == 2 * 2 + 2  # two turns of two agents, then each agent's final last()
