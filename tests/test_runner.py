@@ -205,3 +205,23 @@ def test_prompt_budget_leaves_room_for_the_completion_within_the_models_position
         )
     with pytest.raises(ConfigError, match="max_prompt_tokens"):
         AgentConfig(max_prompt_tokens=0)
+
+
+def test_every_sampling_setting_of_an_agent_reaches_its_policy():
+    import dataclasses
+
+    from textzoo.agents.generation import GenerationConfig, SamplingConfig
+    from textzoo.runners.build import build_policy
+
+    names = {cls: {f.name for f in dataclasses.fields(cls)} for cls in (SamplingConfig, GenerationConfig, AgentConfig)}
+    assert names[SamplingConfig] <= names[AgentConfig]
+    # the one GenerationConfig field an agent does not declare is derived (from allowed_outputs, by the tokenizer)
+    assert names[GenerationConfig] - names[AgentConfig] == {"allowed_tokens"}
+    agent = AgentConfig(
+        max_new_tokens=7, temperature=0.7, top_p=0.9, top_k=5, stop_strings=("!",), max_prompt_tokens=100
+    )
+    policy = build_policy(agent, 0, torch.device("cpu"))
+    assert policy.generation.sampling() == agent.sampling()
+    assert policy.generation.allowed_tokens is None
+    with pytest.raises(ConfigError, match="agent.top_p"):
+        AgentConfig(top_p=0)

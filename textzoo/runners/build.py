@@ -106,15 +106,7 @@ def generation_config(agent: AgentConfig, policy: Policy) -> GenerationConfig:
                 f"{agent.model!r}, which has {positions} positions; lower max_new_tokens"
             )
         prompt_budget = min(prompt_budget, positions - agent.max_new_tokens)
-    return GenerationConfig(
-        max_new_tokens=agent.max_new_tokens,
-        temperature=agent.temperature,
-        top_p=agent.top_p,
-        top_k=agent.top_k,
-        stop_strings=tuple(agent.stop_strings),
-        allowed_tokens=allowed,
-        max_prompt_tokens=prompt_budget,
-    )
+    return GenerationConfig(**{**agent.sampling(), "max_prompt_tokens": prompt_budget}, allowed_tokens=allowed)
 
 
 def position_limit(model: torch.nn.Module) -> int:

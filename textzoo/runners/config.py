@@ -12,11 +12,12 @@ import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import tyro
 
 from textzoo.agents.actor_critic import ActorCriticConfig
+from textzoo.agents.generation import SamplingConfig
 from textzoo.agents.preference import PreferenceConfig
 from textzoo.agents.reinforce import ReinforceConfig
 from textzoo.agents.rlmath import CREDITS
@@ -47,8 +48,11 @@ def _parse_json(text: str) -> dict[str, Any]:
 
 
 @dataclass
-class AgentConfig:
-    """One agent's model, generation and optimisation settings."""
+class AgentConfig(SamplingConfig):
+    """One agent's model, generation and optimisation settings (the sampling fields are `SamplingConfig`'s;
+    the policy's `GenerationConfig` is derived from them by `textzoo.runners.build.generation_config`)."""
+
+    _where: ClassVar[str] = "agent"
 
     model: str = "tiny"
     """"tiny" (GPT-2 shape built locally), "tiny-llama", a hub id, or a local model folder."""
@@ -68,19 +72,6 @@ class AgentConfig:
     """Linear warm-up optimizer steps."""
     max_grad_norm: float = 1.0
     """Gradient clipping target (0 disables)."""
-    max_new_tokens: int = 32
-    """Completion token budget per turn."""
-    temperature: float = 1.0
-    """Sampling temperature (log-probs are of the temperature-scaled distribution)."""
-    top_p: float = 1.0
-    """Nucleus sampling threshold."""
-    top_k: int = 0
-    """Top-k sampling (0 = off)."""
-    max_prompt_tokens: int = 384
-    """Longer prompts keep their last tokens; lowered further when prompt + completion would not fit
-    the model's positions (the centralized joint actor gets N roles x this)."""
-    stop_strings: tuple[str, ...] = ()
-    """Strings that end a completion."""
     allowed_outputs: tuple[str, ...] = ()
     """Restrict generation (and scoring) to the tokens of these strings plus EOS; empty = no restriction."""
     trainable: bool = True
@@ -102,18 +93,13 @@ class AgentConfig:
     """Module names that get adapters, e.g. ("q_proj", "v_proj"); empty = peft's default for the architecture."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.lr <= 0:
             raise ConfigError(f"agent.lr must be > 0, got {self.lr}")
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"agent.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.max_prompt_tokens < 1:
-            raise ConfigError(f"agent.max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
         if self.lr_schedule not in ("constant", "linear", "cosine"):
             raise ConfigError(f"agent.lr_schedule must be constant, linear or cosine, got {self.lr_schedule!r}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"agent.dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.temperature <= 0:
-            raise ConfigError(f"agent.temperature must be > 0, got {self.temperature}")
         if self.lora_rank < 0 or self.lora_alpha <= 0 or not 0 <= self.lora_dropout < 1:
             raise ConfigError(
                 f"agent.lora_rank must be >= 0, lora_alpha > 0 and lora_dropout in [0, 1); got "
