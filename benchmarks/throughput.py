@@ -4,9 +4,9 @@
     OMP_NUM_THREADS=1 python benchmarks/throughput.py --agents 4
     OMP_NUM_THREADS=1 python benchmarks/throughput.py --n-embd 128 --n-layer 4 --max-new-tokens 64   # ~883k params
 
-A joint action is one env copy's set of completions (one per agent); CoMLRL 1.4.3 needs 0.073 s per
-prompt of G=4 joint actions on this setup (one core), 0.155 s at 4 agents, 0.265 s at 883k params
-and 64 tokens; `--peer-s-per-prompt` sets the figure the ratio is computed against.
+A joint action is one env copy's set of completions (one per agent). Every figure printed is measured
+in this run; a comparison with a peer library is `benchmarks/peer_comlrl.py`, which runs both side by
+side on the same prompts and weights.
 
 Figures are medians over `--steps` measured steps. On a shared machine wall time depends on the
 load, so the script also prints process CPU seconds per step and a load-free estimate for two idle
@@ -48,7 +48,7 @@ class Args:
     n_head: int = 2
     group_size: int = 4
     batch_prompts: int = 32
-    """Prompts per step (B); CoMLRL trains one prompt per step."""
+    """Prompts per step (B)."""
     max_new_tokens: int = 32
     steps: int = 6
     warmup: int = 2
@@ -58,29 +58,13 @@ class Args:
     fast_forward: bool = True
     """Use the plain-torch forward (textzoo.agents.fastlm) where the architecture supports it."""
     share_prompts: bool = True
+    """Run each distinct prompt once per generate / score call (group prefix sharing)."""
     parallel_jobs: int = 2
     """Agents updated at once in threads (update.parallel_jobs): both cores with threads=1."""
     generate_workers: int = 2
     """Agents generating at once in threads (TrainConfig.generate_workers)."""
-    """Run each distinct prompt once per generate / score call (group prefix sharing)."""
-    peer_s_per_prompt: float = 0.0
-    """CoMLRL seconds per prompt for the same settings (0 = pick the published figure for the preset)."""
     critic_model: str = ""
     """iac/ippo: "actor" puts the value head on the actor's trunk (actor_critic.critic_model)."""
-
-
-def _peer_figure(a: Args) -> float:
-    if a.peer_s_per_prompt:
-        return a.peer_s_per_prompt
-    if a.algo in ("iac",):
-        return 0.120
-    if a.algo in ("maac",):
-        return 0.114
-    if a.agents == 4:
-        return 0.155
-    if a.n_embd >= 128 or a.max_new_tokens >= 64:
-        return 0.265
-    return 0.073
 
 
 def _length_reward(prompts, completions, **_):
@@ -195,8 +179,6 @@ def main() -> None:
     step_s = median("time/step")
     joint = a.batch_prompts * a.group_size / step_s
     tokens = median("time/tokens_per_s")
-    peer = _peer_figure(a)
-    peer_joint = a.group_size / peer
     out = {
         "params_per_agent": params,
         "agents": a.agents,
@@ -213,16 +195,11 @@ def main() -> None:
         "cpu_s_per_step": round(statistics.median(cpu), 4),
         "est_2core_s_per_step": round(statistics.median(est), 4),
         "est_2core_joint_actions_per_s": round(a.batch_prompts * a.group_size / statistics.median(est), 1),
-        "est_2core_ratio_vs_peer": round(
-            a.batch_prompts * a.group_size / statistics.median(est) / (a.group_size / _peer_figure(a)), 2
-        ),
         "load_avg_1min": round(os.getloadavg()[0], 2),
         "joint_actions_per_s": round(joint, 1),
         "tokens_per_s": round(tokens, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "reward_first": round(rows[0]["reward/mean"], 3),
-        "peer_joint_actions_per_s": round(peer_joint, 1),
-        "ratio_vs_peer": round(joint / peer_joint, 2),
     }
     print(json.dumps(out, indent=2))
 

@@ -21,3 +21,17 @@ def test_readme_example_runs(index, tmp_path):
     script.write_text("import torch\ntorch.set_num_threads(1)\n" + BLOCKS[index])
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_math_table_names_functions_and_tests_that_exist():
+    import textzoo.agents.rlmath as rlmath
+
+    table = README.read_text().split("<!-- math table")[1].split("\n\n")[0]
+    rows = [line.split("|")[1:4] for line in table.splitlines() if line.startswith("| `") or line.startswith("| every")]
+    tests = (README.parent / "tests" / "test_rlmath.py").read_text()
+    assert len(rows) == 9
+    for _, functions, checks in rows:
+        named = re.findall(r"`([A-Za-z_]\w*)[`(]", functions)  # identifiers and calls; flags start with --
+        assert named and all(hasattr(rlmath, f) for f in named), (functions, named)
+        test_names = re.findall(r"`(test_\w+)`", checks)
+        assert test_names and all(f"def {t}(" in tests for t in test_names), checks

@@ -3,7 +3,7 @@
 The joint prompt lists each active role's observation in a tagged section and asks for one tagged
 answer per role; the joint completion is parsed back into per-role actions. The sample a family
 learns from is the joint completion, and its loss is computed by the same function as a
-decentralized agent's (see ALGORITHMS.md, "Centralized").
+decentralized agent's (`textzoo.agents.rlmath.policy_gradient_loss`).
 
 Default format for roles `summary`, `elaboration`::
 
