@@ -225,3 +225,17 @@ def test_every_sampling_setting_of_an_agent_reaches_its_policy():
     assert policy.generation.allowed_tokens is None
     with pytest.raises(ConfigError, match="agent.top_p"):
         AgentConfig(top_p=0)
+
+
+def test_help_answers_without_importing_torch_or_transformers():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom textzoo.runners.cli import main\nassert main(['--help']) == 0\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'textzoo.runners.commands') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "usage: textzoo {train,eval,plot,sft,bench}" in done.stdout

@@ -1,6 +1,10 @@
 """textzoo: train teams of language-model agents with reinforcement learning."""
 
+import logging
+
 from textzoo.errors import CheckpointError, ConfigError, EnvError, ModelError, TextzooError
+
+logging.getLogger("textzoo").addHandler(logging.NullHandler())  # an application decides where records go
 
 __version__ = "0.1.0"
 

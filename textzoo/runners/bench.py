@@ -44,9 +44,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import statistics
-import sys
 import time
 import tomllib
 import traceback
@@ -62,6 +62,8 @@ import tyro
 from textzoo.errors import ConfigError, TextzooError
 from textzoo.runners.algorithms import ALGORITHMS, resolve_algorithm
 from textzoo.runners.config import TrainConfig, from_dict, to_dict
+
+logger = logging.getLogger(__name__)
 
 MARKER = "bench.json"
 """File a finished cell writes into its run dir."""
@@ -288,8 +290,11 @@ def _run_or_fail(config: dict[str, Any], metric: str) -> dict[str, Any]:
         return {"error": f"{type(e).__name__}: {e}"}
 
 
-def run_grid(grid: Grid, workers: int = 1, log: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
-    """Train every unfinished cell; return label -> summary (with "error" for failed cells)."""
+def run_grid(grid: Grid, workers: int = 1, log: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
+    """Train every unfinished cell; return label -> summary (with "error" for failed cells).
+
+    Progress lines go to `log` (default: this module's logger at INFO)."""
+    log = log or logger.info
     results: dict[str, dict[str, Any]] = {}
     todo: list[Cell] = []
     for cell in grid.cells:
@@ -470,14 +475,17 @@ def _moving_average(values: list[float], window: int) -> list[float]:
 
 
 def main(argv: list[str]) -> None:
-    """`textzoo bench GRID.toml [--workers N] [--dry-run] [--report]`."""
+    """`textzoo bench GRID.toml [--workers N] [--dry-run] [--report]`: prints the cells' progress and results."""
+    from textzoo.runners.console import console
+
+    out, err = console(), console(stderr=True)
     args = tyro.cli(BenchArgs, args=argv, prog="textzoo bench")
     grid = load_grid(args.grid, args.out_dir)
     if args.dry_run:
         for cell in grid.cells:
             state = "finished" if cell.summary() is not None else "failed" if cell.error() else "to train"
-            print(f"{cell.label:<50} {state:<9} {cell.run_dir}")
-        print(f"{len(grid.cells)} cells")
+            out.print(f"{cell.label:<50} {state:<9} {cell.run_dir}")
+        out.print(f"{len(grid.cells)} cells")
         return
     if args.report:
         results = {}
@@ -487,9 +495,9 @@ def main(argv: list[str]) -> None:
                 results[cell.label] = summary if summary is not None else {"error": error}
     else:
         start = time.perf_counter()
-        results = run_grid(grid, args.workers, log=lambda line: print(line, flush=True))
-        print(f"grid time: {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    print(f"results: {write_report(grid, results)}")
+        results = run_grid(grid, args.workers, log=out.print)
+        err.print(f"grid time: {time.perf_counter() - start:.0f} s")
+    out.print(f"results: {write_report(grid, results)}")
     if any("error" in s for s in results.values()):
         raise TextzooError("some cells failed; their error.txt says why, and a rerun retries them")
 

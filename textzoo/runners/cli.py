@@ -3,208 +3,38 @@
 `textzoo train --config run.toml --steps 200` loads the file, then applies the flags on top.
 `textzoo train` with no arguments trains the embedded default (two tiny GPT-2 agents on
 `textzoo/WritingRatio-v0`, Writing-v0 with its length-ratio reward alone) in a few minutes on a CPU.
+`textzoo COMMAND --help` lists a command's flags.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import importlib
 import sys
-from dataclasses import dataclass, field
-from pathlib import Path
-
-import tyro
-
-from textzoo.errors import CheckpointError, TextzooError
-from textzoo.runners.config import JsonDict, TrainConfig, load_config
 
 COMMANDS = ("train", "eval", "plot", "sft", "bench")
 
 
-def _split_config(argv: list[str]) -> tuple[str | None, list[str]]:
-    """Pull `--config PATH` (or `--config=PATH`) out of argv."""
-    rest, path = [], None
-    it = iter(range(len(argv)))
-    for i in it:
-        arg = argv[i]
-        if arg == "--config" and i + 1 < len(argv):
-            path = argv[i + 1]
-            next(it)
-        elif arg.startswith("--config="):
-            path = arg.split("=", 1)[1]
-        else:
-            rest.append(arg)
-    return path, rest
-
-
-def _split_option(argv: list[str], name: str) -> tuple[str | None, list[str]]:
-    """Pull `name VALUE` (or `name=VALUE`) out of argv."""
-    rest, value = [], None
-    it = iter(range(len(argv)))
-    for i in it:
-        arg = argv[i]
-        if arg == name and i + 1 < len(argv):
-            value = argv[i + 1]
-            next(it)
-        elif arg.startswith(f"{name}="):
-            value = arg.split("=", 1)[1]
-        else:
-            rest.append(arg)
-    return value, rest
-
-
-def _run_config(run_dir: str) -> TrainConfig:
-    """The config a run dir was trained with (its config.json, else its newest checkpoint's)."""
-    from textzoo.runners.checkpoint import list_checkpoints
-
-    for path in [Path(run_dir) / "config.json", *[c / "config.json" for c in reversed(list_checkpoints(run_dir))]]:
-        if path.is_file():
-            return load_config(path)
-    raise CheckpointError(
-        f"{run_dir!r} is not a textzoo run directory (no config.json): pass a folder written by textzoo train"
-    )
-
-
-def train(argv: list[str]) -> None:
-    """Parse a TrainConfig (file + flags) and train.
-
-    `--resume RUN_DIR` continues that run (its config, with any flags on top); `--resume auto` continues
-    the newest run with this config, or starts one. `--num-processes K` trains K data-parallel replicas.
-    """
-    from textzoo.runners.trainer import Trainer, default_run_dir
-
-    path, rest = _split_config(argv)
-    resume, rest = _split_option(rest, "--resume")
-    explicit = resume if resume and resume != "auto" else None
-    default = load_config(path) if path else _run_config(explicit) if explicit else TrainConfig()
-    cfg = tyro.cli(
-        TrainConfig,
-        default=default,
-        args=rest,
-        prog="textzoo train",
-        description="Train a team of LLM agents on a text task. Add --config FILE to start from a file, "
-        "--resume RUN_DIR|auto to continue a run.",
-    )
-    if cfg.num_processes > 1 and "WORLD_SIZE" not in os.environ:
-        from textzoo.runners.distributed import launch
-
-        # every replica must write to (and resume from) one folder: fix it before they start
-        run_dir = explicit or cfg.run_dir or str(default_run_dir(cfg))
-        launch(_train_replica, cfg.num_processes, cfg, run_dir, resume)
-        return
-    trainer = Trainer(cfg, run_dir=explicit, resume=resume)
-    trainer.train()
-    if trainer.dist.is_main:
-        _summary(trainer)
-
-
-def _train_replica(ctx, cfg: TrainConfig, run_dir: str, resume: str | None) -> None:
-    from textzoo.runners.trainer import Trainer
-
-    trainer = Trainer(cfg, run_dir=run_dir, resume=resume, dist=ctx)
-    trainer.train()
-    if ctx.is_main:
-        _summary(trainer)
-
-
-def _summary(trainer) -> None:
-    last = trainer.history[-1]
-    first = trainer.history[0]
-    print(f"run dir: {trainer.run_dir}")
-    train = [row["reward/mean"] for row in trainer.history if "reward/mean" in row]
-    if train:
-        k = max(1, min(5, len(train) // 4))
-        print(f"train reward (mean of {k} steps): {sum(train[:k]) / k:.3f} -> {sum(train[-k:]) / k:.3f}")
-    for key in ("eval/sampled/reward/mean", "eval/greedy/reward/mean"):
-        if key in first and key in last:
-            print(f"{key}: {first[key]:.3f} -> {last[key]:.3f}")
-
-
-@dataclass
-class EvalArgs:
-    """Evaluate a trained run (its final weights) or the configured models on an env."""
-
-    run_dir: str = ""
-    """A run directory written by `textzoo train` (uses its config)."""
-    config: str = ""
-    """A config file to evaluate instead of a run directory."""
-    prompts: int = 32
-    """Held-out prompts to evaluate."""
-    env_kwargs: JsonDict = field(default_factory=dict)
-    """Env arguments merged over the config's."""
-
-
-def evaluate(argv: list[str]) -> None:
-    from textzoo.runners.trainer import Trainer
-
-    args = tyro.cli(EvalArgs, args=argv, prog="textzoo eval")
-    if args.run_dir:
-        cfg = load_config(Path(args.run_dir) / "config.json")
-    elif args.config:
-        cfg = load_config(args.config)
-    else:
-        cfg = TrainConfig()
-    cfg.env_kwargs = {**cfg.env_kwargs, **args.env_kwargs}
-    trainer = Trainer(cfg, run_dir=args.run_dir or None)
-    if args.run_dir:
-        trainer.load_final_weights()
-    print(json.dumps(trainer.evaluate(args.prompts), indent=2, sort_keys=True))
-
-
-@dataclass
-class PlotArgs:
-    """Overlay the learning curves of one or more runs into a PNG."""
-
-    run_dirs: tyro.conf.Positional[tuple[str, ...]]
-    """Run directories."""
-    out: str = ""
-    """Output PNG (default: RUN_DIR/curve.png for one run, curves.png for several)."""
-    smooth: int = 1
-    """Moving-average window."""
-
-
-def plot(argv: list[str]) -> None:
-    from textzoo.runners.plot import plot_runs
-
-    args = tyro.cli(PlotArgs, args=argv, prog="textzoo plot")
-    out = args.out or (str(Path(args.run_dirs[0]) / "curve.png") if len(args.run_dirs) == 1 else "curves.png")
-    print(plot_runs(list(args.run_dirs), out, smooth=args.smooth))
-
-
-def sft(argv: list[str]) -> None:
-    """Warm up one agent on (prompt, completion) pairs and save it for `textzoo train`."""
-    from textzoo.runners.sft import SFTArgs, run_sft
-
-    args = tyro.cli(SFTArgs, args=argv, prog="textzoo sft")
-    losses = run_sft(args)
-    print(f"sft loss: {losses[0]:.4f} -> {losses[-1]:.4f} in {len(losses)} steps")
-    print(f'saved to {args.out}; train with --agent-overrides \'{{"ROLE": {{"model": "{args.out}"}}}}\'')
-
-
-def bench(argv: list[str]) -> None:
-    """Run a benchmark grid (tasks x algorithms x collaboration modes x seeds) from a TOML file."""
-    from textzoo.runners.bench import main as run_bench
-
-    run_bench(argv)
-
-
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; 0 on success, 2 on a usage or `TextzooError` (one line on stderr)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        if not argv:
-            argv = ["train"]
-        else:
-            print(f"usage: textzoo {{{','.join(COMMANDS)}}} [--help] ...\n\n{__doc__}")
-            return 0
+    if not argv:
+        argv = ["train"]
+    from textzoo.runners.console import console, show_logs  # rich only: torch and transformers wait for a command
+
+    if argv[0] in ("-h", "--help"):
+        console().print(f"usage: textzoo {{{','.join(COMMANDS)}}} [--help] ...\n\n{__doc__}")
+        return 0
     command, rest = argv[0], argv[1:]
-    handlers = {"train": train, "eval": evaluate, "plot": plot, "sft": sft, "bench": bench}
-    if command not in handlers:
-        print(f"error: unknown command {command!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
+    if command not in COMMANDS:
+        console(stderr=True).print(f"error: unknown command {command!r}; choose one of {', '.join(COMMANDS)}")
         return 2
+    from textzoo.errors import TextzooError
+
+    show_logs()
     try:
-        handlers[command](rest)
+        importlib.import_module("textzoo.runners.commands").HANDLERS[command](rest)
     except TextzooError as e:
-        print(f"error: {e}", file=sys.stderr)
+        console(stderr=True).print(f"error: {e}")
         return 2
     except SystemExit as e:  # tyro's parse errors and --help
         return int(e.code or 0)

@@ -11,11 +11,11 @@ Launch: `textzoo train --num-processes K` starts K local processes (`launch`). `
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +25,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from textzoo.errors import TextzooError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -126,10 +128,10 @@ def _worker(env: dict[str, str], fn: Callable[..., None], args: tuple) -> None:
     try:
         fn(DistContext.from_env(), *args)
     except TextzooError as e:
-        print(f"error (replica {env['RANK']}): {e}", file=sys.stderr)
+        logger.error("error (replica %s): %s", env["RANK"], e)
         code = 2
     except BaseException:
-        traceback.print_exc()
+        logger.exception("replica %s failed", env["RANK"])
         code = 1
     finally:
         if dist.is_initialized() and code == 0:

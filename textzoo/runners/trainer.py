@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import random
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -41,6 +41,8 @@ from textzoo.runners.rollout import Collector, prompt_seed
 from textzoo.runners.schedule import build_schedule
 from textzoo.runners.tracking import build_trackers
 from textzoo.runners.update import run_jobs
+
+logger = logging.getLogger(__name__)
 
 
 def default_run_dir(cfg: TrainConfig) -> Path:
@@ -262,7 +264,7 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.run_dir / "config.json")
             (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=2) + "\n")
-            print(format_placement(self.placement), file=sys.stderr)
+            logger.info(format_placement(self.placement))
         trackers = build_trackers(cfg.report_to, self.run_dir, to_dict(cfg), self.step) if main else []
         progress = _Progress(cfg.steps, self.step, enabled=cfg.progress and main)
         with progress, open(self.metrics_path, "a") if main else contextlib.nullcontext() as log:
@@ -317,7 +319,7 @@ class Trainer:
         """
         path, damage = latest_intact(self.run_dir)
         for problem in damage:
-            print(f"warning: skipping damaged checkpoint {problem}", file=sys.stderr)
+            logger.warning("skipping damaged checkpoint %s", problem)
         if path is None:
             if damage:
                 raise CheckpointError(f"no intact checkpoint in {self.run_dir}: " + "; ".join(damage))
