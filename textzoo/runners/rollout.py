@@ -12,6 +12,7 @@ import itertools
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -69,95 +70,65 @@ class Collector:
         greedy: bool = False,
         cross: bool = False,
     ) -> Rollout:
-        """Play every prompt `items[b]` (env seed `seeds[b]`) `group_size` times."""
+        """Play every prompt `items[b]` (env seed `seeds[b]`) `group_size` times, turn by turn until every
+        env copy is done; with `cross`, also score every combination of the actors' samples."""
         B, G = len(items), group_size
-        E = B * G
-        R, A = len(self.roles), len(self.actors)
-        role_index = {r: i for i, r in enumerate(self.roles)}
-        envs = [self._env(e) for e in range(E)]
-        resets = [envs[e].reset(seed=int(seeds[e // G]), options={"index": int(items[e // G])}) for e in range(E)]
-        obs = [r[0] for r in resets]
-        infos = [r[1] for r in resets]
-        live = list(range(E))
-        steps: list[ActorStep] = []
-        rewards: list[torch.Tensor] = []  # per turn [E, R]
-        active: list[torch.Tensor] = []  # per turn [E, A]
-        states: list[list[str]] = []
-        terms: dict[str, torch.Tensor] = {}
-        parse_failures = 0
-        role_chars: dict[str, list[int]] = {}  # role -> character length of each of its actions
-        time_generate = time_env = 0.0
-        t = 0
+        envs = [self._env(e) for e in range(B * G)]
+        resets = [envs[e].reset(seed=int(seeds[e // G]), options={"index": int(items[e // G])}) for e in range(B * G)]
+        obs, infos = [r[0] for r in resets], [r[1] for r in resets]
+        record = _Record(len(envs), self.roles, len(self.actors))
+        live, t = list(range(len(envs))), 0
         while live:
-            live_set = set(live)
-            states.append([envs[e].state() if e in live_set else "" for e in range(E)])
-            actions: dict[int, dict[str, str]] = {e: {} for e in live}
-            act_t = torch.zeros(E, A, dtype=torch.bool)
-            requests = []  # (actor index, env rows, their roles, prompts)
-            for ai, actor in enumerate(self.actors):
-                rows, prompts, row_roles = [], [], []
-                for e in live:
-                    roles = tuple(r for r in actor.roles if r in obs[e] and infos[e].get(r, {}).get("active", True))
-                    if roles:
-                        rows.append(e)
-                        row_roles.append(roles)
-                        prompts.append(actor.build_prompt({r: obs[e][r] for r in roles}))
-                if rows:
-                    requests.append((ai, rows, row_roles, prompts))
+            record.states.append([envs[e].state() if e in set(live) else "" for e in range(len(envs))])
+            requests = self._requests(live, obs, infos)
             start = time.perf_counter()
-            gens = self._generate([(self.actors[ai], prompts) for ai, _, _, prompts in requests], greedy)
-            time_generate += time.perf_counter() - start
-            for (ai, rows, row_roles, _), gen in zip(requests, gens):
-                actor = self.actors[ai]
-                for e, roles, text in zip(rows, row_roles, gen.texts):
-                    acts, failed = actor.parse(text, roles)
-                    parse_failures += int(failed)
-                    actions[e].update(acts)
-                    # per-role action length in characters: one measure for both modes and any tokenizer
-                    for r in roles:
-                        role_chars.setdefault(r, []).append(len(acts.get(r, "")))
-                act_t[rows, ai] = True
-                steps.append(ActorStep(actor.id, t, torch.tensor(rows, dtype=torch.long), gen, greedy))
+            gens = self._generate([(self.actors[r.actor], r.prompts) for r in requests], greedy)
+            record.time_generate += time.perf_counter() - start
+            actions = self._actions(requests, gens, live, t, greedy, record)
             start = time.perf_counter()
             results = self._map(lambda e, actions=actions: envs[e].step(actions[e]), live)
-            time_env += time.perf_counter() - start
-            rew_t = torch.zeros(E, R)
-            still = []
-            for e, (o, rew, term, trunc, info) in zip(live, results):
-                for r, v in rew.items():
-                    rew_t[e, role_index[r]] = float(v)
-                for r, inf in info.items():
-                    for k, v in (inf.get("reward_terms") or {}).items():
-                        terms.setdefault(k, torch.zeros(E, R))[e, role_index[r]] += float(v)
-                obs[e], infos[e] = o, info
-                if not all(term.get(r, False) or trunc.get(r, False) for r in rew):
-                    still.append(e)
-            rewards.append(rew_t)
-            active.append(act_t)
-            live = still
+            record.time_env += time.perf_counter() - start
+            live = record.step(live, results, obs, infos)
             t += 1
-        rollout = Rollout(
-            num_prompts=B,
-            group_size=G,
-            roles=self.roles,
-            actors=[a.id for a in self.actors],
-            actor_roles=[tuple(role_index[r] for r in a.roles) for a in self.actors],
-            items=list(items),
-            steps=steps,
-            rewards=torch.stack(rewards, dim=-1),  # [E, R, T]
-            active=torch.stack(active, dim=-1),
-            states=states,
-            reward_terms=terms,
-            infos={
-                "parse_failures": parse_failures,
-                "role_chars": role_chars,
-                "time_generate": time_generate,
-                "time_env": time_env,
-            },
-        )
+        rollout = record.rollout(B, G, self.actors, items)
         if cross:
             rollout.cross_rewards = self._cross(rollout, items, seeds)
         return rollout
+
+    def _requests(self, live: list[int], obs: list[dict], infos: list[dict]) -> list[_Request]:
+        """Who generates this turn: per actor, the live env copies where one of its roles is active."""
+        requests = []
+        for ai, actor in enumerate(self.actors):
+            request = _Request(ai)
+            for e in live:
+                roles = tuple(r for r in actor.roles if r in obs[e] and infos[e].get(r, {}).get("active", True))
+                if roles:
+                    request.rows.append(e)
+                    request.roles.append(roles)
+                    request.prompts.append(actor.build_prompt({r: obs[e][r] for r in roles}))
+            if request.rows:
+                requests.append(request)
+        return requests
+
+    def _actions(
+        self, requests: list[_Request], gens: list[Generation], live: list[int], t: int, greedy: bool, record: _Record
+    ) -> dict[int, dict[str, str]]:
+        """Each live env copy's actions this turn (the completions parsed per role); records the samples."""
+        actions: dict[int, dict[str, str]] = {e: {} for e in live}
+        acted = torch.zeros(record.num_envs, len(self.actors), dtype=torch.bool)  # [E, A]
+        for request, gen in zip(requests, gens):
+            actor = self.actors[request.actor]
+            for e, roles, text in zip(request.rows, request.roles, gen.texts):
+                acts, failed = actor.parse(text, roles)
+                record.parse_failures += int(failed)
+                actions[e].update(acts)
+                # per-role action length in characters: one measure for both modes and any tokenizer
+                for r in roles:
+                    record.role_chars.setdefault(r, []).append(len(acts.get(r, "")))
+            acted[request.rows, request.actor] = True
+            record.steps.append(ActorStep(actor.id, t, torch.tensor(request.rows, dtype=torch.long), gen, greedy))
+        record.active.append(acted)
+        return actions
 
     def _generate(self, requests: list[tuple[Actor, list[str]]], greedy: bool) -> list[Generation]:
         """One batched generate call per actor; actors on different devices generate at the same time.
@@ -231,3 +202,68 @@ class Collector:
             self._pool.shutdown()
         for env in self.envs:
             env.close()
+
+
+@dataclass
+class _Request:
+    """One actor's generate call of a turn: env copy `rows[i]` asks for roles `roles[i]` with `prompts[i]`."""
+
+    actor: int  # index into the collector's actors
+    rows: list[int] = field(default_factory=list)
+    roles: list[tuple[str, ...]] = field(default_factory=list)
+    prompts: list[str] = field(default_factory=list)
+
+
+class _Record:
+    """What a collection writes down turn by turn, and the `Rollout` it becomes."""
+
+    def __init__(self, num_envs: int, roles: list[str], num_actors: int):
+        self.num_envs = num_envs
+        self.roles = roles
+        self.role_index = {r: i for i, r in enumerate(roles)}
+        self.steps: list[ActorStep] = []
+        self.rewards: list[torch.Tensor] = []  # per turn [E, R]
+        self.active: list[torch.Tensor] = []  # per turn [E, A]
+        self.states: list[list[str]] = []  # per turn [E]
+        self.terms: dict[str, torch.Tensor] = {}  # term -> [E, R], summed over turns
+        self.parse_failures = 0
+        self.role_chars: dict[str, list[int]] = {}  # role -> character length of each of its actions
+        self.time_generate = self.time_env = 0.0
+
+    def step(self, live: list[int], results: list[tuple], obs: list[dict], infos: list[dict]) -> list[int]:
+        """Record the envs' step results of this turn; return the env copies still live."""
+        shape = (self.num_envs, len(self.roles))
+        rewards = torch.zeros(shape)  # [E, R]
+        still = []
+        for e, (o, rew, term, trunc, info) in zip(live, results):
+            for r, v in rew.items():
+                rewards[e, self.role_index[r]] = float(v)
+            for r, inf in info.items():
+                for k, v in (inf.get("reward_terms") or {}).items():
+                    self.terms.setdefault(k, torch.zeros(shape))[e, self.role_index[r]] += float(v)
+            obs[e], infos[e] = o, info
+            if not all(term.get(r, False) or trunc.get(r, False) for r in rew):
+                still.append(e)
+        self.rewards.append(rewards)
+        return still
+
+    def rollout(self, num_prompts: int, group_size: int, actors: Sequence[Actor], items: Sequence[int]) -> Rollout:
+        return Rollout(
+            num_prompts=num_prompts,
+            group_size=group_size,
+            roles=self.roles,
+            actors=[a.id for a in actors],
+            actor_roles=[tuple(self.role_index[r] for r in a.roles) for a in actors],
+            items=list(items),
+            steps=self.steps,
+            rewards=torch.stack(self.rewards, dim=-1),  # [E, R, T]
+            active=torch.stack(self.active, dim=-1),  # [E, A, T]
+            states=self.states,
+            reward_terms=self.terms,
+            infos={
+                "parse_failures": self.parse_failures,
+                "role_chars": self.role_chars,
+                "time_generate": self.time_generate,
+                "time_env": self.time_env,
+            },
+        )
