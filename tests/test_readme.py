@@ -1,4 +1,4 @@
-"""Every Python example in the README runs as written (in a scratch directory)."""
+"""Every Python example of README.md and CONTRIBUTING.md runs as written (in a scratch directory)."""
 
 import re
 import subprocess
@@ -8,7 +8,18 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+GUIDE = README.parent / "CONTRIBUTING.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+RECIPES = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), flags=re.S)
+
+
+def run_example(code: str, tmp_path: Path) -> str:
+    """Run `code` as a script in `tmp_path` with one torch thread; return its stdout."""
+    script = tmp_path / "example.py"
+    script.write_text("import torch\ntorch.set_num_threads(1)\n" + code)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
 
 
 def test_readme_has_examples():
@@ -17,10 +28,16 @@ def test_readme_has_examples():
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
 def test_readme_example_runs(index, tmp_path):
-    script = tmp_path / "example.py"
-    script.write_text("import torch\ntorch.set_num_threads(1)\n" + BLOCKS[index])
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_example(BLOCKS[index], tmp_path)
+
+
+def test_the_guide_has_the_task_and_algorithm_recipes():
+    assert len(RECIPES) == 2 and "register(" in RECIPES[0] and "register_algorithm(" in RECIPES[1]
+
+
+@pytest.mark.parametrize("index", range(len(RECIPES)))
+def test_contributing_recipe_runs(index, tmp_path):
+    assert 0.0 <= float(run_example(RECIPES[index], tmp_path).strip().splitlines()[-1]) <= 1.0  # the run's reward
 
 
 def test_the_math_table_names_functions_and_tests_that_exist():

@@ -31,11 +31,10 @@ import torch
 
 from textzoo.agents.batch import Job, Rollout, SampleBatch
 from textzoo.agents.critic import Critic
-from textzoo.agents.family import RolloutNeeds
+from textzoo.agents.family import RolloutNeeds, check_policy_update
 from textzoo.agents.inference import chunks, eval_mode
 from textzoo.agents.policy import Generation, Policy
 from textzoo.agents.rlmath import (
-    AGGREGATIONS,
     BatchNorm,
     credited_rewards,
     critic_loss,
@@ -105,14 +104,8 @@ class ActorCriticConfig:
             raise ConfigError(f"actor_critic.value_clip must be > 0 or None, got {self.value_clip}")
         if self.entropy_coef < 0:
             raise ConfigError(f"actor_critic.entropy_coef must be >= 0, got {self.entropy_coef}")
-        if self.loss_aggregation not in AGGREGATIONS:
-            raise ConfigError(
-                f"actor_critic.loss_aggregation must be one of {sorted(AGGREGATIONS)}, got {self.loss_aggregation!r}"
-            )
-        if self.clip_range is not None and not 0 < self.clip_range < 1:
-            raise ConfigError(f"actor_critic.clip_range must be in (0, 1) or None, got {self.clip_range}")
-        if (self.epochs is not None and self.epochs < 1) or self.minibatches < 1:
-            raise ConfigError("actor_critic.epochs and actor_critic.minibatches must be >= 1")
+        epochs = 1 if self.epochs is None else self.epochs  # None: the algorithm's default
+        check_policy_update("actor_critic", self.loss_aggregation, self.clip_range, epochs, self.minibatches)
 
 
 def check_actor_critic(config: ActorCriticConfig, centralized: bool, credit: str) -> None:

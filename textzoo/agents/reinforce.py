@@ -25,11 +25,10 @@ from functools import partial
 import torch
 
 from textzoo.agents.batch import Job, Rollout, SampleBatch
-from textzoo.agents.family import RolloutNeeds
+from textzoo.agents.family import RolloutNeeds, check_policy_update
 from textzoo.agents.inference import score_no_grad
 from textzoo.agents.policy import Policy
 from textzoo.agents.rlmath import (
-    AGGREGATIONS,
     ESTIMATORS,
     GROUP_ESTIMATORS,
     BatchNorm,
@@ -78,14 +77,7 @@ class ReinforceConfig:
     def __post_init__(self) -> None:
         if self.advantage_scale not in ("std", "none"):
             raise ConfigError(f"reinforce.advantage_scale must be 'std' or 'none', got {self.advantage_scale!r}")
-        if self.loss_aggregation not in AGGREGATIONS:
-            raise ConfigError(
-                f"reinforce.loss_aggregation must be one of {sorted(AGGREGATIONS)}, got {self.loss_aggregation!r}"
-            )
-        if self.clip_range is not None and not 0 < self.clip_range < 1:
-            raise ConfigError(f"reinforce.clip_range must be in (0, 1) or None, got {self.clip_range}")
-        if self.epochs < 1 or self.minibatches < 1:
-            raise ConfigError("reinforce.epochs and reinforce.minibatches must be >= 1")
+        check_policy_update("reinforce", self.loss_aggregation, self.clip_range, self.epochs, self.minibatches)
         if self.epochs > 1 and self.clip_range is None:
             raise ConfigError("reinforce.epochs > 1 reuses samples off-policy: set reinforce.clip_range (e.g. 0.2)")
         if self.kl_coef < 0:
