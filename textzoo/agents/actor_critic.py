@@ -31,7 +31,7 @@ import torch
 
 from textzoo.agents.batch import Job, Rollout, SampleBatch
 from textzoo.agents.critic import Critic
-from textzoo.agents.family import RolloutNeeds, check_policy_update
+from textzoo.agents.family import RolloutNeeds, check_policy_update, policy_jobs, trainable_samples
 from textzoo.agents.inference import chunks, eval_mode
 from textzoo.agents.policy import Generation, Policy
 from textzoo.agents.rlmath import (
@@ -41,7 +41,6 @@ from textzoo.agents.rlmath import (
     entropy_bonus,
     gae,
     policy_gradient_loss,
-    standardize,
 )
 from textzoo.agents.team import Actor
 from textzoo.errors import ConfigError
@@ -219,12 +218,7 @@ class ActorCriticFamily:
         rewards = credited_rewards(rollout.rewards, rollout.actor_roles, self.credit)  # [E, A, T]
         E, A, T = rewards.shape
         stats: dict[str, float] = {}
-        samples = {
-            actor_id: s
-            for actor_id in rollout.actors
-            if self.actors[actor_id].trainable
-            and (s := rollout.samples(actor_id, self.actors[actor_id].policy.pad_id)) is not None
-        }
+        samples = trainable_samples(rollout, self.actors)
 
         critic_jobs: list[Job] = []
         if self.centralized:
@@ -260,28 +254,17 @@ class ActorCriticFamily:
                 )
                 stats.update(self._value_stats(name, old, targets[env_ids, turns]))
 
-        jobs = []
-        for ai, actor_id in enumerate(rollout.actors):
-            actor = self.actors[actor_id]
-            if not actor.trainable or actor_id not in samples:
-                continue
-            s = samples[actor_id]
-            sample_adv = adv[s.env_ids, ai, s.turns]  # [S]
-            if self.normalize_per_agent:
-                sample_adv = standardize(sample_adv)
-            stats[f"agent/{actor_id}/advantage_abs"] = float(sample_adv.abs().mean())
-            jobs.append(
-                Job(
-                    actor_id,
-                    SampleBatch(s.gen, sample_adv),
-                    partial(actor_loss, actor.policy, cfg),
-                    epochs=cfg.epochs,
-                    minibatches=cfg.minibatches,
-                    max_new_tokens=actor.policy.generation.max_new_tokens,
-                    prompt_cache=getattr(actor.policy, "prompt_cache", None),
-                )
-            )
-        return jobs + critic_jobs, stats
+        jobs, job_stats = policy_jobs(
+            rollout,
+            samples,
+            adv,
+            self.actors,
+            lambda policy: partial(actor_loss, policy, cfg),
+            cfg.epochs,
+            cfg.minibatches,
+            self.normalize_per_agent,
+        )
+        return jobs + critic_jobs, {**stats, **job_stats}
 
     # ---- critic inputs and values ------------------------------------------------------------
     def _own_inputs(self, name: str, policy: Policy, gen: Generation) -> CriticInput:

@@ -7,14 +7,19 @@ what a family needs beyond the plain rollout it declares in `needs`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from textzoo.agents.batch import Job, Rollout
-from textzoo.agents.rlmath import AGGREGATIONS
+from textzoo.agents.batch import ActorSamples, Job, LossFn, Rollout, SampleBatch
+from textzoo.agents.rlmath import AGGREGATIONS, standardize
 from textzoo.errors import ConfigError
+
+if TYPE_CHECKING:
+    from textzoo.agents.policy import Policy
+    from textzoo.agents.team import Actor
 
 
 @dataclass(frozen=True)
@@ -62,3 +67,51 @@ def check_policy_update(
         raise ConfigError(f"{section}.clip_range must be in (0, 1) or None, got {clip_range}")
     if epochs < 1 or minibatches < 1:
         raise ConfigError(f"{section}.epochs and {section}.minibatches must be >= 1")
+
+
+def trainable_samples(rollout: Rollout, actors: Mapping[str, Actor]) -> dict[str, ActorSamples]:
+    """Each trainable actor's samples of the rollout (actors that made none are left out)."""
+    out = {}
+    for actor_id in rollout.actors:
+        actor = actors[actor_id]
+        samples = rollout.samples(actor_id, actor.policy.pad_id) if actor.trainable else None
+        if samples is not None:
+            out[actor_id] = samples
+    return out
+
+
+def policy_jobs(
+    rollout: Rollout,
+    samples: Mapping[str, ActorSamples],
+    advantages: torch.Tensor,
+    actors: Mapping[str, Actor],
+    loss: Callable[[Policy], LossFn],
+    epochs: int,
+    minibatches: int,
+    normalize_per_agent: bool = False,
+    ref_logprobs: Mapping[str, torch.Tensor] | None = None,
+) -> tuple[list[Job], dict[str, float]]:
+    """One policy-gradient job per actor of `samples`: its advantages read from `advantages` [E, A, T] at its
+    samples (standardised over them with `normalize_per_agent`), trained with `loss(policy)`."""
+    jobs, stats = [], {}
+    for ai, actor_id in enumerate(rollout.actors):
+        if actor_id not in samples:
+            continue
+        s, policy = samples[actor_id], actors[actor_id].policy
+        sample_adv = advantages[s.env_ids, ai, s.turns]  # [S]
+        if normalize_per_agent:
+            sample_adv = standardize(sample_adv)
+        stats[f"agent/{actor_id}/advantage_abs"] = float(sample_adv.abs().mean())
+        batch = SampleBatch(s.gen, sample_adv, (ref_logprobs or {}).get(actor_id))
+        jobs.append(
+            Job(
+                actor_id,
+                batch,
+                loss(policy),
+                epochs=epochs,
+                minibatches=minibatches,
+                max_new_tokens=policy.generation.max_new_tokens,
+                prompt_cache=getattr(policy, "prompt_cache", None),
+            )
+        )
+    return jobs, stats

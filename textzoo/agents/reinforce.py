@@ -25,7 +25,7 @@ from functools import partial
 import torch
 
 from textzoo.agents.batch import Job, Rollout, SampleBatch
-from textzoo.agents.family import RolloutNeeds, check_policy_update
+from textzoo.agents.family import RolloutNeeds, check_policy_update, policy_jobs, trainable_samples
 from textzoo.agents.inference import score_no_grad
 from textzoo.agents.policy import Policy
 from textzoo.agents.rlmath import (
@@ -42,7 +42,6 @@ from textzoo.agents.rlmath import (
     kl_shaped_rewards,
     policy_gradient_loss,
     running_mean_update,
-    standardize,
 )
 from textzoo.agents.team import Actor, frozen_references, reference_models
 from textzoo.errors import ConfigError
@@ -138,12 +137,7 @@ class ReinforceFamily:
         rewards = credited_rewards(rollout.rewards, rollout.actor_roles, self.credit)  # [E, A, T]
         T = rewards.shape[-1]
         stats: dict[str, float] = {}
-        samples = {
-            actor_id: s
-            for actor_id in rollout.actors
-            if self.actors[actor_id].trainable
-            and (s := rollout.samples(actor_id, self.actors[actor_id].policy.pad_id)) is not None
-        }
+        samples = trainable_samples(rollout, self.actors)
         refs: dict[str, torch.Tensor] = {}  # actor -> reference log-probs [S, C] (on the reference's device)
         log_ratio = torch.zeros_like(rewards)  # [E, A, T] k1 of each sample
         for ai, actor_id in enumerate(rollout.actors):
@@ -178,29 +172,19 @@ class ReinforceFamily:
             running = self.running_mean
             self.running_mean = running_mean_update(running, returns, mask)  # [A, T]
         adv = advantages(returns, mask, self.estimator, cfg.advantage_scale, cfg.std_floor, greedy, running)
-        adv = adv.reshape(B * G, A, T)
 
-        jobs = []
-        for ai, actor_id in enumerate(rollout.actors):
-            if actor_id not in samples:
-                continue
-            s, policy = samples[actor_id], self.actors[actor_id].policy
-            sample_adv = adv[s.env_ids, ai, s.turns]  # [S]
-            if self.normalize_per_agent:
-                sample_adv = standardize(sample_adv)
-            stats[f"agent/{actor_id}/advantage_abs"] = float(sample_adv.abs().mean())
-            jobs.append(
-                Job(
-                    actor_id,
-                    SampleBatch(s.gen, sample_adv, refs.get(actor_id)),
-                    partial(reinforce_loss, policy, cfg),
-                    epochs=cfg.epochs,
-                    minibatches=cfg.minibatches,
-                    max_new_tokens=policy.generation.max_new_tokens,
-                    prompt_cache=getattr(policy, "prompt_cache", None),
-                )
-            )
-        return jobs, stats
+        jobs, job_stats = policy_jobs(
+            rollout,
+            samples,
+            adv.reshape(B * G, A, T),
+            self.actors,
+            lambda policy: partial(reinforce_loss, policy, cfg),
+            cfg.epochs,
+            cfg.minibatches,
+            self.normalize_per_agent,
+            refs,
+        )
+        return jobs, {**stats, **job_stats}
 
 
 def check_estimator(estimator: str, group_size: int) -> None:
