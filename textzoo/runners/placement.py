@@ -15,8 +15,10 @@ from typing import Any
 
 import torch
 
-from textzoo.agents.critic import LMTrunk
+from textzoo.agents.critic import Critic, LMTrunk
+from textzoo.agents.family import Family
 from textzoo.agents.lora import AdapterView
+from textzoo.agents.team import Actor
 from textzoo.errors import ConfigError
 
 ADAM_COPIES = 3
@@ -184,15 +186,14 @@ def _footprint(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     (a LoRA view's shared base, a value head's shared trunk)."""
     if isinstance(module, AdapterView):
         return list(module.shared.model.parameters())
-    trunk = getattr(module, "trunk", None)
-    if getattr(module, "shared_trunk", False) and trunk is not None:  # critic.Critic on an actor's trunk
-        return [*module.parameters(), *_footprint(trunk)]
+    if isinstance(module, Critic) and module.shared_trunk:  # a value head on an actor's trunk
+        return [*module.parameters(), *_footprint(module.trunk)]
     if isinstance(module, LMTrunk):  # a whole LM read as a trunk (e.g. a LoRA view)
         return _footprint(module.lm)
     return list(module.parameters())
 
 
-def team_models(actors: Sequence[Any], family: Any) -> dict[str, tuple[torch.nn.Module, str, bool]]:
+def team_models(actors: Sequence[Actor], family: Family) -> dict[str, tuple[torch.nn.Module, str, bool]]:
     """Every model of a run: actors, the family's trained models (critics, reward models) and its frozen
     ones (`family.frozen_models()`: reference copies, placed as "<actor id>-ref")."""
     out: dict[str, tuple[torch.nn.Module, str, bool]] = {}

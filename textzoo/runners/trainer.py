@@ -142,6 +142,7 @@ class Trainer:
             {**overrides, **cfg.device_map},
         )
         self.collector = Collector(self.env_fn, self.actors, cfg.env_workers, cfg.generate_workers)
+        self._eval_collector: Collector | None = None
         self.learners = {
             a.id: build_learner(a.policy.model, cfg.agent_config(a.id) if a.id in self.roles else cfg.agent, cfg.steps)
             for a in self.actors
@@ -233,9 +234,9 @@ class Trainer:
     def evaluate(self, prompts: int | None = None) -> dict[str, float]:
         """Greedy and sampled rewards (mean and per term) on held-out items."""
         cfg = self.cfg
-        collector = getattr(self, "_eval_collector", None)
-        if collector is None:
-            collector = self._eval_collector = Collector(self.eval_env_fn, self.actors, cfg.env_workers)
+        if self._eval_collector is None:  # built on first use: a run that never evaluates builds no eval envs
+            self._eval_collector = Collector(self.eval_env_fn, self.actors, cfg.env_workers)
+        collector = self._eval_collector
         n_items = collector.envs[0].num_items()
         n = min(prompts or cfg.eval_prompts, n_items)
         items = list(range(n))
