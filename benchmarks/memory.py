@@ -11,6 +11,16 @@ hide the other's. Figures per mode:
   peak delta         CPU: peak RSS above the level before the update (sampled every millisecond);
                      GPU: torch.cuda.max_memory_allocated above the allocation before the update
 Then both modes run here on one batch and the largest |gradient difference| is printed.
+
+The Qwen-vocabulary case (`--preset qwen-vocab`, part of the default run) measures the selected-token
+log-probs (`textzoo.agents.sampling.selected_log_probs`) with a vocabulary of V = 151,936 on a narrow
+2-layer Qwen2 model (width 64, so it runs on CPU): the peak of a scoring pass (no gradients) and of a
+forward + backward, each with all [S, C, V] logits at once (naive, `Policy.logits_chunk = 0`) and in
+chunks of positions (`Policy.logits_chunk`, the default), each in a fresh subprocess; then the largest
+log-prob and gradient differences between the two, computed here. Its CPU workers run with glibc's
+`MALLOC_MMAP_THRESHOLD_` fixed at 1 MiB, so that every large tensor is mapped on its own and returned
+to the system when freed: peak RSS then follows the tensors alive (with glibc's adaptive threshold, the
+16 MiB chunks are carved from the heap, which small tensors fragment, and RSS keeps freed chunks).
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from functools import partial
 
 import torch
 
+from textzoo.agents import sampling
 from textzoo.agents.batch import Job, SampleBatch
 from textzoo.agents.policy import Generation, Policy
 from textzoo.agents.reinforce import ReinforceConfig, reinforce_loss
@@ -40,6 +51,9 @@ PRESETS = {
     "small": dict(arch="gpt2", n_layer=4, n_embd=256, n_head=4, samples=32, group=4, prompt=64, tokens=64),
 }
 MIB = 2**20
+QWEN_VOCAB = dict(vocab=151936, n_layer=2, n_embd=64, n_head=4, samples=16, group=4, prompt=16, tokens=32)
+"""The Qwen-vocabulary case: Qwen2.5's vocabulary on a narrow model."""
+LOGITS_RUNS = ["score:naive", "score:chunked", "train:naive", "train:chunked"]
 
 
 def build(args: argparse.Namespace, device: torch.device) -> tuple[Policy, Job]:
@@ -121,47 +135,61 @@ class _Held:
         self.owner.release(self.ptr)
 
 
+class PeakMemory:
+    """The peak memory above the level at entry: CPU peak RSS (sampled every millisecond) or
+    `torch.cuda.max_memory_allocated`; `delta` (bytes) and `seconds` are set on exit."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.delta, self.seconds = 0, 0.0
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+        else:
+            import psutil
+
+            self.proc = psutil.Process()
+            self.base = self.proc.memory_info().rss
+            self.peak_rss = self.base
+            self.stop = threading.Event()
+            self.sampler = threading.Thread(target=self._sample, daemon=True)
+            self.sampler.start()
+        self.start = time.perf_counter()
+        return self
+
+    def _sample(self) -> None:
+        while not self.stop.is_set():
+            self.peak_rss = max(self.peak_rss, self.proc.memory_info().rss)
+            time.sleep(0.001)
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            self.seconds = time.perf_counter() - self.start
+            self.delta = torch.cuda.max_memory_allocated(self.device) - self.base
+        else:
+            self.seconds = time.perf_counter() - self.start
+            self.stop.set()
+            self.sampler.join()
+            self.delta = max(self.peak_rss, self.proc.memory_info().rss) - self.base
+
+
 def worker(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
     policy, job = build(args, device)
     saved = SavedBytes(policy.model)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-    else:
-        import psutil
-
-        proc = psutil.Process()
-        base = proc.memory_info().rss
-        peak_rss = [base]
-        stop = threading.Event()
-
-        def sample() -> None:
-            while not stop.is_set():
-                peak_rss[0] = max(peak_rss[0], proc.memory_info().rss)
-                time.sleep(0.001)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-    start = time.perf_counter()
-    with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+    with PeakMemory(device) as peak, torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
         update(policy, job, args.mode)
-    seconds = time.perf_counter() - start
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated(device) - base
-    else:
-        stop.set()
-        sampler.join()
-        peak = max(peak_rss[0], proc.memory_info().rss) - base
     params = sum(p.numel() for p in policy.model.parameters())
     return {
         "mode": args.mode,
         "params": params,
         "saved_mib": saved.peak / MIB,
-        "peak_mib": peak / MIB,
-        "seconds": seconds,
+        "peak_mib": peak.delta / MIB,
+        "seconds": peak.seconds,
     }
 
 
@@ -197,10 +225,103 @@ def run_preset(args: argparse.Namespace) -> None:
     )
 
 
+def build_vocab_case(args: argparse.Namespace, device: torch.device) -> tuple[Policy, Generation, torch.Tensor]:
+    """The narrow Qwen2 policy with a 151,936-token vocabulary, a batch of random ids and advantages."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from textzoo.agents.tokenizer import byte_tokenizer
+
+    tokenizer = byte_tokenizer()
+    config = Qwen2Config(
+        vocab_size=args.vocab, hidden_size=args.n_embd, intermediate_size=4 * args.n_embd,
+        num_hidden_layers=args.n_layer, num_attention_heads=args.n_head, num_key_value_heads=args.n_head,
+        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config)
+    policy = Policy(model.to(device), tokenizer)
+    g = torch.Generator().manual_seed(0)
+    S, P, C = args.samples, args.prompt, args.tokens
+    prompts = torch.randint(3, args.vocab, (S // args.group, P), generator=g)  # [S/G, P]
+    gen = Generation(
+        prompt_ids=prompts.repeat_interleave(args.group, 0).to(device),  # [S, P]
+        prompt_mask=torch.ones(S, P, dtype=torch.long, device=device),
+        completion_ids=torch.randint(3, args.vocab, (S, C), generator=g).to(device),  # [S, C]
+        completion_mask=torch.ones(S, C, dtype=torch.long, device=device),
+        logprobs=torch.zeros(S, C, device=device),
+    )
+    return policy, gen, torch.randn(S, generator=g).to(device)
+
+
+def logits_pass(policy: Policy, gen: Generation, advantages: torch.Tensor, phase: str, mode: str):
+    """One scoring pass (``phase`` "score", no gradients) or forward + backward ("train") of the
+    batch, with all logits at once (``mode`` "naive") or in chunks; the log-probs and gradients."""
+    policy.logits_chunk = 0 if mode == "naive" else sampling.LOGITS_CHUNK
+    policy.model.zero_grad(set_to_none=True)
+    with torch.set_grad_enabled(phase == "train"):
+        logp = policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)  # [S, C]
+        if phase == "train":
+            (-(logp.sum(1) * advantages).sum()).backward()
+    grads = [p.grad.detach().clone() for p in policy.model.parameters() if p.grad is not None]
+    return logp.detach(), grads
+
+
+def logits_worker(args: argparse.Namespace) -> dict:
+    device = torch.device(args.device)
+    policy, gen, advantages = build_vocab_case(args, device)
+    phase, mode = args.worker_logits.split(":")
+    with PeakMemory(device) as peak:
+        logits_pass(policy, gen, advantages, phase, mode)
+    return {"run": args.worker_logits, "peak_mib": peak.delta / MIB, "seconds": peak.seconds}
+
+
+def run_vocab_case(args: argparse.Namespace) -> None:
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k in QWEN_VOCAB or k == "device"]
+    peaks = {}
+    for run in LOGITS_RUNS:
+        out = subprocess.run(
+            [sys.executable, __file__, "--worker-logits", run, *flags],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MIB)},
+        )
+        peaks[run] = json.loads(out.stdout.strip().splitlines()[-1])
+    policy, gen, advantages = build_vocab_case(args, torch.device(args.device))
+    S, C, V = args.samples, args.tokens, args.vocab
+    print(
+        f"\nQwen vocabulary: V={V}, qwen2 n_layer={args.n_layer} n_embd={args.n_embd}, {S} samples x ({args.prompt} "
+        f"prompt + {C} completion) tokens, {args.device}, {torch.get_num_threads()} thread(s); all logits in "
+        f"float32: {S * C * V * 4 / MIB:.0f} MiB; chunks of {sampling.LOGITS_CHUNK // V} positions"
+    )
+    print(
+        "| pass | naive peak (MiB) | chunked peak (MiB) | chunked / naive | naive s | chunked s "
+        "| max abs log-prob diff | max abs grad diff (largest grad entry) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for phase in ("score", "train"):
+        naive_logp, naive_grads = logits_pass(policy, gen, advantages, phase, "naive")
+        chunked_logp, chunked_grads = logits_pass(policy, gen, advantages, phase, "chunked")
+        logp_diff = float((naive_logp - chunked_logp).abs().max())
+        grads = "n/a"
+        if phase == "train":
+            diff = max(float((a - b).abs().max()) for a, b in zip(naive_grads, chunked_grads))
+            grads = f"{diff:.1e} ({max(float(g.abs().max()) for g in naive_grads):.2e})"
+        naive, chunked = peaks[f"{phase}:naive"], peaks[f"{phase}:chunked"]
+        name = "scoring (no grad)" if phase == "score" else "forward + backward"
+        print(
+            f"| {name} | {naive['peak_mib']:.1f} | {chunked['peak_mib']:.1f} | "
+            f"{chunked['peak_mib'] / max(naive['peak_mib'], 1e-9):.3f} | {naive['seconds']:.2f} | "
+            f"{chunked['seconds']:.2f} | {logp_diff:.1e} | {grads} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--preset", choices=[*PRESETS, "all"], default=None, help="default: all, unless sizes are given"
+        "--preset", choices=[*PRESETS, "qwen-vocab", "all"], default=None, help="default: all, unless sizes are given"
     )
     parser.add_argument("--arch", default="gpt2", choices=["gpt2", "llama", "qwen2"])
     parser.add_argument("--n-layer", type=int)
@@ -211,20 +332,32 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, help="prompt tokens per sample")
     parser.add_argument("--tokens", type=int, help="completion tokens per sample")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--vocab", type=int, default=QWEN_VOCAB["vocab"], help="vocabulary of the qwen-vocab case")
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-logits", choices=LOGITS_RUNS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     custom = {k: getattr(args, k) for k in PRESETS["tiny"] if k != "arch" and getattr(args, k) is not None}
+    vocab_case = argparse.Namespace(**{**QWEN_VOCAB, **custom, "vocab": args.vocab, "device": args.device})
+    if args.worker_logits:
+        vocab_case.worker_logits = args.worker_logits
+        print(json.dumps(logits_worker(vocab_case)))
+        return
     if args.worker:
         args.mode = args.worker
         print(json.dumps(worker(args)))
         return
-    names = list(PRESETS) if (args.preset in (None, "all") and not custom) else [args.preset or "small"]
-    for name in names:
+    if args.preset == "qwen-vocab":
+        run_vocab_case(vocab_case)
+        return
+    everything = args.preset in (None, "all") and not custom
+    for name in list(PRESETS) if everything else [args.preset or "small"]:
         preset = {**PRESETS[name], **custom}
         if custom:
             preset["arch"] = args.arch
         run_preset(argparse.Namespace(**preset, device=args.device))
+    if everything:
+        run_vocab_case(vocab_case)
 
 
 if __name__ == "__main__":

@@ -77,6 +77,8 @@ class Policy:
         self.eos_ids: tuple[int, ...] = tuple(dict.fromkeys([self.eos_id, *model_eos]))
         self.fast_forward = True
         """Run the plain-torch decoder (`textzoo.agents.fastlm`) when the architecture supports it."""
+        self.logits_chunk = sampling.LOGITS_CHUNK
+        """Logit elements scoring computes at a time (positions x vocabulary; 0 = all logits at once)."""
         self._share_prompts = True
         self._bound: torch.nn.Module | None = None  # the model the backends were built for
         self._built: Backends | None = None
@@ -301,7 +303,12 @@ class Policy:
         inputs = backend.score(prompt_ids, prompt_mask, completion_ids)
         bias = self._allowed_bias(inputs.vocab_size)
         token_logp, entropy = sampling.selected_log_probs(
-            inputs, completion_ids, self.generation.temperature, bias, return_entropy=return_entropy
+            inputs,
+            completion_ids,
+            self.generation.temperature,
+            bias,
+            return_entropy=return_entropy,
+            chunk=self.logits_chunk,
         )
         scored = completion_mask.bool()
         token_logp = token_logp.masked_fill(~scored, 0.0)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedTokenizerBase
 
 from textzoo.agents.backends import Decoding, HeadInput
@@ -177,6 +178,18 @@ def completion_texts(
     return texts
 
 
+def entropy_of(logp: torch.Tensor) -> torch.Tensor:
+    """-sum p log p over the last axis; tokens outside the allowed set (log-prob -inf) add 0 to the
+    value and to the gradient (``entr(p)`` would give them an infinite slope, so NaN gradients)."""
+    finite = logp.masked_fill(torch.isneginf(logp), 0.0)
+    return -(logp.exp() * finite).sum(-1)
+
+
+LOGITS_CHUNK = 1 << 22
+"""Logit elements (positions x vocabulary) one chunk of `selected_log_probs` computes at a time:
+16 MiB in float32, e.g. 27 positions of a 151,936-token vocabulary, all positions of a tiny one."""
+
+
 def selected_log_probs(
     inputs: HeadInput,
     tokens: torch.Tensor,
@@ -184,11 +197,34 @@ def selected_log_probs(
     bias: torch.Tensor | None,
     *,
     return_entropy: bool = False,
+    chunk: int = LOGITS_CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ([S, C]) of ``tokens`` ([S, C]) under the sampling distribution at each position, and
-    with ``return_entropy`` that distribution's entropy ([S, C]; else None)."""
-    logp = log_probs(inputs.logits(), temperature, bias)  # [S, C, V]
-    token_logp = logp.gather(2, tokens[..., None]).squeeze(2)  # [S, C]
-    if not return_entropy:
-        return token_logp, None
-    return token_logp, torch.special.entr(logp.exp()).sum(-1)  # [S, C]
+    with ``return_entropy`` that distribution's entropy ([S, C]; else None).
+
+    The LM head runs on ``chunk // V`` positions at a time (``chunk`` = 0: all at once), so the
+    [S, C, V] logits never exist together: with gradients on, each chunk is checkpointed (its logits
+    are recomputed in backward, one chunk at a time), which gives the same gradients exactly.
+    """
+    S, C = tokens.shape
+    hidden = inputs.hidden.reshape(S * C, -1)  # [S*C, d]
+    flat = tokens.reshape(S * C)  # [S*C]
+    rows = max(1, chunk // max(inputs.vocab_size, 1)) if chunk > 0 else S * C
+
+    def piece(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logp = log_probs(inputs.head(h), temperature, bias)  # [n, V]
+        token_logp = logp.gather(1, t[:, None]).squeeze(1)  # [n]
+        return token_logp, entropy_of(logp) if return_entropy else token_logp.new_zeros(0)
+
+    if rows >= S * C:
+        token_logp, entropy = piece(hidden, flat)
+    else:
+        checkpointed = torch.is_grad_enabled()
+        parts = [
+            checkpoint(piece, h, t, use_reentrant=False) if checkpointed else piece(h, t)
+            for h, t in zip(hidden.split(rows), flat.split(rows))
+        ]
+        token_logp = torch.cat([p[0] for p in parts])  # [S*C]
+        entropy = torch.cat([p[1] for p in parts])
+    return token_logp.view(S, C), entropy.view(S, C) if return_entropy else None
+

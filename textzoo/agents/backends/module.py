@@ -8,7 +8,8 @@ transformers' own cache. Rows that share a prompt run it once and get copies of 
 from __future__ import annotations
 
 import inspect
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 
 import torch
 from transformers import DynamicCache
@@ -18,6 +19,9 @@ from textzoo.agents.fastlm import SharedRows, distinct_rows
 
 # Decoders whose sdpa attention mask is exactly causal + key padding (no ALiBi, no softcapping masks).
 _PLAIN_MASK_MODELS = frozenset({"gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "granite"})
+# Causal LMs whose logits are exactly `get_output_embeddings()(final hidden states)` (no scaling or
+# softcapping after the head), so scoring may run the head itself, a chunk of positions at a time.
+_PLAIN_HEAD_MODELS = frozenset({"gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2"})
 
 
 def has_dropout(model: torch.nn.Module) -> bool:
@@ -49,6 +53,11 @@ class ModuleBackend:
         params = inspect.signature(base.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._has_logits_to_keep = "logits_to_keep" in params
+        self._captured: list[torch.Tensor] | None = None
+        head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+        plain = getattr(getattr(base, "config", None), "model_type", None) in _PLAIN_HEAD_MODELS
+        self.head: torch.nn.Module | None = head if plain and isinstance(head, torch.nn.Module) else None
+        """The LM head that scoring runs itself (None: scoring takes the module's logits)."""
 
     def prompt_cache(self):
         return nullcontext()
@@ -77,7 +86,34 @@ class ModuleBackend:
 
     # ----------------------------------------------------------------------------------- scoring
     def score(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor) -> HeadInput:
-        """Logits ([S, C, V]) predicting each completion token (the head input is the logits themselves)."""
+        """The final hidden states ([S, C, d]) predicting each completion token and the LM head; for
+        models whose head is not known to be plain (`head` None), the logits ([S, C, V]) themselves."""
+        with self._head_inputs() as head:
+            out = self._score(prompt_ids, prompt_mask, completion_ids)  # [S, C, d] or [S, C, V]
+        return HeadInput(out, head)
+
+    @contextmanager
+    def _head_inputs(self) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+        """Within, `_forward` returns the LM head's input instead of its output: a pre-hook on the head
+        keeps the hidden states it is given and hands it zero positions (so no logits are computed).
+        Yields the head to apply later (the identity when the head is not plain)."""
+        if self.head is None:
+            yield _identity
+            return
+        self._captured = []
+
+        def grab(module, args):
+            self._captured.append(args[0])  # [S, keep, d]
+            return (args[0][..., :0, :], *args[1:])
+
+        handle = self.head.register_forward_pre_hook(grab)
+        try:
+            yield self.head
+        finally:
+            handle.remove()
+            self._captured = None
+
+    def _score(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor):
         C = completion_ids.shape[1]
         attention = torch.cat([prompt_mask, torch.ones_like(completion_ids)], 1)  # [S, P+C]
         position = (attention.cumsum(1) - 1).clamp(min=0)  # [S, P+C]
@@ -101,7 +137,7 @@ class ModuleBackend:
                 _expand_cache(cache, shared)
                 rest = self._forward(completion_ids[:, :-1], attention[:, :-1], position[:, P:-1], cache, C - 1)
                 logits = torch.cat([logits, rest], 1)  # [S, C, V]
-        return HeadInput(logits, _identity)
+        return logits
 
     # ----------------------------------------------------------------------------------- helpers
     def _distinct_prompts(self, ids: torch.Tensor, mask: torch.Tensor) -> SharedRows | None:
@@ -123,8 +159,12 @@ class ModuleBackend:
         else:
             kwargs["use_cache"] = False
         if self._has_logits_to_keep:
-            return self.model(**kwargs, logits_to_keep=keep).logits
-        return self.model(**kwargs).logits[:, -keep:]
+            logits = self.model(**kwargs, logits_to_keep=keep).logits
+        else:
+            logits = self.model(**kwargs).logits
+        if self._captured is not None:  # within `_head_inputs`: the head's input instead
+            return self._captured.pop()[:, -keep:]  # [S, keep, d]
+        return logits[:, -keep:]
 
 
 class ModuleDecoding:
