@@ -20,6 +20,7 @@ from transformers import PreTrainedTokenizerBase
 from textzoo.agents.fastlm import FastDecoder, distinct_rows, first_tokens_first, shared_rows
 from textzoo.agents.inference import eval_mode
 from textzoo.agents.policy import Policy
+from textzoo.agents.precision import autocast
 
 
 class Critic(torch.nn.Module):
@@ -64,6 +65,8 @@ class Critic(torch.nn.Module):
         self.fast_forward = True
         """Run the plain-torch forward of `textzoo.agents.fastlm` when the trunk supports it."""
         self._fast_decoder: FastDecoder | None = FastDecoder.build(trunk)
+        self.autocast: torch.dtype | None = None
+        """Run the trunk under ``torch.autocast`` to this dtype (bf16-mixed precision); None = off."""
 
     @classmethod
     def from_policy(cls, policy: Policy, **kwargs) -> Critic:
@@ -72,7 +75,9 @@ class Critic(torch.nn.Module):
         A model without a `base_model` (e.g. a LoRA agent's view of its shared base) is read whole."""
         model = policy.model
         trunk = model.base_model if isinstance(getattr(model, "base_model", None), torch.nn.Module) else LMTrunk(model)
-        return cls(trunk, policy.tokenizer, **kwargs)
+        critic = cls(trunk, policy.tokenizer, **kwargs)
+        critic.autocast = policy.autocast
+        return critic
 
     @property
     def device(self) -> torch.device:
@@ -115,10 +120,11 @@ class Critic(torch.nn.Module):
     ) -> torch.Tensor:
         """The trunk's final hidden state ([S, d]) at the token `forward` reads; without gradient
         when the trunk is shared with an actor."""
-        if self.shared_trunk:  # the actor's trunk, read as it samples: no gradient, no dropout
-            with eval_mode(self.trunk), torch.no_grad():
-                return self._features(prompt_ids, prompt_mask, completion_ids, completion_mask)
-        return self._features(prompt_ids, prompt_mask, completion_ids, completion_mask)
+        with autocast(self.device, self.autocast):
+            if self.shared_trunk:  # the actor's trunk, read as it samples: no gradient, no dropout
+                with eval_mode(self.trunk), torch.no_grad():
+                    return self._features(prompt_ids, prompt_mask, completion_ids, completion_mask)
+            return self._features(prompt_ids, prompt_mask, completion_ids, completion_mask)
 
     def _features(self, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
         device = self.device

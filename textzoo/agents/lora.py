@@ -111,7 +111,9 @@ class SharedBase:
         self._set_requires_grad()
         load_adapter_state_dict(view, adapter_state_dict(source))
         view.training, view.frozen = False, True
-        return Policy(view, self.tokenizer, policy.generation, name=f"{agent_id}@lora")
+        copy = Policy(view, self.tokenizer, policy.generation, name=f"{agent_id}@lora")
+        copy.autocast = policy.autocast
+        return copy
 
     def activate(self, name: str) -> None:
         """Route forwards through adapter `name` (a no-op when it is already active)."""

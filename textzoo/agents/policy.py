@@ -36,6 +36,7 @@ from textzoo.agents.fastlm import FastDecoder
 from textzoo.agents.generation import Generation, GenerationConfig, first_used_column
 from textzoo.agents.inference import eval_mode
 from textzoo.agents.loading import build_tiny, load_pretrained
+from textzoo.agents.precision import autocast
 from textzoo.errors import ModelError
 
 __all__ = ["Generation", "GenerationConfig", "Policy", "has_dropout"]
@@ -77,6 +78,9 @@ class Policy:
         self.eos_ids: tuple[int, ...] = tuple(dict.fromkeys([self.eos_id, *model_eos]))
         self.fast_forward = True
         """Run the plain-torch decoder (`textzoo.agents.fastlm`) when the architecture supports it."""
+        self.autocast: torch.dtype | None = None
+        """Run forwards (generate, score) under ``torch.autocast`` to this dtype (bf16-mixed precision);
+        None = compute in the weights' dtype."""
         self.logits_chunk = sampling.LOGITS_CHUNK
         """Logit elements scoring computes at a time (positions x vocabulary; 0 = all logits at once)."""
         self._share_prompts = True
@@ -264,7 +268,7 @@ class Policy:
         if S == 0:
             empty = torch.zeros((0, 0), dtype=torch.long, device=prompt_ids.device)
             return Generation(empty, empty, empty, empty, empty.float(), [])
-        with eval_mode(self.model):
+        with eval_mode(self.model), autocast(prompt_ids.device, self.autocast):
             decoding = self.backend().prefill(prompt_ids, prompt_mask, cfg.max_new_tokens)
             bias = self._allowed_bias(decoding.logits.shape[-1])
             choose = sampling.token_choice(cfg, S, greedy, generator)
@@ -300,16 +304,17 @@ class Policy:
             raise ValueError("score needs at least one prompt token per sample (generate adds BOS to empty prompts)")
         prompt_ids, prompt_mask = self._prepare_prompts(prompt_ids, prompt_mask)
         backend = self.backend() if completion_ids.shape[1] > 0 else self.backends().module
-        inputs = backend.score(prompt_ids, prompt_mask, completion_ids)
-        bias = self._allowed_bias(inputs.vocab_size)
-        token_logp, entropy = sampling.selected_log_probs(
-            inputs,
-            completion_ids,
-            self.generation.temperature,
-            bias,
-            return_entropy=return_entropy,
-            chunk=self.logits_chunk,
-        )
+        with autocast(device, self.autocast):
+            inputs = backend.score(prompt_ids, prompt_mask, completion_ids)
+            bias = self._allowed_bias(inputs.vocab_size)
+            token_logp, entropy = sampling.selected_log_probs(
+                inputs,
+                completion_ids,
+                self.generation.temperature,
+                bias,
+                return_entropy=return_entropy,
+                chunk=self.logits_chunk,
+            )
         scored = completion_mask.bool()
         token_logp = token_logp.masked_fill(~scored, 0.0)
         if not return_entropy:

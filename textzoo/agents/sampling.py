@@ -227,4 +227,3 @@ def selected_log_probs(
         token_logp = torch.cat([p[0] for p in parts])  # [S*C]
         entropy = torch.cat([p[1] for p in parts])
     return token_logp.view(S, C), entropy.view(S, C) if return_entropy else None
-

@@ -17,6 +17,7 @@ import torch
 from textzoo.agents.joint import JointActor
 from textzoo.agents.lora import SharedBase
 from textzoo.agents.policy import GenerationConfig, Policy
+from textzoo.agents.precision import PRECISIONS
 from textzoo.agents.team import Actor, AgentActor
 from textzoo.agents.tokenizer import llama_byte_tokenizer
 from textzoo.envs import make as make_env
@@ -25,8 +26,6 @@ from textzoo.runners.update import Learner
 
 if TYPE_CHECKING:
     from textzoo.runners.config import AgentConfig, TrainConfig
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -68,6 +67,7 @@ def build_policy(agent: AgentConfig, seed: int, device: torch.device) -> Policy:
     "tiny-llama" gets `llama_byte_tokenizer` (BOS-prefixed prompts, other special ids), so a team of
     "tiny" and "tiny-llama" agents has two different tokenizers, as real heterogeneous teams do.
     """
+    precision = PRECISIONS[agent.precision]
     if agent.model in ("tiny", "tiny-gpt2", "tiny-llama"):
         llama = agent.model == "tiny-llama"
         policy = Policy.tiny(
@@ -80,9 +80,10 @@ def build_policy(agent: AgentConfig, seed: int, device: torch.device) -> Policy:
             tokenizer=llama_byte_tokenizer() if llama else None,
         )
     else:
-        policy = Policy.from_pretrained(agent.model, device=device, dtype=_DTYPES[agent.dtype])
+        policy = Policy.from_pretrained(agent.model, device=device, dtype=precision.weights)
     policy.generation = generation_config(agent, policy)
-    policy.model.to(_DTYPES[agent.dtype])
+    policy.model.to(precision.weights)
+    policy.autocast = precision.compute
     if agent.gradient_checkpointing:
         # non-reentrant: gradients reach the weights even though the input ids need no gradient
         kwargs = {"use_reentrant": False}
@@ -129,7 +130,7 @@ def lora_policy(agent: AgentConfig, agent_id: str, seed: int, bases: dict[tuple,
         agent.n_layer,
         agent.n_embd,
         agent.n_head,
-        agent.dtype,
+        agent.precision,
         agent.device,
         agent.gradient_checkpointing,
     )
@@ -145,6 +146,7 @@ def lora_policy(agent: AgentConfig, agent_id: str, seed: int, bases: dict[tuple,
         seed=seed,
     )
     policy.generation = generation_config(agent, policy)
+    policy.autocast = PRECISIONS[agent.precision].compute
     return policy
 
 

@@ -18,6 +18,7 @@ import tyro
 
 from textzoo.agents.actor_critic import ActorCriticConfig
 from textzoo.agents.generation import SamplingConfig
+from textzoo.agents.precision import LEGACY_DTYPES, PRECISIONS
 from textzoo.agents.preference import PreferenceConfig
 from textzoo.agents.reinforce import ReinforceConfig
 from textzoo.agents.rlmath import CREDITS
@@ -78,8 +79,12 @@ class AgentConfig(SamplingConfig):
     """False freezes the agent: it acts but never updates."""
     device: str = "auto"
     """"auto" or a torch device string."""
-    dtype: str = "float32"
-    """float32 | bfloat16 | float16 weights (built and loaded models)."""
+    precision: str = "fp32"
+    """fp32 | bf16-mixed (fp32 weights and AdamW state, bf16 autocast forwards) | bf16-weights |
+    fp16-weights (the weights, and so the optimizer state, in that dtype)."""
+    dtype: str | None = None
+    """Deprecated (configs written before `precision`): float32 | bfloat16 | float16 weights, read as
+    precision fp32 | bf16-weights | fp16-weights."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, one more forward)."""
     lora_rank: int = 0
@@ -98,8 +103,10 @@ class AgentConfig(SamplingConfig):
             raise ConfigError(f"agent.lr must be > 0, got {self.lr}")
         if self.lr_schedule not in ("constant", "linear", "cosine"):
             raise ConfigError(f"agent.lr_schedule must be constant, linear or cosine, got {self.lr_schedule!r}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"agent.dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.dtype is not None:
+            self._migrate_dtype()
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"agent.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.lora_rank < 0 or self.lora_alpha <= 0 or not 0 <= self.lora_dropout < 1:
             raise ConfigError(
                 f"agent.lora_rank must be >= 0, lora_alpha > 0 and lora_dropout in [0, 1); got "
@@ -108,6 +115,21 @@ class AgentConfig(SamplingConfig):
         if isinstance(self.lora_target_modules, str):
             raise ConfigError("agent.lora_target_modules must be a list of module names, not one string")
         self.lora_target_modules = tuple(self.lora_target_modules)
+
+    def _migrate_dtype(self) -> None:
+        """Read the old `dtype` field as the precision it meant (and drop it)."""
+        if self.dtype not in LEGACY_DTYPES:
+            raise ConfigError(
+                f"agent.dtype must be float32, bfloat16 or float16, got {self.dtype!r}; the field is replaced by "
+                f"agent.precision ({', '.join(PRECISIONS)})"
+            )
+        meant = LEGACY_DTYPES[self.dtype]
+        if self.precision not in ("fp32", meant):
+            raise ConfigError(
+                f"agent.dtype={self.dtype!r} (precision {meant!r}) contradicts agent.precision={self.precision!r}; "
+                "drop agent.dtype, which agent.precision replaces"
+            )
+        self.precision, self.dtype = meant, None
 
 
 @dataclass
