@@ -66,6 +66,14 @@ class KVCache:
         self.lengths[layer] = n + T
         return old_k[:, :, : n + T], old_v[:, :, : n + T]
 
+    def select_prompts(self, prompts: torch.Tensor, total: int) -> None:
+        """Keep the entries of prompts ``prompts`` ([U'] of ``total``) only: `FastDecoder.extend` stores
+        U prompts x H_kv heads on the first axis ([U*H_kv, G, T, D])."""
+        for store in (self.keys, self.values):
+            for i, t in enumerate(store):
+                if t is not None:
+                    store[i] = t.view(total, -1, *t.shape[1:]).index_select(0, prompts).flatten(0, 1)
+
 
 @dataclass
 class SharedRows:
@@ -180,6 +188,14 @@ class FastDecoder:
         except AttributeError:  # a module layout this version of transformers does not have
             return None
         return None
+
+    @property
+    def graph_safe(self) -> bool:
+        """Whether a decode step has no data-dependent host logic (so it can be captured as a CUDA
+        graph): rotary embeddings that rescale with the sequence length do not qualify."""
+        rotary = getattr(self.body, "rotary_emb", None)
+        kind = str(getattr(rotary, "rope_type", "default"))
+        return "dynamic" not in kind and "longrope" not in kind
 
     @property
     def usable(self) -> bool:

@@ -81,9 +81,12 @@ class Policy:
         self.autocast: torch.dtype | None = None
         """Run forwards (generate, score) under ``torch.autocast`` to this dtype (bf16-mixed precision);
         None = compute in the weights' dtype."""
+        self.compact_finished = True
+        """Let finished rows go during decoding once at most half the rows run are live (same samples)."""
         self.logits_chunk = sampling.LOGITS_CHUNK
         """Logit elements scoring computes at a time (positions x vocabulary; 0 = all logits at once)."""
         self._share_prompts = True
+        self._decode_mode = "auto"
         self._bound: torch.nn.Module | None = None  # the model the backends were built for
         self._built: Backends | None = None
         self._bias_key: tuple | None = None
@@ -162,6 +165,18 @@ class Policy:
                 if backend is not None:
                     backend.share_prompts = self._share_prompts
 
+    @property
+    def decode_mode(self) -> str:
+        """How the plain decoder decodes: "auto" (CUDA graphs over a static cache on CUDA, else the
+        dynamic cache), "dynamic", "static" (the static cache, eagerly) or "graph"."""
+        return self._decode_mode
+
+    @decode_mode.setter
+    def decode_mode(self, value: str) -> None:
+        self._decode_mode = value
+        if self._built is not None and self._built.plain is not None:
+            self._built.plain.decode_mode = value
+
     def backends(self) -> Backends:
         """The module backend and the plain decoder (None when the architecture is unsupported) of the
         current model, built once per model."""
@@ -169,7 +184,7 @@ class Policy:
             decoder = FastDecoder.build(self.model)
             self._built = Backends(ModuleBackend(self.model), None if decoder is None else PlainBackend(decoder))
             self._bound = self.model
-            self.share_prompts = self._share_prompts
+            self.share_prompts, self.decode_mode = self._share_prompts, self._decode_mode
         return self._built
 
     def backend(self) -> Backend:
@@ -273,7 +288,14 @@ class Policy:
             bias = self._allowed_bias(decoding.logits.shape[-1])
             choose = sampling.token_choice(cfg, S, greedy, generator)
             out = sampling.decode(
-                decoding, choose, cfg, eos_ids=self.eos_ids, pad_id=self.pad_id, bias=bias, tokenizer=self.tokenizer
+                decoding,
+                choose,
+                cfg,
+                eos_ids=self.eos_ids,
+                pad_id=self.pad_id,
+                bias=bias,
+                tokenizer=self.tokenizer,
+                compact=self.compact_finished,
             )
         texts = sampling.completion_texts(self.tokenizer, out, self.eos_ids, cfg.stop_strings)
         return Generation(

@@ -108,24 +108,35 @@ def decode(
     pad_id: int,
     bias: torch.Tensor | None,
     tokenizer: PreTrainedTokenizerBase | None = None,
+    compact: bool = True,
 ) -> Decoded:
     """Sample up to ``cfg.max_new_tokens`` tokens per row: a row ends at EOS, on a stop string
-    (``tokenizer`` decodes its recent tokens) or at the budget; finished rows emit padding."""
+    (``tokenizer`` decodes its recent tokens) or at the budget; finished rows emit padding.
+
+    With ``compact``, once at most half of the rows the model still runs are live, finished rows are
+    let go (`Decoding.retain`), so they stop costing work; results are the same either way.
+    """
     logits = decoding.logits  # [S, V]
     S, device = logits.shape[0], logits.device
     eos = torch.tensor(list(eos_ids), device=device)  # [E]
     done = torch.zeros(S, dtype=torch.bool, device=device)  # [S]
     by_stop = torch.zeros(S, dtype=torch.bool, device=device)  # [S]
     stop_window = 4 * max((len(s) for s in cfg.stop_strings), default=0) + 4
-    every = torch.arange(S, device=device)  # [S]
+    active = torch.arange(S, device=device)  # [n] the rows the model runs (all S until a compaction)
     # Per-step results go to lists and are stacked once: indexed writes cost more per step.
     tokens, token_logps, done_after = [], [], []  # each C x [S]
     N = cfg.max_new_tokens
     for t in range(N):
-        logp = log_probs(logits, cfg.temperature, bias)  # [S, V]
-        token = choose(logp, every, t).masked_fill(done, pad_id)  # [S] finished rows emit padding
+        logp = log_probs(logits, cfg.temperature, bias)  # [n, V]
+        if len(active) == S:
+            token = choose(logp, active, t).masked_fill(done, pad_id)  # [S] finished rows emit padding
+            token_logp = logp.gather(1, token[:, None]).squeeze(1)  # [S]
+        else:
+            chosen = choose(logp, active, t).masked_fill(done[active], pad_id)  # [n]
+            token = torch.full((S,), pad_id, dtype=chosen.dtype, device=device).index_copy_(0, active, chosen)
+            token_logp = logp.new_zeros(S).index_copy_(0, active, logp.gather(1, chosen[:, None]).squeeze(1))
         tokens.append(token)
-        token_logps.append(logp.gather(1, token[:, None]).squeeze(1))
+        token_logps.append(token_logp)
         done = done | (token == eos[0] if len(eos) == 1 else torch.isin(token, eos))
         if cfg.stop_strings:
             tail = torch.stack(tokens[-stop_window:], 1)  # [S, W]
@@ -135,7 +146,11 @@ def decode(
         done_after.append(done)
         if bool(done.all()) or t + 1 == N:
             break
-        logits = decoding.decode(token)  # [S, V]
+        if compact and len(active) > 1:
+            live = (~done[active]).nonzero().squeeze(1)  # [n'] positions in `active` still running
+            if 2 * len(live) <= len(active):
+                active = active[decoding.retain(live)]
+        logits = decoding.decode(token if len(active) == S else token[active])  # [n, V]
     completion = torch.stack(tokens, 1)  # [S, C]
     # A token is scored iff its row was not done before it: every sampled token up to and
     # including the one that ended the sample.

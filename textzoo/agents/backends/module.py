@@ -14,7 +14,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 from transformers import DynamicCache
 
-from textzoo.agents.backends import HeadInput, keep_all
+from textzoo.agents.backends import HeadInput
 from textzoo.agents.fastlm import SharedRows, distinct_rows
 
 # Decoders whose sdpa attention mask is exactly causal + key padding (no ALiBi, no softcapping masks).
@@ -185,7 +185,13 @@ class ModuleDecoding:
         return self.backend._forward(tokens[:, None], attention, self.position, self.cache, 1)[:, -1]  # [S, V]
 
     def retain(self, rows: torch.Tensor) -> torch.Tensor:
-        return keep_all(rows, self.position.shape[0])
+        """Keep exactly ``rows``: their cache entries, mask rows and positions are copied out."""
+        if len(rows) == self.position.shape[0]:
+            return rows
+        self.cache.reorder_cache(rows)
+        self.step_attention = self.step_attention.index_select(0, rows)
+        self.position = self.position.index_select(0, rows)
+        return rows
 
 
 def _expand_cache(cache: DynamicCache, shared: SharedRows) -> None:

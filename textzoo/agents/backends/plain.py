@@ -5,6 +5,9 @@ grouped matmul, in decoding and in scoring (`share_prompts`); the sampling pass 
 prompt's final hidden state to the caller (`Decoding.features`, what a value head on the model's
 trunk reads); and within `prompt_cache()`, scoring calls one sample at a time (per-sample backward)
 share their prompt's forward too.
+
+Decoding runs over a growing cache (`PlainDecoding`, the grouped layout) or over the fixed buffers of
+`textzoo.agents.backends.static` (`decode_mode`; on CUDA, "auto" replays each step as a CUDA graph).
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ from contextlib import contextmanager
 
 import torch
 
-from textzoo.agents.backends import HeadInput, keep_all
+from textzoo.agents.backends import HeadInput, keep_all, static
+from textzoo.agents.backends.static import LENGTH_STEP, MODES, StaticCache, StaticDecoding, bucket
 from textzoo.agents.fastlm import FastDecoder, KVCache, Prefix, SharedRows, first_tokens_first, shared_rows
+from textzoo.errors import ConfigError
 
 
 class PlainBackend:
@@ -24,7 +29,10 @@ class PlainBackend:
     def __init__(self, decoder: FastDecoder) -> None:
         self.decoder = decoder
         self.share_prompts = True
+        self.decode_mode = "auto"
+        """"dynamic", "static", "graph" or "auto" (see `textzoo.agents.backends.static.MODES`)."""
         self._prompt_cache: _PromptCache | None = None
+        self._static: StaticCache | None = None
 
     @property
     def usable(self) -> bool:
@@ -32,13 +40,53 @@ class PlainBackend:
         return self.decoder.usable
 
     # ----------------------------------------------------------------------------------- decoding
-    def prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int) -> PlainDecoding:
+    def prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int):
         prefix, last, rows = self._prefix(prompt_ids, prompt_mask)
+        mode = self._mode(prompt_ids.device)
+        if mode != "dynamic":
+            cache = self._static_cache(len(rows.inverse), prefix.bias.shape[-1] + max_new_tokens, prefix.keys[0])
+            return StaticDecoding(self.decoder, cache, prefix, rows, last, graphs=mode == "graph")
         logits = self.decoder.head(last)[rows.inverse]  # [S, V]: the LM head once per distinct prompt
         cache = self.decoder.new_cache(capacity=max_new_tokens)
         lengths = prefix.lengths[rows.inverse]  # [S]
         prefix = self.decoder.share(prefix, rows)
         return PlainDecoding(self.decoder, logits, last[rows.inverse], prefix, cache, lengths[:, None])
+
+    def _mode(self, device: torch.device) -> str:
+        """The decode mode of this call ("auto" resolved; "graph" checked)."""
+        mode = self.decode_mode
+        if mode not in MODES:
+            raise ConfigError(f"decode_mode must be one of {', '.join(MODES)}, got {mode!r}")
+        graphable = static.graphs_available(device) and self.decoder.graph_safe
+        if mode == "graph" and not graphable:
+            raise ConfigError(
+                "decode_mode='graph' needs a CUDA device and a model whose decode step has static shapes "
+                f"(this one is on {device.type}); use 'static' for the same path without graphs, or 'auto'"
+            )
+        if mode == "auto":
+            return "graph" if graphable else "dynamic"
+        return mode
+
+    def _static_cache(self, rows: int, length: int, like: torch.Tensor) -> StaticCache:
+        """The backend's static cache, (re)allocated when it is too small or of another dtype/device;
+        graphs captured against other weights storage are dropped."""
+        fast = self.decoder
+        length = -(-length // LENGTH_STEP) * LENGTH_STEP
+        cache = self._static
+        if cache is None or not cache.fits(bucket(rows), length, like.dtype, like.device):
+            rows = max(bucket(rows), cache.rows if cache is not None else 0)
+            self._static = cache = StaticCache(
+                len(fast.layers), rows, fast.kv_heads, length, like.shape[-1], like.dtype, like.device
+            )
+        weights = tuple(p.data_ptr() for p in fast.model.parameters())
+        if weights != cache.weights:
+            cache.graphs.clear()
+            cache.weights = weights
+        return cache
+
+    def release(self) -> None:
+        """Free the static cache and its graphs (the next static decoding allocates them again)."""
+        self._static = None
 
     def _prefix(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[Prefix, torch.Tensor, SharedRows]:
         """Each distinct prompt through the decoder once: their `Prefix`, final hidden states ([U, d])
@@ -106,7 +154,23 @@ class PlainDecoding:
         return out
 
     def retain(self, rows: torch.Tensor) -> torch.Tensor:
-        return keep_all(rows, self.position.shape[0])
+        """Keep every prompt with a row in ``rows`` and all of that prompt's rows (the grouped layout
+        holds a prompt's G rows together); the kept rows' prefix and cache entries are copied out."""
+        prefix, G = self.prefix, self.prefix.group
+        prompts = torch.unique(rows // G)  # [U'] sorted
+        if len(prompts) == prefix.prompts:
+            return keep_all(rows, self.position.shape[0])
+        kept = (prompts[:, None] * G + torch.arange(G, device=rows.device)).flatten()  # [U' * G]
+        self.prefix = Prefix(
+            [k.index_select(0, prompts) for k in prefix.keys],
+            [v.index_select(0, prompts) for v in prefix.values],
+            prefix.bias.index_select(0, prompts),
+            prefix.lengths.index_select(0, prompts),
+            G,
+        )
+        self.cache.select_prompts(prompts, prefix.prompts)
+        self.position = self.position.index_select(0, kept)
+        return kept
 
 
 class _PromptCache:
