@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 from transformers.pytorch_utils import Conv1D
 
 GROUPED_SCORES_LIMIT = 1 << 24
@@ -199,8 +200,11 @@ class FastDecoder:
 
     @property
     def usable(self) -> bool:
-        """Whether this forward is exact now: dropout is only reproduced by the module itself."""
-        return not (self.model.training and self.dropout > 0)
+        """Whether this forward is exact now: dropout is only reproduced by the module itself, and
+        FSDP-sharded parameters (DTensors) are whole only inside the module's forward (or while unsharded)."""
+        if self.model.training and self.dropout > 0:
+            return False
+        return not isinstance(next(self.model.parameters()), DTensor)
 
     def new_cache(self, capacity: int = 0) -> KVCache:
         return KVCache(len(self.layers), capacity)

@@ -26,6 +26,9 @@ from textzoo.errors import ConfigError
 from textzoo.runners.algorithms import ALGORITHMS, resolve_algorithm
 from textzoo.runners.update import UpdateConfig
 
+SHARDINGS = ("replicate", "fsdp")
+"""`TrainConfig.sharding` values (see `textzoo.runners.sharding`)."""
+
 JsonDict = Annotated[
     dict[str, Any],
     tyro.constructors.PrimitiveConstructorSpec(
@@ -200,6 +203,9 @@ class TrainConfig:
     """Metric sinks besides metrics.jsonl: tensorboard, wandb (pip install textzoo[tracking])."""
     num_processes: int = 1
     """Data-parallel replicas `textzoo train` starts, each on batch_prompts / num_processes prompts."""
+    sharding: str = "replicate"
+    """replicate (every process holds whole models, gradients all-reduced) | fsdp (FSDP2: trainable
+    models' parameters, gradients and optimizer state split over the processes; full fine-tuning)."""
     reinforce: ReinforceConfig = field(default_factory=ReinforceConfig)
     """REINFORCE-family settings."""
     actor_critic: ActorCriticConfig = field(default_factory=ActorCriticConfig)
@@ -241,6 +247,10 @@ class TrainConfig:
                 f"num_processes ({self.num_processes}) must be >= 1 and divide batch_prompts ({self.batch_prompts}): "
                 "each replica plays an equal share of the prompts"
             )
+        if self.sharding not in SHARDINGS:
+            raise ConfigError(f"sharding must be one of {', '.join(SHARDINGS)}, got {self.sharding!r}")
+        if self.sharding == "fsdp":
+            self._check_fsdp()
         if isinstance(self.trainable_agents, str):
             raise ConfigError("trainable_agents must be a list of agent names (or 'a+b' groups), not one string")
         self.trainable_agents = tuple(self.trainable_agents)
@@ -251,6 +261,20 @@ class TrainConfig:
                 raise ConfigError(f"agent_overrides[{agent_id!r}] must be an object of AgentConfig fields")
             self.agent_config(agent_id)  # validates field names and values
         algorithm.configure(self)  # the algorithm's defaults, then its rules across fields
+
+    def _check_fsdp(self) -> None:
+        """What FSDP sharding does not cover, rejected before any model is built."""
+        agents = [self.agent, *(self.agent_config(role) for role in self.agent_overrides)]
+        if any(a.lora_rank for a in agents):
+            raise ConfigError(
+                "sharding='fsdp' shards fully fine-tuned models; LoRA agents train small adapters on a shared "
+                "frozen base: use sharding='replicate' (or lora_rank=0)"
+            )
+        if self.actor_critic.critic_model == "actor":
+            raise ConfigError(
+                "sharding='fsdp' cannot put a value head on a sharded actor's trunk "
+                "(actor_critic.critic_model='actor'): give the critic its own model, or use sharding='replicate'"
+            )
 
     def agent_config(self, agent_id: str) -> AgentConfig:
         """The `agent` settings with `agent_overrides[agent_id]` applied."""

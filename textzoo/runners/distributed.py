@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.tensor import DTensor
 
 from textzoo.errors import TextzooError
 
@@ -65,7 +66,9 @@ class DistContext:
         return slice(self.rank * per, (self.rank + 1) * per)
 
     def grad_sync(self, params: Sequence[torch.nn.Parameter]) -> None:
-        """Average gradients over replicas (a parameter without a gradient counts as zero)."""
+        """Average gradients over replicas (a parameter without a gradient counts as zero); FSDP-sharded
+        parameters (DTensors) are left alone: their backward already averaged them."""
+        params = [p for p in params if not isinstance(p, DTensor)]
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)

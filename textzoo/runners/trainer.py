@@ -21,6 +21,7 @@ import torch
 
 from textzoo.agents.batch import Rollout
 from textzoo.errors import CheckpointError, ConfigError
+from textzoo.runners import sharding
 from textzoo.runners.algorithms import resolve_algorithm
 from textzoo.runners.build import ItemSampler, build_actors, build_learner, env_factory
 from textzoo.runners.checkpoint import (
@@ -67,6 +68,7 @@ RESUME_SAFE = frozenset(
         "devices",
         "device_map",
         "num_processes",
+        "sharding",
         "agent.device",
     }
 )
@@ -143,6 +145,7 @@ class Trainer:
         )
         self.collector = Collector(self.env_fn, self.actors, cfg.env_workers, cfg.generate_workers)
         self._eval_collector: Collector | None = None
+        self.sharded = self._shard() if cfg.sharding == "fsdp" and self.dist.enabled else []
         self.learners = {
             a.id: build_learner(a.policy.model, cfg.agent_config(a.id) if a.id in self.roles else cfg.agent, cfg.steps)
             for a in self.actors
@@ -170,7 +173,8 @@ class Trainer:
         if self.dist.enabled:
             self.run_dir = Path(self.dist.broadcast(str(self.run_dir)))
             for module, _kind, _trained in team_models(self.actors, self.family).values():
-                self.dist.broadcast_module(module)
+                if not any(module is m for m in self.sharded):  # sharded ones were broadcast before sharding
+                    self.dist.broadcast_module(module)
             # replicas sample their own prompts with their own streams; replica 0 keeps the seed's
             seed = (
                 int(np.random.SeedSequence([cfg.seed, self.dist.rank]).generate_state(1)[0])
@@ -194,15 +198,16 @@ class Trainer:
         items = self.sampler.next(cfg.batch_prompts)[share]
         seeds = [prompt_seed(cfg.seed, self.step, b) for b in range(cfg.batch_prompts)][share]
         needs = self.family.needs
-        rollout = self.collector.collect(items, seeds, cfg.group_size, cross=needs.cross)
-        if needs.greedy:
-            rollout.greedy = self.collector.collect(items, seeds, 1, greedy=True)
-        t_collect = time.perf_counter()
-        hook_stats: dict[str, float] = {}
-        for hook in self.hooks:
-            rollout, stats = hook.before_jobs(self, rollout, items, seeds)
-            hook_stats.update(stats)
-        jobs, family_stats = self.family.jobs(rollout)
+        with self.full_weights():  # sharded models whole from sampling to the jobs (no collectives inside)
+            rollout = self.collector.collect(items, seeds, cfg.group_size, cross=needs.cross)
+            if needs.greedy:
+                rollout.greedy = self.collector.collect(items, seeds, 1, greedy=True)
+            t_collect = time.perf_counter()
+            hook_stats: dict[str, float] = {}
+            for hook in self.hooks:
+                rollout, stats = hook.before_jobs(self, rollout, items, seeds)
+                hook_stats.update(stats)
+            jobs, family_stats = self.family.jobs(rollout)
         training = self.schedule.at(self.step)
         jobs = self.schedule.filter(jobs, self.step)  # agents frozen this step: no loss, no step, no version bump
         sync = self.dist.grad_sync if self.dist.enabled else None
@@ -230,6 +235,21 @@ class Trainer:
             }
         )
         return merge_rows(self.dist.gather(row)) if self.dist.enabled else row
+
+    def _shard(self) -> list[torch.nn.Module]:
+        """FSDP2-shard every trainable model over the processes (`textzoo.runners.sharding`), after
+        giving every process rank 0's weights; the sharded models."""
+        models = [a.policy.model for a in self.actors if a.trainable]
+        models += [module for module, _settings in self.family.trainable_models().values()]
+        for model in models:
+            self.dist.broadcast_module(model)
+            sharding.shard(model, next(model.parameters()).device, self.dist.world_size)
+        return models
+
+    def full_weights(self):
+        """A context within which the sharded models hold their whole weights (`sharding.gathered`);
+        every process must enter it together. A no-op without sharding."""
+        return sharding.gathered(self.sharded) if self.sharded else contextlib.nullcontext()
 
     def evaluate(self, prompts: int | None = None) -> dict[str, float]:
         """Greedy and sampled rewards (mean and per term) on held-out items."""
@@ -269,13 +289,17 @@ class Trainer:
         trackers = build_trackers(cfg.report_to, self.run_dir, to_dict(cfg), self.step) if main else []
         progress = _Progress(cfg.steps, self.step, enabled=cfg.progress and main)
         with progress, open(self.metrics_path, "a") if main else contextlib.nullcontext() as log:
-            if self.step == 0 and main:
-                self._write(log, {"step": 0, **self.evaluate()}, trackers)
+            if self.step == 0:
+                with self.full_weights():  # entered by every process; replica 0 evaluates
+                    if main:
+                        self._write(log, {"step": 0, **self.evaluate()}, trackers)
             while self.step < cfg.steps:
                 row = self.train_step()
                 last = self.step == cfg.steps
-                if main and ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
-                    row.update(self.evaluate())
+                if (cfg.eval_every and self.step % cfg.eval_every == 0) or last:
+                    with self.full_weights():
+                        if main:
+                            row.update(self.evaluate())
                 if main:
                     self._write(log, row, trackers)
                     progress.update(row)
@@ -302,16 +326,26 @@ class Trainer:
         """Checkpoint the run (every replica takes part; replica 0 writes). Returns the folder on replica 0."""
         own = {"rng": capture_rng(), "family": self.family.state_dict(), "hooks": [h.state_dict() for h in self.hooks]}
         replicas = self.dist.gather(own) if self.dist.enabled else [own]
+        # sharded models' weights and optimizer states are gathered by every process, written by rank 0
+        learners = {name: learner.state_dict() for name, learner in self.learners.items()}
+        models = {name: self._checkpointed(learner.model, gather=True) for name, learner in self.learners.items()}
         if not self.dist.is_main:
             return None
         state = {
-            "learners": {name: learner.state_dict() for name, learner in self.learners.items()},
+            "learners": learners,
             "sampler": self.sampler.state_dict(),
             "replicas": replicas,
             "metrics_rows": len(self.history),
         }
-        models = {name: learner.model for name, learner in self.learners.items()}
         return write_checkpoint(self.run_dir, self.step, models, state, to_dict(self.cfg), self.cfg.keep_last)
+
+    @staticmethod
+    def _checkpointed(model: torch.nn.Module, gather: bool = False):
+        """What a checkpoint reads and writes of ``model``: itself, or for a sharded model its whole
+        weights (`sharding.FullState`; with ``gather``, gathered now, on rank 0: a collective)."""
+        if not sharding.is_sharded(model):
+            return model
+        return sharding.FullState(model, sharding.full_weights(model) if gather else None)
 
     def _resume(self) -> None:
         """Continue from the newest intact checkpoint of `run_dir`; validate everything, then load.
@@ -343,7 +377,7 @@ class Trainer:
         if sorted(ck.weights) != sorted(self.learners) or sorted(state["learners"]) != sorted(self.learners):
             raise CheckpointError(f"{path} trains models {sorted(ck.weights)}, this run trains {sorted(self.learners)}")
         for name, learner in self.learners.items():
-            check_weights(learner.model, ck.weights[name], name)
+            check_weights(self._checkpointed(learner.model), ck.weights[name], name)
             groups = state["learners"][name]["optimizer"]["param_groups"]
             if [len(g["params"]) for g in groups] != [len(g["params"]) for g in learner.optimizer.param_groups]:
                 raise CheckpointError(f"the optimizer state of {name!r} in {path} does not fit its parameters")
@@ -355,7 +389,7 @@ class Trainer:
         rows = self._read_metrics(state["metrics_rows"], path) if self.dist.is_main else []
         # everything checked: now mutate
         for name, learner in self.learners.items():
-            apply_weights(learner.model, ck.weights[name])
+            apply_weights(self._checkpointed(learner.model), ck.weights[name])
             learner.load_state_dict(state["learners"][name])
         self.sampler.load_state_dict(state["sampler"])
         self.step = int(state["step"])
@@ -397,9 +431,9 @@ class Trainer:
         if unknown:
             raise CheckpointError(f"{path} holds weights of {unknown}, which this config does not train")
         for name, weights in ck.weights.items():
-            check_weights(self.learners[name].model, weights, name)
+            check_weights(self._checkpointed(self.learners[name].model), weights, name)
         for name, weights in ck.weights.items():
-            apply_weights(self.learners[name].model, weights)
+            apply_weights(self._checkpointed(self.learners[name].model), weights)
         return ck.step
 
 

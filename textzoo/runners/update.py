@@ -19,6 +19,7 @@ import torch
 from textzoo.agents.batch import Job
 from textzoo.agents.policy import has_dropout
 from textzoo.agents.rlmath import BatchNorm
+from textzoo.runners import sharding
 
 
 @dataclass
@@ -42,14 +43,21 @@ class Learner:
         return self.params[0].device if self.params else torch.device("cpu")
 
     def state_dict(self) -> dict:
+        """Optimizer (whole, for an FSDP-sharded model: a collective), scheduler and weight version."""
+        sharded = sharding.is_sharded(self.model)
         return {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": sharding.full_optimizer_state(self.model, self.optimizer)
+            if sharded
+            else self.optimizer.state_dict(),
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             "version": self.version,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        if sharding.is_sharded(self.model):
+            sharding.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 
 import torch
+from torch.distributed.tensor import DTensor
 from transformers import DynamicCache
 
 from textzoo.agents.backends import HeadInput
@@ -141,8 +142,12 @@ class ModuleBackend:
 
     # ----------------------------------------------------------------------------------- helpers
     def _distinct_prompts(self, ids: torch.Tensor, mask: torch.Tensor) -> SharedRows | None:
-        """Which rows share a prompt (None when sharing is off or every row differs)."""
-        return distinct_rows(ids, mask) if self.share_prompts else None
+        """Which rows share a prompt (None when sharing is off or every row differs). Never for an
+        FSDP-sharded model: each forward is a collective, so every process must make the same number
+        of them, which sharing (one forward, or two) would make depend on each process's batch."""
+        if not self.share_prompts or isinstance(next(self.model.parameters()), DTensor):
+            return None
+        return distinct_rows(ids, mask)
 
     def _forward(
         self,
