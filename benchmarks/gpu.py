@@ -1,45 +1,59 @@
-"""GPU throughput of the real runner on a ~0.5B model: generation and update tokens/s, MFU, peak memory.
+"""GPU engine figures for a Qwen2.5-0.5B-shaped pair of agents: decode and update tokens/s against the
+machine's own limits, eager vs CUDA-graph decoding side by side, peak memory.
 
-    python benchmarks/gpu.py                  # Qwen2.5-0.5B shape, random bf16 weights, 2 agents, G=4, 256 new tokens
-    python benchmarks/gpu.py --tiny           # the same script on CPU with a tiny model (seconds)
+    python benchmarks/gpu.py                    # Qwen2.5-0.5B shape, random bf16 weights, 2 agents, 64 rows, 256 tokens
+    python benchmarks/gpu.py --precision bf16-mixed
+    OMP_NUM_THREADS=1 python benchmarks/gpu.py --tiny   # the same script on CPU with a tiny model (seconds)
 
-Sized for a 10-minute GPU session (a few minutes here, most of it building and saving the models).
-The model is built from a config (Qwen2.5-0.5B's shape: 24 layers, width 896, 14 heads / 2 KV heads,
-vocab 151,936, tied embeddings; 494M parameters), with random weights in bf16, and saved to a
-temporary folder that `TrainConfig.agent.model` points at, so the run goes through textzoo's own
-builders, placement, `Collector` and `run_job`. Prompts come from `textzoo/Writing-v0`, tokenized by
-the byte tokenizer; sampling is restricted to printable bytes (the other 151k logits are still
-computed), so a sample ends at EOS (probability ~1/100 per token) or at the budget.
+Each agent is a model of Qwen2.5-0.5B's shape (24 layers, width 896, 14 heads / 2 KV heads, vocab
+151,936, tied embeddings; 494M parameters) with random weights, saved to a temporary folder and
+loaded through textzoo's own builder (`build_policy`, the agent's `precision`). Its rows are
+B prompts of `textzoo/Writing-v0` (byte-tokenized, cut to `prompt_tokens`) x G samples.
 
-Phases, each on fresh rollouts of `batch_prompts` x G samples per agent: `warmup` steps, then
-`steps` steps with batched backward (`micro_batch_size` samples per backward) and `steps` with
-per-sample backward (one sample's activations at a time, same gradient).
+Measured in this run, before the models:
+  copy bandwidth   a `copy_` of a large buffer: bytes read + written / time
+  matmul peak      a square matmul in the compute dtype: 2 n^3 FLOPs / time
 
-Figures: generation tokens/s = sampled tokens / time in `generate`; update tokens/s = sequence
-tokens (prompt + completion) forwarded and back-propagated per second of update; MFU = model FLOPs
-/ (time x `peak_tflops`), with 2·N FLOPs per token for generation and 6·N for the update (N = the
-parameters, the tied embedding counted once as the LM head; attention FLOPs ignored, so MFU is
-slightly understated); peak memory = `torch.cuda.max_memory_allocated` in each phase.
+Per agent and decode mode (`Policy.decode_mode`: "dynamic" = eager steps over a growing cache with
+the prompts grouped, "static" = eager steps over the static cache, "graph" = the static cache's steps
+replayed as CUDA graphs, CUDA only):
+  decode tokens/s  B x G x new tokens / time of the token loop (after the prefill; EOS disabled, so
+                   every row runs all `new_tokens`)
+  of HBM bound     that rate / the rate at which one step could just read what it must: every weight
+                   once plus the rows' keys/values at the mean length (bytes / copy bandwidth)
+Per agent, the update (`run_job` of REINFORCE over the sampled rows, `micro_batch_size` rows per
+backward, chunked selected-token log-probs):
+  update tokens/s  prompt + completion tokens forwarded and back-propagated / time
+  MFU              6 N FLOPs per token (N = parameters, the tied head once; attention not counted) per
+                   second / the matmul peak
+Peak memory: `torch.cuda.max_memory_allocated` of each phase (CPU: the process's peak RSS so far).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import string
+import resource
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import tyro
 from transformers import AutoModelForCausalLM, Qwen2Config
 
+from textzoo.agents import sampling
+from textzoo.agents.batch import Job, SampleBatch
+from textzoo.agents.generation import Generation
+from textzoo.agents.precision import autocast
+from textzoo.agents.reinforce import ReinforceConfig, reinforce_loss
 from textzoo.agents.tokenizer import byte_tokenizer
-from textzoo.runners.config import AgentConfig, TrainConfig
-from textzoo.runners.trainer import Trainer
-from textzoo.runners.update import UpdateConfig
+from textzoo.envs import make
+from textzoo.runners.build import build_learner, build_policy
+from textzoo.runners.config import AgentConfig
+from textzoo.runners.update import UpdateConfig, run_job
 
 QWEN2_0_5B = dict(
     hidden_size=896,
@@ -66,30 +80,66 @@ TINY = dict(
 
 @dataclass
 class Args:
-    """GPU benchmark settings."""
+    """GPU engine benchmark settings."""
 
     tiny: bool = False
-    """A tiny model on CPU (for testing the script); figures are then only a smoke check."""
+    """A tiny model on CPU (checks the script; its figures mean little)."""
+    precision: str = "bf16-weights"
+    """The agents' precision (AgentConfig.precision): bf16-weights = random bf16 weights; bf16-mixed; fp32."""
+    batch_prompts: int = 16
+    """Prompts per agent (B)."""
     group_size: int = 4
-    """Samples per prompt (G)."""
-    batch_prompts: int = 8
-    """Prompts per step (B); B x G samples per agent."""
-    max_new_tokens: int = 256
-    """Completion budget."""
-    micro_batch_size: int = 8
-    """Samples per backward in the batched phase."""
-    steps: int = 2
-    """Measured steps per phase."""
-    warmup: int = 1
-    """Unmeasured steps first (kernel selection, allocator warm-up)."""
-    peak_tflops: float = 989.0
-    """Dense bf16 peak of the accelerator for MFU (H100/H200 SXM: 989)."""
+    """Samples per prompt (G); B x G rows per agent."""
+    new_tokens: int = 256
+    """Tokens decoded per row."""
+    prompt_tokens: int = 128
+    """Prompt budget (Writing-v0 prompts are cut to their last tokens)."""
+    micro_batch_size: int = 16
+    """Rows per backward in the update."""
+    modes: tuple[str, ...] = ()
+    """Decode modes to compare (default: dynamic, static, and graph on CUDA)."""
+    repeats: int = 2
+    """Timed decode calls per agent and mode (after one warm-up call); the fastest counts."""
     out: str = ""
     """Also write the figures as JSON here."""
 
 
-def save_model(shape: dict, path: str, seed: int) -> int:
-    """Build a random bf16 Qwen2-shaped model with the byte tokenizer's ids, save it; return its size."""
+def synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(fn, repeats: int) -> float:
+    """The fastest of ``repeats`` timed calls of ``fn`` (seconds)."""
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize()
+        start = time.perf_counter()
+        fn()
+        synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def copy_bandwidth(device: torch.device, mib: int) -> float:
+    """Bytes per second a `copy_` moves (read + write) on ``device``."""
+    src = torch.empty(mib * 2**20, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    seconds = timed(lambda: dst.copy_(src), 5)
+    return 2 * src.numel() / seconds
+
+
+def matmul_peak(device: torch.device, dtype: torch.dtype, n: int) -> float:
+    """FLOPs per second of an n x n x n matmul in ``dtype`` on ``device``."""
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    a @ b
+    seconds = timed(lambda: a @ b, 5)
+    return 2 * n**3 / seconds
+
+
+def save_model(shape: dict, path: str, seed: int) -> None:
+    """A random Qwen2-shaped model with the byte tokenizer's special ids, saved with the tokenizer."""
     tokenizer = byte_tokenizer(model_max_length=shape["max_position_embeddings"])
     config = Qwen2Config(
         **shape,
@@ -102,56 +152,77 @@ def save_model(shape: dict, path: str, seed: int) -> int:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
-    return sum(p.numel() for p in model.parameters())
 
 
-def phase(trainer: Trainer, steps: int, update: UpdateConfig, params: int, peak_flops: float | None) -> dict:
-    """Run `steps` training steps with `update`; generation/update throughput, MFU and peak memory."""
-    trainer.cfg.update = update
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.synchronize()
+def prompts(policy, a: Args) -> tuple[torch.Tensor, torch.Tensor]:
+    """B Writing-v0 prompts x G rows each, encoded by the agent ([B*G, P])."""
+    env = make("textzoo/Writing-v0")
+    texts = [env.reset(seed=0, options={"index": i})[0]["summary"] for i in range(a.batch_prompts)]
+    env.close()
+    return policy.encode([t for t in texts for _ in range(a.group_size)])
+
+
+def peak_memory_gib() -> float:
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+
+
+def reset_peak() -> None:
+    if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    gen_s = update_s = gen_tokens = seq_tokens = 0.0
-    for _ in range(steps):
-        row = trainer.train_step()
-        gen_s += row["time/generate"]
-        update_s += row["time/update"]
-        gen_tokens += row["tokens_generated"]
-        seq_tokens += trainer.family.sequence_tokens()
-    out = {
-        "generate_tokens_per_s": gen_tokens / gen_s,
-        "update_tokens_per_s": seq_tokens / update_s,
-        "generate_s_per_step": gen_s / steps,
-        "update_s_per_step": update_s / steps,
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
-    }
-    if peak_flops:
-        out["generate_mfu"] = 2 * params * gen_tokens / gen_s / peak_flops
-        out["update_mfu"] = 6 * params * seq_tokens / update_s / peak_flops
-    return out
 
 
-class RecordingFamily:
-    """Wraps the run's algorithm family and keeps each step's jobs (to count the tokens an update trains on)."""
+def decode_phase(policy, ids, mask, a: Args, mode: str, bandwidth: float, generator_seed: int = 0) -> dict:
+    """Prefill + token loop of one agent in ``mode``; the loop's tokens/s and its fraction of the HBM bound."""
+    policy.decode_mode = mode
+    cfg = policy.generation
+    ids, mask = policy._prepare_prompts(ids, mask)
+    backend = policy.backend()
+    rows = ids.shape[0]
 
-    def __init__(self, family):
-        self.family = family
-        self.last_jobs: list = []
+    def run() -> tuple[float, int]:
+        with torch.no_grad(), autocast(ids.device, policy.autocast):
+            decoding = backend.prefill(ids, mask, cfg.max_new_tokens)
+            synchronize()
+            start = time.perf_counter()
+            choose = sampling.token_choice(cfg, rows, generator=torch.Generator(ids.device).manual_seed(generator_seed))
+            out = sampling.decode(decoding, choose, cfg, eos_ids=(-1,), pad_id=policy.pad_id, bias=None)
+            synchronize()
+            return time.perf_counter() - start, int(out.completion_mask.sum())
 
-    def __getattr__(self, name: str):
-        return getattr(self.family, name)
+    run()  # warm-up: kernel choice, graph capture, allocator
+    reset_peak()
+    best, tokens = float("inf"), 0
+    for _ in range(a.repeats):
+        seconds, tokens = run()
+        best = min(best, seconds)
+    model = policy.model
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    config = model.config
+    head_dim = config.hidden_size // config.num_attention_heads
+    kv_bytes = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 2  # per token, bf16
+    mean_length = int(mask.sum(1).float().mean()) + cfg.max_new_tokens / 2
+    step_bytes = weight_bytes + rows * mean_length * kv_bytes
+    bound = rows * bandwidth / step_bytes  # tokens/s if a step only read what it must
+    rate = tokens / best
+    return {"decode_tokens_per_s": rate, "of_hbm_bound": rate / bound, "hbm_bound_tokens_per_s": bound,
+            "decode_peak_memory_gib": peak_memory_gib()}  # fmt: skip
 
-    def jobs(self, rollout):
-        self.last_jobs, stats = self.family.jobs(rollout)
-        return self.last_jobs, stats
 
-    def sequence_tokens(self) -> int:
-        """Prompt + completion tokens of the last step's jobs, once per epoch."""
-        return sum(
-            int(job.batch.gen.prompt_mask.sum() + job.batch.gen.completion_mask.sum()) * job.epochs
-            for job in self.last_jobs
-        )
+def update_phase(policy, learner, gen: Generation, a: Args, peak_flops: float, params: int) -> dict:
+    """One `run_job` of REINFORCE over the agent's rows: tokens/s and MFU."""
+    advantages = torch.linspace(-1, 1, len(gen), device=gen.prompt_ids.device)
+    job = Job("agent", SampleBatch(gen, advantages), partial(reinforce_loss, policy, ReinforceConfig()),
+              max_new_tokens=a.new_tokens)  # fmt: skip
+    cfg = UpdateConfig(micro_batch_size=a.micro_batch_size)
+    tokens = int(gen.prompt_mask.sum() + gen.completion_mask.sum())
+    run_job(job, learner, cfg)  # warm-up
+    reset_peak()
+    seconds = timed(lambda: run_job(job, learner, cfg), 1)
+    rate = tokens / seconds
+    return {"update_tokens_per_s": rate, "update_mfu": 6 * params * rate / peak_flops,
+            "update_peak_memory_gib": peak_memory_gib()}  # fmt: skip
 
 
 def main() -> None:
@@ -159,66 +230,62 @@ def main() -> None:
     cuda = torch.cuda.is_available()
     if not a.tiny and not cuda:
         raise SystemExit("no GPU visible: run with --tiny to check the script on CPU")
-    if a.tiny:
+    if not cuda:
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    device = torch.device("cuda" if cuda else "cpu")
     shape = TINY if a.tiny else QWEN2_0_5B
-    max_new = min(a.max_new_tokens, 16) if a.tiny else a.max_new_tokens
+    new_tokens = min(a.new_tokens, 16) if a.tiny else a.new_tokens
+    a.new_tokens = new_tokens
+    modes = a.modes or (("dynamic", "static", "graph") if cuda else ("dynamic", "static"))
+    compute = torch.float32 if a.precision == "fp32" else torch.bfloat16
     start = time.perf_counter()
+    bandwidth = copy_bandwidth(device, 64 if a.tiny else 2048)
+    peak = matmul_peak(device, compute, 512 if a.tiny else 8192)
+    results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="textzoo-gpu-") as tmp:
-        params = 0
         for i in range(2):
-            params = save_model(shape, os.path.join(tmp, f"agent{i}"), seed=i)
-        agent = AgentConfig(
-            model=os.path.join(tmp, "agent0"),
-            dtype="bfloat16",
-            lr=1e-5,
-            max_new_tokens=max_new,
-            allowed_outputs=(string.ascii_letters + string.digits + string.punctuation + " ",),
-        )
-        cfg = TrainConfig(
-            env="textzoo/Writing-v0",
-            env_kwargs={"terms": {"length_ratio": 1.0}},
-            algo="magrpo",
-            agent=agent,
-            agent_overrides={"elaboration": {"model": os.path.join(tmp, "agent1")}},
-            steps=a.warmup + 2 * a.steps,
-            batch_prompts=a.batch_prompts,
-            group_size=a.group_size,
-            devices="auto" if cuda else "cpu",
-            progress=False,
-            plot=False,
-            run_dir=os.path.join(tmp, "run"),
-        )
-        trainer = Trainer(cfg)
-        trainer.family = RecordingFamily(trainer.family)
-        built_s = time.perf_counter() - start
-        peak = a.peak_tflops * 1e12 if cuda else None
-        batched = UpdateConfig(micro_batch_size=a.micro_batch_size)
-        phase(trainer, a.warmup, batched, params, peak)
-        results = {
-            "batched_backward": phase(trainer, a.steps, batched, params, peak),
-            "per_sample_backward": phase(trainer, a.steps, UpdateConfig(per_sample_backward=True), params, peak),
-        }
-    device = torch.cuda.get_device_name(0) if cuda else "cpu"
+            agent_id = f"agent{i}"
+            folder = os.path.join(tmp, agent_id)
+            save_model(shape, folder, seed=i)
+            agent = AgentConfig(model=folder, precision=a.precision, max_new_tokens=new_tokens,
+                                max_prompt_tokens=a.prompt_tokens, lr=1e-5, device=str(device))  # fmt: skip
+            policy = build_policy(agent, seed=i, device=device)
+            params = sum(p.numel() for p in policy.model.parameters())
+            ids, mask = prompts(policy, a)
+            row: dict = {}
+            for mode in modes:
+                figures = decode_phase(policy, ids, mask, a, mode, bandwidth)
+                row.update({f"{mode}/{k}": v for k, v in figures.items()})
+            policy.decode_mode = "auto"
+            with torch.random.fork_rng(devices=[device] if cuda else []):
+                torch.manual_seed(i)
+                gen = policy.generate_ids(ids, mask)
+            learner = build_learner(policy.model, agent, total_steps=10)
+            row.update(update_phase(policy, learner, gen, a, peak, params))
+            results[agent_id] = row
+            del policy, learner, gen
+            if cuda:
+                torch.cuda.empty_cache()
     header = {
-        "device": device,
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "threads": torch.get_num_threads(),
         "params_per_agent": params,
-        "agents": 2,
-        "B": a.batch_prompts,
-        "G": a.group_size,
-        "max_new_tokens": max_new,
-        "build_s": round(built_s, 1),
+        "precision": a.precision,
+        "rows_per_agent": a.batch_prompts * a.group_size,
+        "new_tokens": new_tokens,
+        "copy_bandwidth_gb_per_s": round(bandwidth / 1e9, 2),
+        "matmul_peak_tflops": round(peak / 1e12, 3),
         "total_s": round(time.perf_counter() - start, 1),
     }
     print(json.dumps(header))
-    print("| figure | batched backward | per-sample backward |")
-    print("| --- | --- | --- |")
-    for key in results["batched_backward"]:
-        values = [results[mode][key] for mode in ("batched_backward", "per_sample_backward")]
-        print(f"| {key} | " + " | ".join("n/a" if v is None else f"{v:.4g}" for v in values) + " |")
+    agents = sorted(results)
+    print("| figure | " + " | ".join(agents) + " |")
+    print("| --- |" + " --- |" * len(agents))
+    for key in results[agents[0]]:
+        print(f"| {key} | " + " | ".join(f"{results[x][key]:.4g}" for x in agents) + " |")
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({**header, **results}, f, indent=2)
+            json.dump({**header, "agents": results}, f, indent=2)
 
 
 if __name__ == "__main__":
