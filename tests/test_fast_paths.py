@@ -12,7 +12,7 @@ from textzoo.agents.policy import GenerationConfig, Policy
 
 torch.set_num_threads(1)
 
-ARCHS = ["gpt2", "llama", "qwen2"]
+ARCHS = ["gpt2", "llama", "qwen2", "qwen3"]
 PROMPTS = ["hello there", "a", "the quick brown fox jumps", ""]
 
 

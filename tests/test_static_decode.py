@@ -53,7 +53,7 @@ def test_buckets_are_powers_of_two():
     assert [static.bucket(n) for n in (1, 2, 3, 4, 5, 63, 64, 65)] == [1, 2, 4, 4, 8, 64, 64, 128]
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2", "gqa"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2", "qwen3", "gqa"])
 @pytest.mark.parametrize("layout", ["groups", "scattered"])
 def test_static_cache_decoding_gives_the_dynamic_samples(arch, layout):
     policy = _policy(arch)

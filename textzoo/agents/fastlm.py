@@ -5,10 +5,10 @@ parameters of the module at every call, so gradients, optimizers and checkpoints
 only skips transformers' per-call overhead (mask construction, cache objects, kwargs plumbing), which
 dominates for the tiny models textzoo trains on CPU. `ARCHITECTURES` maps ``config.model_type`` to
 an `Architecture`: where the trunk and its blocks live, one forward function (GPT-2; Llama / Qwen2 /
-Mistral share one), the final norm, the head counts, and which modules that forward reproduces
-exactly (unwrapped `nn.Linear` / `Conv1D` layers, full attention, no extra sub-layers). A LoRA- or
-otherwise-wrapped layer, cross-attention or a sliding window makes `build` return None, and active
-dropout makes `usable` false; callers then run the transformers module.
+Mistral share one; Qwen3 adds q/k norms to it), the final norm, the head counts, and which modules
+that forward reproduces exactly (unwrapped `nn.Linear` / `Conv1D` layers, full attention, no extra
+sub-layers). A LoRA- or otherwise-wrapped layer, cross-attention or a sliding window makes `build`
+return None, and active dropout makes `usable` false; callers then run the transformers module.
 
 `prefill(ids, lengths)` runs the prompts of a batch once each (`Prefix`); `extend(ids, position,
 prefix, cache, keep)` runs the tokens after them, the rows that share a prompt (a group of G samples)
@@ -367,8 +367,9 @@ def gpt2_forward(dec: FastDecoder, ids, position, attend, last=None) -> torch.Te
     return hidden
 
 
-def llama_forward(dec: FastDecoder, ids, position, attend, last=None) -> torch.Tensor:
-    """Llama / Qwen2 / Mistral: RoPE, RMSNorm, grouped-query attention, SwiGLU MLP."""
+def llama_forward(dec: FastDecoder, ids, position, attend, last=None, qk_norm: bool = False) -> torch.Tensor:
+    """Llama / Qwen2 / Mistral: RoPE, RMSNorm, grouped-query attention, SwiGLU MLP (with ``qk_norm``,
+    an RMSNorm on each head's queries and keys before RoPE)."""
     body = dec.body
     hidden = body.embed_tokens(ids)  # [S, T, d] (the module: padding_idx keeps a zero gradient)
     cos, sin = body.rotary_emb(hidden, position)  # [S, T, D] each
@@ -379,17 +380,26 @@ def llama_forward(dec: FastDecoder, ids, position, attend, last=None) -> torch.T
         x = _rms_norm(hidden, layer.input_layernorm)
         k = _linear(x, attn.k_proj).view(S, T, dec.kv_heads, -1)  # [S, T, H_kv, D]
         v = _linear(x, attn.v_proj).view(S, T, dec.kv_heads, -1)
+        if qk_norm:
+            k = _rms_norm(k, attn.k_norm)
         k = k * cos + _rotate_half(k) * sin
         if last is not None and i == len(dec.layers) - 1:  # queries and outputs at `last` only
             x, hidden, q_cos, q_sin = _at(x, last), _at(hidden, last), _at(cos, last), _at(sin, last)
         else:
             q_cos, q_sin = cos, sin
         q = _linear(x, attn.q_proj).view(S, x.shape[1], dec.heads, -1)  # [S, T', H, D]
+        if qk_norm:
+            q = _rms_norm(q, attn.q_norm)
         q = q * q_cos + _rotate_half(q) * q_sin
         hidden = hidden + _linear(attend(i, q, k, v, attn.scaling), attn.o_proj)
         x = _rms_norm(hidden, layer.post_attention_layernorm)
         hidden = hidden + _linear(mlp.act_fn(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj), mlp.down_proj)
     return hidden
+
+
+def qwen3_forward(dec: FastDecoder, ids, position, attend, last=None) -> torch.Tensor:
+    """Qwen3: Llama's blocks with an RMSNorm on each head's queries and keys before RoPE."""
+    return llama_forward(dec, ids, position, attend, last, qk_norm=True)
 
 
 def _at(x: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
@@ -442,7 +452,7 @@ def gpt2_exact(body: nn.Module, head: nn.Module | None, config) -> bool:
     return type(body.ln_f) is nn.LayerNorm
 
 
-def llama_exact(body: nn.Module, head: nn.Module | None, config) -> bool:
+def llama_exact(body: nn.Module, head: nn.Module | None, config, qk_norm: bool = False) -> bool:
     if not _full_attention(config) or not _plain_head(head):
         return False
     for layer in body.layers:
@@ -452,9 +462,16 @@ def llama_exact(body: nn.Module, head: nn.Module | None, config) -> bool:
             return False
         if set(dict(layer.named_children())) != {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}:
             return False  # extra sub-layers (e.g. q/k norms) this forward does not apply
-        if set(dict(attn.named_children())) != {"q_proj", "k_proj", "v_proj", "o_proj"}:
+        norms = {"q_norm", "k_norm"} if qk_norm else set()
+        if set(dict(attn.named_children())) != {"q_proj", "k_proj", "v_proj", "o_proj", *norms}:
+            return False
+        if qk_norm and not all(hasattr(getattr(attn, n), "variance_epsilon") for n in norms):
             return False
     return hasattr(body.norm, "variance_epsilon")
+
+
+def qwen3_exact(body: nn.Module, head: nn.Module | None, config) -> bool:
+    return llama_exact(body, head, config, qk_norm=True)
 
 
 # ------------------------------------------------------------------------- the architecture table
@@ -497,5 +514,20 @@ LLAMA = Architecture(
     dropout=lambda config: config.attention_dropout,
     exact=llama_exact,
 )
-ARCHITECTURES: dict[str, Architecture] = {"gpt2": GPT2, "llama": LLAMA, "qwen2": LLAMA, "mistral": LLAMA}
+QWEN3 = Architecture(
+    trunk="model",
+    layers="layers",
+    forward=qwen3_forward,
+    final_norm=lambda body, hidden: _rms_norm(hidden, body.norm),
+    heads=lambda config: (config.num_attention_heads, config.num_key_value_heads),
+    dropout=lambda config: config.attention_dropout,
+    exact=qwen3_exact,
+)
+ARCHITECTURES: dict[str, Architecture] = {
+    "gpt2": GPT2,
+    "llama": LLAMA,
+    "qwen2": LLAMA,
+    "mistral": LLAMA,
+    "qwen3": QWEN3,
+}
 """``config.model_type`` -> how the plain-torch decoder runs it; other models run the transformers module."""

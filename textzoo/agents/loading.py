@@ -18,12 +18,13 @@ from transformers import (
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
     Qwen2Config,
+    Qwen3Config,
 )
 
 from textzoo.agents.tokenizer import byte_tokenizer
 from textzoo.errors import ConfigError, ModelError
 
-TINY_ARCHS = ("gpt2", "llama", "qwen2")
+TINY_ARCHS = ("gpt2", "llama", "qwen2", "qwen3")
 """Architectures `build_tiny` makes."""
 
 
@@ -96,12 +97,13 @@ def build_tiny(
             n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_positions=n_positions, activation_function="gelu",
             resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, **ids,
         )  # fmt: skip
-    elif arch in ("llama", "qwen2"):
-        config_cls = LlamaConfig if arch == "llama" else Qwen2Config
+    elif arch in ("llama", "qwen2", "qwen3"):
+        config_cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[arch]
         config = config_cls(
             hidden_size=n_embd, intermediate_size=4 * n_embd, num_hidden_layers=n_layer,
             num_attention_heads=n_head, num_key_value_heads=n_head, max_position_embeddings=n_positions,
             attention_dropout=dropout, tie_word_embeddings=True, **ids,
+            **({"head_dim": n_embd // n_head} if arch == "qwen3" else {}),
         )  # fmt: skip
     else:
         raise ConfigError(f"arch must be one of {', '.join(map(repr, TINY_ARCHS))}, got {arch!r}")

@@ -125,7 +125,7 @@ class Policy:
         dropout: float = 0.0,
         tokenizer: PreTrainedTokenizerFast | None = None,
     ) -> Policy:
-        """A randomly initialised tiny model ("gpt2", "llama" or "qwen2") with `byte_tokenizer` (or
+        """A randomly initialised tiny model ("gpt2", "llama", "qwen2" or "qwen3") with `byte_tokenizer` (or
         `tokenizer`, whose vocabulary and special ids shape the model); see `build_tiny`.
 
         Deterministic given ``seed``; the global RNG is left untouched.
