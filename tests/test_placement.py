@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from textzoo.agents.team import AgentActor
 from textzoo.errors import ConfigError
 from textzoo.runners.build import build_policy
 from textzoo.runners.config import AgentConfig
@@ -89,14 +90,14 @@ class _FakePolicy:
     def __init__(self, device, barrier):
         self.device, self.barrier = torch.device(device), barrier
 
-    def generate(self, prompts, greedy=False):
+    def generate(self, prompts, greedy=False, generator=None):
         self.barrier.wait(timeout=10)
         return [f"{self.device}:{p}" for p in prompts]
 
 
 def test_actors_on_distinct_devices_generate_concurrently():
     barrier = threading.Barrier(2)
-    actors = [SimpleNamespace(policy=_FakePolicy("cpu", barrier)), SimpleNamespace(policy=_FakePolicy("meta", barrier))]
+    actors = [AgentActor("a", _FakePolicy("cpu", barrier)), AgentActor("b", _FakePolicy("meta", barrier))]
     collector = Collector.__new__(Collector)  # only _generate is under test
     collector.generate_workers = 1  # no threads for actors that share a device
     out = collector._generate([(actors[0], ["x"]), (actors[1], ["y", "z"])], greedy=False)
@@ -113,14 +114,14 @@ def test_actors_on_one_device_generate_in_turn():
             self.name = name
             self.model = torch.nn.Linear(1, 1)
 
-        def generate(self, prompts, greedy=False):
+        def generate(self, prompts, greedy=False, generator=None):
             calls.append((self.name, threading.current_thread() is threading.main_thread()))
             return self.name
 
     collector = Collector.__new__(Collector)  # only _generate is under test
     collector.generate_workers = 1  # no threads for actors that share a device
     out = collector._generate(
-        [(SimpleNamespace(policy=Recorder("a")), ["p"]), (SimpleNamespace(policy=Recorder("b")), ["q"])], greedy=False
+        [(AgentActor("a", Recorder("a")), ["p"]), (AgentActor("b", Recorder("b")), ["q"])], greedy=False
     )
     assert out == ["a", "b"] and calls == [("a", True), ("b", True)]
 

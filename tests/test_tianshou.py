@@ -31,7 +31,7 @@ class ScriptedPolicy:
         self.calls: list[list[str]] = []
         self.model = torch.nn.Linear(1, 1)
 
-    def generate(self, prompts, greedy=False):
+    def generate(self, prompts, greedy=False, generator=None):
         self.calls.append(list(prompts))
         n = len(self.calls)
         return SimpleNamespace(texts=[self.reply(p, n) for p in prompts])

@@ -42,7 +42,10 @@ import json
 import re
 from collections.abc import Callable, Sequence
 
-from textzoo.agents.policy import Policy
+import torch
+
+from textzoo.agents.policy import Generation, Policy
+from textzoo.agents.prompting import PromptFormat
 from textzoo.errors import ConfigError
 
 PromptBuilder = Callable[[dict[str, str]], str]
@@ -166,6 +169,8 @@ class JointActor:
 
     `prompt_builder` and `parser` replace the default format (`joint_prompt`, `parse_joint`); pass
     both when the format changes, since the parser has to read what the builder asks for.
+    `prompt_format` (default "auto" for the policy's tokenizer) formats the joint prompt, as it does
+    a decentralized agent's.
     """
 
     def __init__(
@@ -176,6 +181,7 @@ class JointActor:
         prompt_builder: PromptBuilder | None = None,
         parser: Parser | None = None,
         id: str = "joint",
+        prompt_format: PromptFormat | None = None,
     ):
         if not roles or len(set(roles)) != len(roles):
             raise ConfigError(f"JointActor roles must be a non-empty list of distinct names, got {list(roles)!r}")
@@ -185,10 +191,16 @@ class JointActor:
         self.trainable = trainable
         self.prompt_builder = prompt_builder or joint_prompt
         self.parser = parser or parse_joint
+        self.prompt_format = prompt_format or PromptFormat.resolve(getattr(policy, "tokenizer", None))
 
     def build_prompt(self, observations: dict[str, str]) -> str:
         # role order, not dict order, so the joint prompt of the same observations is always the same
         return self.prompt_builder({r: observations[r] for r in self.roles if r in observations})
+
+    def generate(
+        self, prompts: list[str], *, greedy: bool = False, generator: torch.Generator | None = None
+    ) -> Generation:
+        return self.prompt_format.generate(self.policy, prompts, greedy=greedy, generator=generator)
 
     def parse(self, completion: str, roles: tuple[str, ...]) -> tuple[dict[str, str], bool]:
         return self.parser(completion, tuple(roles))

@@ -12,7 +12,8 @@ from typing import Protocol
 import torch
 
 from textzoo.agents.lora import AdapterView
-from textzoo.agents.policy import Policy
+from textzoo.agents.policy import Generation, Policy
+from textzoo.agents.prompting import PromptFormat
 
 
 class Actor(Protocol):
@@ -22,9 +23,17 @@ class Actor(Protocol):
     roles: tuple[str, ...]
     policy: Policy
     trainable: bool
+    prompt_format: PromptFormat
+    """How the prompt text becomes model input (raw, or the tokenizer's chat template)."""
 
     def build_prompt(self, observations: dict[str, str]) -> str:
-        """One prompt from the observations of this actor's active roles."""
+        """One prompt (plain text, before formatting) from the observations of this actor's active roles."""
+        ...
+
+    def generate(
+        self, prompts: list[str], *, greedy: bool = False, generator: torch.Generator | None = None
+    ) -> Generation:
+        """One completion per prompt built by `build_prompt`, sampled from the formatted prompt."""
         ...
 
     def parse(self, completion: str, roles: tuple[str, ...]) -> tuple[dict[str, str], bool]:
@@ -33,16 +42,25 @@ class Actor(Protocol):
 
 
 class AgentActor:
-    """A decentralized agent: one policy playing one role, prompt in, completion out."""
+    """A decentralized agent: one policy playing one role, prompt in, completion out.
 
-    def __init__(self, role: str, policy: Policy, trainable: bool = True):
+    `prompt_format` defaults to "auto" for the policy's tokenizer: the chat template when it has one.
+    """
+
+    def __init__(self, role: str, policy: Policy, trainable: bool = True, prompt_format: PromptFormat | None = None):
         self.id = role
         self.roles = (role,)
         self.policy = policy
         self.trainable = trainable
+        self.prompt_format = prompt_format or PromptFormat.resolve(getattr(policy, "tokenizer", None))
 
     def build_prompt(self, observations: dict[str, str]) -> str:
         return observations[self.id]
+
+    def generate(
+        self, prompts: list[str], *, greedy: bool = False, generator: torch.Generator | None = None
+    ) -> Generation:
+        return self.prompt_format.generate(self.policy, prompts, greedy=greedy, generator=generator)
 
     def parse(self, completion: str, roles: tuple[str, ...]) -> tuple[dict[str, str], bool]:
         return {self.id: completion}, False

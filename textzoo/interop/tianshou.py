@@ -56,6 +56,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("textzoo.interop.tianshou needs tianshou>=2.0: pip install 'textzoo[tianshou]'") from e
 
 from textzoo.agents.policy import Policy
+from textzoo.agents.prompting import PromptFormat
 from textzoo.agents.team import Actor
 from textzoo.errors import TextzooError
 
@@ -105,7 +106,8 @@ class TextPettingZooEnv(PettingZooEnv):
 class TextPolicy(TianshouPolicy):
     """A textzoo agent as a tianshou `Policy`: one batched `generate` per call, string actions out.
 
-    `agent` is a `Policy` (the prompt is the observation, the action the whole completion), a
+    `agent` is a `Policy` (the prompt is the observation, formatted "auto": by its chat template when
+    the tokenizer has one; the action is the whole completion), a
     decentralized `Actor` (`AgentActor`: prompt and action through the actor) or a joint actor
     (one completion per env and turn for all its roles; needs `TextPettingZooEnv`'s infos).
     `greedy` takes the argmax token instead of sampling.
@@ -118,6 +120,7 @@ class TextPolicy(TianshouPolicy):
         # registered as a submodule, so tianshou's .parameters(), .train() and state_dict see the LM
         self.model = self.policy.model
         self.greedy = greedy
+        self.prompt_format = PromptFormat.resolve(getattr(self.policy, "tokenizer", None))  # for a bare Policy
         self._pending: dict[tuple[str, int], dict[str, str]] = {}  # (episode, turn) -> joint actions not yet taken
 
     @property
@@ -139,12 +142,12 @@ class TextPolicy(TianshouPolicy):
         if not rows:
             return acts
         if self.actor is None:
-            gen = self.policy.generate([texts[i] for i in rows], greedy=self.greedy)
+            gen = self.prompt_format.generate(self.policy, [texts[i] for i in rows], greedy=self.greedy)
             for i, text in zip(rows, gen.texts):
                 acts[i] = text
             return acts
         role = self.actor.roles[0]
-        gen = self.policy.generate([self.actor.build_prompt({role: texts[i]}) for i in rows], greedy=self.greedy)
+        gen = self.actor.generate([self.actor.build_prompt({role: texts[i]}) for i in rows], greedy=self.greedy)
         for i, text in zip(rows, gen.texts):
             acts[i] = self.actor.parse(text, (role,))[0].get(role, "")
         return acts
@@ -169,7 +172,7 @@ class TextPolicy(TianshouPolicy):
             self._pending[k] = {}
         if todo:
             prompts = [self.actor.build_prompt({r: observations[first_row[k]][r] for r in roles_of[k]}) for k in todo]
-            gen = self.policy.generate(prompts, greedy=self.greedy)
+            gen = self.actor.generate(prompts, greedy=self.greedy)
             for k, text in zip(todo, gen.texts):
                 self._pending[k] = dict(self.actor.parse(text, roles_of[k])[0])
         acts = []

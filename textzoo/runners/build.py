@@ -18,6 +18,7 @@ from textzoo.agents.joint import JointActor
 from textzoo.agents.lora import SharedBase
 from textzoo.agents.policy import GenerationConfig, Policy
 from textzoo.agents.precision import PRECISIONS
+from textzoo.agents.prompting import PromptFormat
 from textzoo.agents.team import Actor, AgentActor
 from textzoo.agents.tokenizer import llama_byte_tokenizer
 from textzoo.envs import make as make_env
@@ -26,6 +27,9 @@ from textzoo.runners.update import Learner
 
 if TYPE_CHECKING:
     from textzoo.runners.config import AgentConfig, TrainConfig
+
+TINY_MODELS = ("tiny", "tiny-gpt2", "tiny-llama")
+"""Model names built locally from a config (byte-level tokenizers, no chat template)."""
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -68,7 +72,7 @@ def build_policy(agent: AgentConfig, seed: int, device: torch.device) -> Policy:
     "tiny" and "tiny-llama" agents has two different tokenizers, as real heterogeneous teams do.
     """
     precision = PRECISIONS[agent.precision]
-    if agent.model in ("tiny", "tiny-gpt2", "tiny-llama"):
+    if agent.model in TINY_MODELS:
         llama = agent.model == "tiny-llama"
         policy = Policy.tiny(
             "llama" if llama else "gpt2",
@@ -150,6 +154,13 @@ def lora_policy(agent: AgentConfig, agent_id: str, seed: int, bases: dict[tuple,
     return policy
 
 
+def prompt_format(agent: AgentConfig, policy: Policy) -> PromptFormat:
+    """The agent's prompt format resolved for its tokenizer, checked by rendering one prompt."""
+    fmt = PromptFormat.resolve(policy.tokenizer, agent.prompt_format, agent.system_prompt, agent.chat_template_kwargs)
+    fmt.check(policy)
+    return fmt
+
+
 def allowed_token_ids(policy: Policy, outputs: tuple[str, ...]) -> tuple[int, ...]:
     """Every token id used to spell any of `outputs` (EOS is added by the policy)."""
     ids: set[int] = set()
@@ -181,7 +192,7 @@ def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
             policy = lora_policy(agent, "joint", cfg.seed, {})
         else:
             policy = build_policy(agent, cfg.seed, build_device(agent.device))
-        return [JointActor(roles, policy, trainable=agent.trainable)]
+        return [JointActor(roles, policy, trainable=agent.trainable, prompt_format=prompt_format(agent, policy))]
     actors: list[Actor] = []
     bases: dict[tuple, SharedBase] = {}  # LoRA agents of one model share its base
     for i, role in enumerate(roles):
@@ -191,7 +202,7 @@ def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
             policy = lora_policy(agent, role, seed, bases)
         else:
             policy = build_policy(agent, seed, build_device(agent.device))
-        actors.append(AgentActor(role, policy, trainable=agent.trainable))
+        actors.append(AgentActor(role, policy, trainable=agent.trainable, prompt_format=prompt_format(agent, policy)))
     return actors
 
 

@@ -20,10 +20,12 @@ from textzoo.agents.actor_critic import ActorCriticConfig
 from textzoo.agents.generation import SamplingConfig
 from textzoo.agents.precision import LEGACY_DTYPES, PRECISIONS
 from textzoo.agents.preference import PreferenceConfig
+from textzoo.agents.prompting import STYLES as PROMPT_STYLES
 from textzoo.agents.reinforce import ReinforceConfig
 from textzoo.agents.rlmath import CREDITS
 from textzoo.errors import ConfigError
 from textzoo.runners.algorithms import ALGORITHMS, resolve_algorithm
+from textzoo.runners.build import TINY_MODELS
 from textzoo.runners.update import UpdateConfig
 
 SHARDINGS = ("replicate", "fsdp")
@@ -99,6 +101,15 @@ class AgentConfig(SamplingConfig):
     """Dropout on the LoRA input."""
     lora_target_modules: tuple[str, ...] = ()
     """Module names that get adapters, e.g. ("q_proj", "v_proj"); empty = peft's default for the architecture."""
+    prompt_format: str = "auto"
+    """auto (chat when the tokenizer has a chat template, so tiny byte-level models stay raw) | raw (the
+    prompt as it is) | chat (the prompt as the user message of the tokenizer's chat template, the
+    assistant turn generated): the formatted tokens are what is sampled from and scored."""
+    system_prompt: str = ""
+    """A system message before this agent's prompts (one per role through agent_overrides); empty = none,
+    so a template that has a default system message uses it. Raw prompts get it as a first paragraph."""
+    chat_template_kwargs: JsonDict = field(default_factory=dict)
+    """Extra variables of the chat template (JSON), e.g. {"enable_thinking": false}."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -118,6 +129,15 @@ class AgentConfig(SamplingConfig):
         if isinstance(self.lora_target_modules, str):
             raise ConfigError("agent.lora_target_modules must be a list of module names, not one string")
         self.lora_target_modules = tuple(self.lora_target_modules)
+        if self.prompt_format not in PROMPT_STYLES:
+            raise ConfigError(f"agent.prompt_format must be one of {PROMPT_STYLES}, got {self.prompt_format!r}")
+        if self.prompt_format == "chat" and self.model in TINY_MODELS:
+            raise ConfigError(
+                f"agent.prompt_format='chat' needs a tokenizer with a chat template; the {self.model!r} model's "
+                "byte-level tokenizer has none: use 'auto' or 'raw', or a pretrained instruct model"
+            )
+        if not isinstance(self.chat_template_kwargs, dict):
+            raise ConfigError(f"agent.chat_template_kwargs must be a JSON object, got {self.chat_template_kwargs!r}")
 
     def _migrate_dtype(self) -> None:
         """Read the old `dtype` field as the precision it meant (and drop it)."""

@@ -1,8 +1,9 @@
 """Rollout collection: B prompts x G samples as B*G env copies played in lock-step.
 
-Each turn, each actor makes **one** batched generate call over every live env copy where one of its
-roles is active (actors on distinct devices generate at the same time, in threads); the envs then
-step (in a thread pool when `env_workers` > 1, so code-running tasks score many samples at once).
+Each turn, each actor makes **one** batched generate call (`Actor.generate`: its prompts formatted,
+raw or by the chat template) over every live env copy where one of its roles is active (actors on
+distinct devices generate at the same time, in threads); the envs then step (in a thread pool
+when `env_workers` > 1, so code-running tasks score many samples at once).
 The G copies of a prompt are reset with the same seed and item, so they pose the same task.
 """
 
@@ -141,7 +142,7 @@ class Collector:
         if len(by_device) < 2:
             models = [actor.policy.model for actor, _ in requests]
             if min(self.generate_workers, len(requests)) < 2 or not disjoint_models(models):
-                return [actor.policy.generate(prompts, greedy=greedy) for actor, prompts in requests]
+                return [actor.generate(prompts, greedy=greedy) for actor, prompts in requests]
             # Actors on one device share its RNG: each samples from its own generator, seeded from
             # that RNG in actor order, so the draws do not depend on thread timing.
             device = requests[0][0].policy.device
@@ -150,9 +151,7 @@ class Collector:
             with ThreadPoolExecutor(min(self.generate_workers, len(requests))) as pool:
                 return list(
                     pool.map(
-                        lambda i: requests[i][0].policy.generate(
-                            requests[i][1], greedy=greedy, generator=generators[i]
-                        ),
+                        lambda i: requests[i][0].generate(requests[i][1], greedy=greedy, generator=generators[i]),
                         range(len(requests)),
                     )
                 )
@@ -161,7 +160,7 @@ class Collector:
         def run(indices: list[int]) -> None:
             for i in indices:
                 actor, prompts = requests[i]
-                out[i] = actor.policy.generate(prompts, greedy=greedy)
+                out[i] = actor.generate(prompts, greedy=greedy)
 
         with ThreadPoolExecutor(len(by_device)) as pool:
             list(pool.map(run, by_device.values()))
