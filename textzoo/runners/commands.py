@@ -130,6 +130,8 @@ class EvalArgs:
     """Held-out prompts to evaluate."""
     env_kwargs: JsonDict = field(default_factory=dict)
     """Env arguments merged over the config's."""
+    show: int = 0
+    """Also print this many held-out completions (greedy: prompt item, role, completion, reward, its terms)."""
 
 
 def evaluate(argv: list[str]) -> None:
@@ -144,9 +146,14 @@ def evaluate(argv: list[str]) -> None:
         cfg = TrainConfig()
     cfg.env_kwargs = {**cfg.env_kwargs, **args.env_kwargs}
     trainer = Trainer(cfg, run_dir=args.run_dir or None)
-    if args.run_dir:
-        trainer.load_final_weights()
-    console().print(json.dumps(trainer.evaluate(args.prompts), indent=2, sort_keys=True))
+    step = trainer.load_final_weights() if args.run_dir else 0
+    metrics = trainer.evaluate(args.prompts)
+    if args.show > 0:  # the table goes to stderr, so that stdout stays the JSON of the metrics
+        from textzoo.runners.samples import sample_rows, samples_table
+
+        rows = sample_rows(trainer.rollouts["eval/greedy"], trainer.actors, step, "eval/greedy", args.show)
+        console(stderr=True).print(samples_table(rows, f"held-out completions (greedy), weights of step {step}"))
+    console().print(json.dumps(metrics, indent=2, sort_keys=True))
 
 
 @dataclass

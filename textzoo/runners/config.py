@@ -208,7 +208,10 @@ class TrainConfig:
     threads: int = 0
     """torch intra-op threads (0 = leave torch's default)."""
     progress: bool = True
-    """Show a progress bar on the console."""
+    """Show a progress bar on the console (and a table of held-out completions at each evaluation)."""
+    log_completions: int = 2
+    """Episodes per step (and per evaluation) whose prompts as sent, completions and rewards go to
+    RUN_DIR/samples.jsonl (and TensorBoard / W&B when on); 0 = none."""
     plot: bool = True
     """Draw the learning curve PNG at the end of the run."""
     save_every: int = 0
@@ -246,6 +249,8 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.credit not in CREDITS:
             raise ConfigError(f"credit must be one of {CREDITS}, got {self.credit!r}")
+        if self.log_completions < 0:
+            raise ConfigError(f"log_completions must be >= 0 (0 = none), got {self.log_completions}")
         if self.collaboration not in ("decentralized", "centralized"):
             raise ConfigError(f"collaboration must be 'decentralized' or 'centralized', got {self.collaboration!r}")
         if self.joint_max_new_tokens < 0:

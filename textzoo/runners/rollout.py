@@ -129,6 +129,7 @@ class Collector:
             acted[request.rows, request.actor] = True
             record.steps.append(ActorStep(actor.id, t, torch.tensor(request.rows, dtype=torch.long), gen, greedy))
         record.active.append(acted)
+        record.actions.append(actions)
         return actions
 
     def _generate(self, requests: list[tuple[Actor, list[str]]], greedy: bool) -> list[Generation]:
@@ -226,6 +227,9 @@ class _Record:
         self.states: list[list[str]] = []  # per turn [E]
         self.terms: dict[str, torch.Tensor] = {}  # term -> [E, R], summed over turns
         self.parse_failures = 0
+        # per turn, what each env copy's roles did and scored (for the samples log): env -> role -> ...
+        self.actions: list[dict[int, dict[str, str]]] = []
+        self.turn_terms: list[dict[int, dict[str, dict[str, float]]]] = []
         self.role_chars: dict[str, list[int]] = {}  # role -> character length of each of its actions
         self.time_generate = self.time_env = 0.0
 
@@ -234,7 +238,9 @@ class _Record:
         shape = (self.num_envs, len(self.roles))
         rewards = torch.zeros(shape)  # [E, R]
         still = []
+        self.turn_terms.append({})
         for e, (o, rew, term, trunc, info) in zip(live, results):
+            self.turn_terms[-1][e] = {r: dict(inf.get("reward_terms") or {}) for r, inf in info.items()}
             for r, v in rew.items():
                 rewards[e, self.role_index[r]] = float(v)
             for r, inf in info.items():
@@ -260,6 +266,8 @@ class _Record:
             states=self.states,
             reward_terms=self.terms,
             infos={
+                "actions": self.actions,
+                "reward_terms_by_turn": self.turn_terms,
                 "parse_failures": self.parse_failures,
                 "role_chars": self.role_chars,
                 "time_generate": self.time_generate,

@@ -1,4 +1,5 @@
-"""Metric sinks besides `metrics.jsonl` (which the trainer always writes): TensorBoard and W&B.
+"""Metric sinks besides `metrics.jsonl` (which the trainer always writes): TensorBoard and W&B; both
+also get the sample completions of `samples.jsonl` (TensorBoard as text, W&B as a table).
 
 Both are optional extras (`pip install textzoo[tracking]`). A resumed run re-logs the steps after
 its checkpoint; TensorBoard purges the events a killed run wrote past that point, W&B continues the
@@ -13,10 +14,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from textzoo.errors import TextzooError
+from textzoo.runners.samples import SAMPLE_COLUMNS, flat_samples, samples_markdown
 
 
 class Tracker(Protocol):
     def log(self, row: dict[str, Any], step: int) -> None: ...
+
+    def log_samples(self, rows: list[dict[str, Any]], split: str, step: int) -> None:
+        """Rows of `textzoo.runners.samples` (prompts, completions, rewards) of one split."""
+        ...
 
     def close(self) -> None: ...
 
@@ -28,7 +34,7 @@ def _scalars(row: dict[str, Any]) -> dict[str, float]:
 
 
 class TensorBoardTracker:
-    """Scalars into `RUN_DIR/tensorboard`."""
+    """Scalars into `RUN_DIR/tensorboard`; sample completions as Markdown text (`samples/<split>`)."""
 
     def __init__(self, run_dir: Path, resume_step: int = 0):
         try:
@@ -43,12 +49,18 @@ class TensorBoardTracker:
             self.writer.add_scalar(k, v, step)
         self.writer.flush()
 
+    def log_samples(self, rows: list[dict[str, Any]], split: str, step: int) -> None:
+        if rows:
+            self.writer.add_text(f"samples/{split}", samples_markdown(rows), step)
+            self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()
 
 
 class WandbTracker:
-    """One W&B run per run dir (project from WANDB_PROJECT, default "textzoo"; WANDB_MODE=offline works)."""
+    """One W&B run per run dir (project from WANDB_PROJECT, default "textzoo"; WANDB_MODE=offline works);
+    sample completions as a table (`samples/<split>`)."""
 
     def __init__(self, run_dir: Path, config: dict[str, Any]):
         try:
@@ -69,6 +81,13 @@ class WandbTracker:
 
     def log(self, row: dict[str, Any], step: int) -> None:
         self.run.log(_scalars(row), step=step)
+
+    def log_samples(self, rows: list[dict[str, Any]], split: str, step: int) -> None:
+        if rows:
+            import wandb
+
+            table = wandb.Table(columns=list(SAMPLE_COLUMNS), data=flat_samples(rows))
+            self.run.log({f"samples/{split}": table}, step=step)
 
     def close(self) -> None:
         self.run.finish()

@@ -39,6 +39,7 @@ from textzoo.runners.config import TrainConfig, from_dict, save_config, to_dict
 from textzoo.runners.distributed import DistContext, merge_rows
 from textzoo.runners.placement import format_placement, place_models, team_models, visible_devices
 from textzoo.runners.rollout import Collector, prompt_seed
+from textzoo.runners.samples import SamplesLog, sample_rows, samples_table
 from textzoo.runners.schedule import build_schedule
 from textzoo.runners.tracking import build_trackers
 from textzoo.runners.update import run_jobs
@@ -57,6 +58,7 @@ RESUME_SAFE = frozenset(
         "steps",
         "run_dir",
         "progress",
+        "log_completions",
         "plot",
         "threads",
         "env_workers",
@@ -185,6 +187,8 @@ class Trainer:
             random.seed(seed)
             np.random.seed(seed)
         self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.samples = SamplesLog(self.run_dir / "samples.jsonl")
+        self.rollouts: dict[str, Rollout] = {}  # the latest "train", "eval/greedy", "eval/sampled" rollouts
         self.history: list[dict[str, Any]] = []
         if resume:
             self._resume()
@@ -200,6 +204,7 @@ class Trainer:
         needs = self.family.needs
         with self.full_weights():  # sharded models whole from sampling to the jobs (no collectives inside)
             rollout = self.collector.collect(items, seeds, cfg.group_size, cross=needs.cross)
+            self.rollouts["train"] = rollout
             if needs.greedy:
                 rollout.greedy = self.collector.collect(items, seeds, 1, greedy=True)
             t_collect = time.perf_counter()
@@ -267,7 +272,7 @@ class Trainer:
         with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))):
             torch.manual_seed(prompt_seed(cfg.seed, -1, 10**9 + self.step))  # apart from item seeds
             for mode, greedy in (("greedy", True), ("sampled", False)):
-                rollout = collector.collect(items, seeds, 1, greedy=greedy)
+                rollout = self.rollouts[f"eval/{mode}"] = collector.collect(items, seeds, 1, greedy=greedy)
                 for k, v in rollout_metrics(rollout).items():
                     if k.startswith(("reward", "role/", "parse_failure")):
                         out[f"eval/{mode}/{k}"] = v
@@ -293,15 +298,19 @@ class Trainer:
                 with self.full_weights():  # entered by every process; replica 0 evaluates
                     if main:
                         self._write(log, {"step": 0, **self.evaluate()}, trackers)
+                        self._log_samples(("eval/greedy", "eval/sampled"), trackers, progress)
             while self.step < cfg.steps:
                 row = self.train_step()
                 last = self.step == cfg.steps
-                if (cfg.eval_every and self.step % cfg.eval_every == 0) or last:
+                evaluated = (cfg.eval_every and self.step % cfg.eval_every == 0) or last
+                if evaluated:
                     with self.full_weights():
                         if main:
                             row.update(self.evaluate())
                 if main:
                     self._write(log, row, trackers)
+                    splits = ("train", "eval/greedy", "eval/sampled") if evaluated else ("train",)
+                    self._log_samples(splits, trackers, progress)
                     progress.update(row)
                 if last or (cfg.save_every and self.step % cfg.save_every == 0):
                     self.save_checkpoint()
@@ -313,6 +322,16 @@ class Trainer:
 
             plot_runs([self.run_dir], self.run_dir / "curve.png")
         return self.history
+
+    def _log_samples(self, splits, trackers: list, progress: _Progress) -> None:
+        """Append the latest rollouts of ``splits`` to samples.jsonl and the trackers; show held-out ones."""
+        for split in splits:
+            rows = sample_rows(self.rollouts[split], self.actors, self.step, split, self.cfg.log_completions)
+            self.samples.write(rows)
+            for tracker in trackers:
+                tracker.log_samples(rows, split, self.step)
+            if split == "eval/greedy" and rows:
+                progress.show(samples_table(rows, f"held-out completions at step {self.step} (greedy)"))
 
     def _write(self, log, row: dict[str, Any], trackers: list | None = None) -> None:
         self.history.append(row)
@@ -400,6 +419,7 @@ class Trainer:
         restore_rng(own["rng"])
         if self.dist.is_main:
             self._truncate_metrics(state["metrics_rows"], rows)
+            self.samples.truncate(self.step)
 
     def _read_metrics(self, n: int, path: Path) -> list[str]:
         lines = self.metrics_path.read_text().splitlines() if self.metrics_path.is_file() else []
@@ -494,6 +514,11 @@ class _Progress:
     def __exit__(self, *exc):
         if self.enabled:
             self.bar.stop()
+
+    def show(self, renderable: Any) -> None:
+        """Print above the bar (nothing when disabled)."""
+        if self.enabled:
+            self.bar.console.print(renderable)
 
     def update(self, row: dict[str, Any]) -> None:
         if self.enabled:
