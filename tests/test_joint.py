@@ -47,7 +47,11 @@ def test_single_role_prompt_is_the_observation():
 @pytest.mark.parametrize("roles", ROLE_SETS[1:])
 def test_joint_prompt_lists_every_role_in_role_order(roles):
     obs = {r: f"task of {r}\nline two" for r in reversed(roles)}  # dict order must not matter
-    prompt = JointActor(roles, None).build_prompt(obs)
+    prompt = JointActor(roles, None, joint_format="tags").build_prompt(obs)
+    # structured: the prompt is the first role's task; the tags and later tasks are forced tokens
+    assert (
+        JointActor(roles, None).build_prompt(obs) == f'<task role="{roles[0]}">\ntask of {roles[0]}\nline two\n</task>'
+    )
     positions = [prompt.index(f'<task role="{r}">\ntask of {r}\nline two\n</task>') for r in roles]
     assert positions == sorted(positions)
     assert " ".join(f"<{r}>...</{r}>" for r in roles) in prompt
@@ -55,7 +59,7 @@ def test_joint_prompt_lists_every_role_in_role_order(roles):
 
 
 def test_prompt_holds_only_the_active_roles():
-    prompt = JointActor(["a", "b", "c"], None).build_prompt({"c": "obs c", "b": "obs b"})
+    prompt = JointActor(["a", "b", "c"], None, joint_format="tags").build_prompt({"c": "obs c", "b": "obs b"})
     assert '<task role="a">' not in prompt and "<a>" not in prompt
     assert prompt.index('<task role="b">') < prompt.index('<task role="c">')
     assert prompt.endswith("\n<b>")
@@ -71,7 +75,7 @@ def test_user_builder_and_parser_override_the_default():
     def parser(text, roles):
         return dict(zip(roles, text.split("|"))), False
 
-    actor = JointActor(["x", "y"], None, prompt_builder=builder, parser=parser)
+    actor = JointActor(["x", "y"], None, prompt_builder=builder, parser=parser, joint_format="tags")
     assert actor.build_prompt({"y": "2", "x": "1"}) == "x=1 | y=2"
     assert list(seen["obs"]) == ["x", "y"]
     assert actor.parse("one|two", ("x", "y")) == ({"x": "one", "y": "two"}, False)
@@ -343,7 +347,7 @@ def test_collector_asks_the_joint_actor_for_active_roles_and_splits_lengths():
         return {r: "a" * (i + 1) for i, r in enumerate(asked)}, False
 
     policy = _policy()
-    joint = JointActor(roles, policy, parser=parser)
+    joint = JointActor(roles, policy, parser=parser, joint_format="tags")
     rollout = Collector(env_fn, [joint]).collect([0, 1], [5, 6], 2)
     (step,) = rollout.steps
     assert step.actor == "joint" and len(step.gen) == 4
@@ -360,7 +364,9 @@ def test_parse_failures_are_counted_and_score_low():
     def env_fn():
         return CountEnv(["x", "y"])
 
-    joint = JointActor(["x", "y"], _policy(), parser=lambda text, asked: ({r: "" for r in asked}, True))
+    joint = JointActor(
+        ["x", "y"], _policy(), parser=lambda text, asked: ({r: "" for r in asked}, True), joint_format="tags"
+    )
     rollout = Collector(env_fn, [joint]).collect([0], [1], 3)
     metrics = rollout_metrics(rollout)
     assert metrics["parse_failures"] == 3.0 and metrics["parse_failure_rate"] == 1.0
@@ -375,8 +381,7 @@ def test_centralized_writing_trains_and_logs_per_role_columns(tmp_path, algo):
     (joint,) = trainer.actors
     assert isinstance(joint, JointActor) and joint.roles == ("summary", "elaboration")
     assert joint.policy.generation.max_new_tokens == 12  # 2 roles x 6 tokens
-    # a random tiny model never writes the tags; a lenient parser gives the update a signal to test
-    joint.parser = lambda text, asked: ({"summary": text[:4], "elaboration": text}, False)
+    assert joint.joint_format == "structured"  # the tags are forced: a random tiny model's answers parse
     before = [p.detach().clone() for p in joint.policy.model.parameters()]
     history = trainer.train()
     assert trainer.learners["joint"].version >= 2

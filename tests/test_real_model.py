@@ -138,18 +138,13 @@ def _weights(trainer) -> dict[str, dict[str, torch.Tensor]]:
     }
 
 
-STRUCTURED_PENDING = pytest.mark.xfail(
-    strict=True, reason="free-form joint answers of the real model fail to parse: structured joint decoding"
-)
-
-
 @pytest.mark.parametrize(
     "algo,collaboration",
     [
         ("magrpo", "decentralized"),
         ("iac", "decentralized"),
         ("madpo", "decentralized"),
-        pytest.param("magrpo", "centralized", marks=STRUCTURED_PENDING),
+        ("magrpo", "centralized"),
     ],
 )
 def test_one_training_step_on_the_real_model_changes_its_weights(smollm2, tmp_path, algo, collaboration):

@@ -109,8 +109,9 @@ def test_joint_rows_hold_the_joint_completion_and_each_roles_action(tmp_path):
         summary, elaboration = row["roles"]["summary"], row["roles"]["elaboration"]
         assert summary["actor"] == elaboration["actor"] == "joint"
         assert summary["completion"] == elaboration["completion"] and summary["prompt"] == elaboration["prompt"]
-        # as sent: the tiny model's 512 positions cut the joint prompt to its last tokens
-        assert summary["prompt"].endswith("<summary>...</summary> <elaboration>...</elaboration>\n<summary>")
+        # as sent: the first role's task (the tags and the elaboration task are forced tokens of the completion)
+        assert summary["prompt"].startswith('<task role="summary">') and summary["prompt"].endswith("</task>")
+        assert summary["completion"].startswith("<summary>") and not row["parse_failed"]
         parsed, failed = trainer.actors[0].parse(summary["completion"], ("summary", "elaboration"))
         assert (summary["action"], elaboration["action"], row["parse_failed"]) == (
             parsed["summary"], parsed["elaboration"], failed

@@ -92,7 +92,7 @@ def test_joint_actor_answers_every_role_from_one_completion_per_turn():
         return f"draft {call}</summary>\n<elaboration>long draft {call}</elaboration>"
 
     scripted = ScriptedPolicy(reply)
-    actor = JointActor(["summary", "elaboration"], scripted)
+    actor = JointActor(["summary", "elaboration"], scripted, joint_format="tags")  # free-form replies
     env_fn = lambda: TextPettingZooEnv(make("textzoo/Writing-v0"))  # noqa: E731
     policy = team_policy(actor)
     stats, buffer, rows = collect(policy, env_fn, envs=2, episodes=2)
@@ -111,7 +111,7 @@ def test_joint_actor_without_the_env_wrapper_says_what_to_do():
     from pettingzoo.utils.conversions import parallel_to_aec
     from tianshou.env import PettingZooEnv
 
-    actor = JointActor(["summary", "elaboration"], ScriptedPolicy(lambda p, n: ""))
+    actor = JointActor(["summary", "elaboration"], ScriptedPolicy(lambda p, n: ""), joint_format="tags")
     policy = TextPolicy(actor)
     env = PettingZooEnv(parallel_to_aec(make("textzoo/Writing-v0")))
     obs, info = env.reset()

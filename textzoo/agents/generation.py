@@ -78,7 +78,8 @@ class Generation:
     """A batch of S sampled completions; all tensors on the policy's device.
 
     ``completion_mask`` is 1 on every sampled token up to and including the one that ended the
-    sample (EOS, the token that completed a stop string, or the last token of the budget).
+    sample (EOS, the token that completed a stop string, or the last token of the budget). A scripted
+    completion (`Policy.generate_script`) also holds forced tokens: context, with mask 0.
     ``texts`` are the decoded completions without the EOS; a stop string is kept and anything the
     final token added after it is cut.
     """

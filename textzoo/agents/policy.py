@@ -21,7 +21,7 @@ Models come from `textzoo.agents.loading` (`from_pretrained`: a hub id, a folder
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import NamedTuple
 
@@ -301,6 +301,40 @@ class Policy:
         return Generation(
             prompt_ids, prompt_mask, out.completion_ids, out.completion_mask, out.logprobs, texts, decoding.features
         )
+
+    @torch.no_grad()
+    def generate_script(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        scripts: Sequence[sampling.Script],
+        *,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Generation, list[list[str]]]:
+        """Complete each prompt ([S, P] ids and mask) through its script of forced and sampled segments
+        (`sampling.decode_script`); return the `Generation` (forced tokens: mask 0, log-prob 0; texts:
+        the whole completions decoded) and each row's section texts. Sampling settings other than the
+        budget and stop strings (each segment has its own) are ``generation``'s."""
+        cfg = self.generation
+        prompt_ids, prompt_mask = self._prepare_prompts(prompt_ids, prompt_mask)
+        if prompt_ids.shape[0] != len(scripts):
+            raise ValueError(f"{len(scripts)} scripts for {prompt_ids.shape[0]} prompts")
+        length = max((sum(map(len, script)) for script in scripts), default=0)
+        with eval_mode(self.model):
+            decoding = self.backend().prefill(prompt_ids, prompt_mask, max(length, 1))
+            bias = self._allowed_bias(decoding.logits.shape[-1])
+            choose = sampling.token_choice(cfg, len(scripts), greedy, generator)
+            out = sampling.decode_script(
+                decoding, choose, scripts, temperature=cfg.temperature, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                bias=bias, tokenizer=self.tokenizer,
+            )  # fmt: skip
+        rows = [row[:n] for row, n in zip(out.completion_ids.tolist(), out.lengths)]
+        texts = self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+        gen = Generation(
+            prompt_ids, prompt_mask, out.completion_ids, out.completion_mask, out.logprobs, texts, decoding.features
+        )
+        return gen, sampling.section_texts(self.tokenizer, out, scripts, self.eos_ids)
 
     # ----------------------------------------------------------------------------------- scoring
     def score(

@@ -113,7 +113,9 @@ class PromptFormat:
         return list(out)
 
     def encode(self, policy: Any, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded prompt ids and mask ([S, P]) of a chat policy's prompts, on its device."""
+        """Left-padded prompt ids and mask ([S, P]) of the formatted prompts, on the policy's device."""
+        if not self.chat:
+            return policy.encode([self.raw_text(t) for t in texts])
         tokenizer = policy.tokenizer
         budget = policy.generation.max_prompt_tokens
         distinct = {t: self.chat_ids(tokenizer, t, budget) for t in dict.fromkeys(texts)}  # G copies render once

@@ -6,8 +6,10 @@ is *drawn* from; the recorded log-probs are of the full one, so the importance r
 sample is 1 and the scored sequence is the sampled one.
 
 `decode` is the token loop: the backend's ``Decoding.decode(tokens) -> logits`` advances the model,
-and a ``choose(logp, rows, step) -> tokens`` function picks each step's tokens (a draw, the argmax,
-or, for a caller that scripts some positions, tokens of its own).
+and a ``choose(logp, rows, step) -> tokens`` function picks each step's tokens (a draw or the argmax).
+`decode_script` runs each row through a script of `Segment`s: forced tokens (written into the context,
+never sampled or scored; mask 0) and sampled sections (each with its own budget and stop strings),
+what the joint actor's structured mode uses to write every role's markers itself.
 """
 
 from __future__ import annotations
@@ -157,6 +159,160 @@ def decode(
     done_before = torch.stack([torch.zeros_like(done), *done_after[:-1]], 1)  # [S, C]
     logprobs = torch.stack(token_logps, 1).masked_fill(done_before, 0.0)  # [S, C]
     return Decoded(completion, (~done_before).long(), logprobs, by_stop)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One part of a scripted completion: ``forced`` token ids (written into the context by the caller,
+    never sampled or scored) or a sampled section of at most ``budget`` tokens that also ends at an
+    EOS id or once its text contains one of ``stop_strings``."""
+
+    forced: tuple[int, ...] = ()
+    budget: int = 0
+    stop_strings: tuple[str, ...] = ()
+    after_stop: tuple[int, ...] | None = None
+    """Forced tokens to write instead of ``forced`` when the sampled section before this segment ended on
+    a stop string (e.g. the section wrote its closing marker itself: write only the next opening one)."""
+
+    def __post_init__(self) -> None:
+        if bool(self.forced) == (self.budget > 0):
+            raise ValueError(f"a segment has either forced tokens or a sampling budget > 0, got {self!r}")
+
+    def __len__(self) -> int:
+        return max(len(self.forced), len(self.after_stop or ())) or self.budget
+
+    def tokens(self, after_stop: bool) -> tuple[int, ...]:
+        """The forced tokens to write (``after_stop``: the previous section ended on a stop string)."""
+        return self.after_stop if after_stop and self.after_stop is not None else self.forced
+
+
+Script = Sequence[Segment]
+"""A row's completion plan: its segments in order (the row ends after the last one)."""
+
+
+@dataclass
+class ScriptDecoded:
+    """The completions of one `decode_script` call: forced tokens sit in ``completion_ids`` with mask 0."""
+
+    completion_ids: torch.Tensor  # [S, C] right-padded with the pad id
+    completion_mask: torch.Tensor  # [S, C] 1 on sampled tokens only
+    logprobs: torch.Tensor  # [S, C] sampling log-probs, 0 where the mask is 0
+    lengths: list[int]  # per row, the columns its script wrote (forced and sampled)
+    sections: list[list[tuple[int, int, bool]]]  # per row, per sampled segment: [start, end) columns, ended by stop
+
+
+def decode_script(
+    decoding: Decoding,
+    choose: Choose,
+    scripts: Sequence[Script],
+    *,
+    temperature: float,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    bias: torch.Tensor | None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+) -> ScriptDecoded:
+    """Decode every row through its script: forced segments feed their tokens to the model (its logits
+    there are not used), sampled segments draw with ``choose`` until EOS, a stop string (``tokenizer``
+    decodes the section's recent tokens) or their budget; a row whose script is done emits padding.
+
+    The backend's decode step takes the tokens either way, so forced tokens are context exactly like
+    sampled ones; only sampled tokens have mask 1 and a log-prob, so scoring treats forced ones as
+    context too.
+    """
+    S = len(scripts)
+    device = decoding.logits.device
+    eos = set(eos_ids)
+    every = torch.arange(S, device=device)  # [S]
+    window = 4 * max((len(x) for sc in scripts for seg in sc for x in seg.stop_strings), default=0) + 4
+    segment = [0] * S  # index of each row's current segment
+    offset = [0] * S  # tokens written into it so far
+    start = [0] * S  # column where it began
+    written: list[list[int]] = [[] for _ in range(S)]
+    sections: list[list[tuple[int, int, bool]]] = [[] for _ in range(S)]
+    stopped = [False] * S  # the row's last sampled section ended on a stop string
+    done = [False] * S
+
+    def advance(r: int) -> None:  # to the row's next segment that writes anything (after_stop may be empty)
+        segment[r] += 1
+        script = scripts[r]
+        while segment[r] < len(script) and script[segment[r]].forced and not script[segment[r]].tokens(stopped[r]):
+            segment[r] += 1
+        done[r] = segment[r] == len(script)
+
+    for r in range(S):
+        segment[r] = -1
+        advance(r)
+    tokens, masks, token_logps = [], [], []  # each C x [S]
+    logits = decoding.logits  # [S, V]
+    for t in range(max((sum(map(len, sc)) for sc in scripts), default=0)):
+        logp = log_probs(logits, temperature, bias)  # [S, V]
+        drawn = choose(logp, every, t).tolist()  # [S]
+        now = [None if done[r] else scripts[r][segment[r]] for r in range(S)]  # each row's segment
+        sampled = [seg is not None and not seg.forced for seg in now]
+        token = [
+            drawn[r] if sampled[r] else pad_id if seg is None else seg.tokens(stopped[r])[offset[r]]
+            for r, seg in enumerate(now)
+        ]
+        for r, seg in enumerate(now):
+            if seg is not None:
+                written[r].append(token[r])
+                offset[r] += 1
+        token_t = torch.tensor(token, device=device)  # [S]
+        mask_t = torch.tensor(sampled, device=device)  # [S]
+        tokens.append(token_t)
+        masks.append(mask_t)
+        token_logps.append(logp.gather(1, token_t[:, None]).squeeze(1).masked_fill(~mask_t, 0.0))
+        checks = [r for r, seg in enumerate(now) if sampled[r] and seg.stop_strings and token[r] not in eos]
+        tails = tokenizer.batch_decode([written[r][start[r] :][-window:] for r in checks]) if checks else []
+        hits = {r for r, text in zip(checks, tails) if any(x in text for x in now[r].stop_strings)}
+        for r, seg in enumerate(now):
+            if seg is None:
+                continue
+            if seg.forced:
+                finished = offset[r] == len(seg.tokens(stopped[r]))
+            else:
+                finished = token[r] in eos or offset[r] == seg.budget or r in hits
+                if finished:
+                    sections[r].append((start[r], t + 1, r in hits))
+                    stopped[r] = r in hits
+            if finished:
+                offset[r], start[r] = 0, t + 1
+                advance(r)
+        if all(done):
+            break
+        logits = decoding.decode(token_t)  # [S, V]
+    if not tokens:
+        empty = torch.zeros((S, 0), dtype=torch.long, device=device)
+        return ScriptDecoded(empty, empty, empty.float(), [0] * S, sections)
+    return ScriptDecoded(
+        torch.stack(tokens, 1),  # [S, C]
+        torch.stack(masks, 1).long(),  # [S, C]
+        torch.stack(token_logps, 1),  # [S, C]
+        [len(w) for w in written],
+        sections,
+    )
+
+
+def section_texts(
+    tokenizer: PreTrainedTokenizerBase, decoded: ScriptDecoded, scripts: Sequence[Script], eos_ids: Sequence[int]
+) -> list[list[str]]:
+    """Per row, the text of each sampled section: its tokens decoded without a final EOS, cut before
+    the first stop string when one ended it."""
+    eos = set(eos_ids)
+    rows = decoded.completion_ids.tolist()
+    out = []
+    for r, spans in enumerate(decoded.sections):
+        stops = [seg.stop_strings for seg in scripts[r] if not seg.forced]
+        ids = [rows[r][a:b] for a, b, _ in spans]
+        ids = [x[:-1] if x and x[-1] in eos else x for x in ids]
+        texts = tokenizer.batch_decode(ids, skip_special_tokens=True) if ids else []
+        for k, (_, _, by_stop) in enumerate(spans):
+            if by_stop:
+                cut = [texts[k].find(x) for x in stops[k] if x in texts[k]]
+                texts[k] = texts[k][: min(cut)] if cut else texts[k]
+        out.append(texts)
+    return out
 
 
 def stop_hits(

@@ -192,7 +192,20 @@ def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
             policy = lora_policy(agent, "joint", cfg.seed, {})
         else:
             policy = build_policy(agent, cfg.seed, build_device(agent.device))
-        return [JointActor(roles, policy, trainable=agent.trainable, prompt_format=prompt_format(agent, policy))]
+        joint = JointActor(
+            roles, policy, trainable=agent.trainable, prompt_format=prompt_format(agent, policy),
+            joint_format=cfg.joint_format, section_tokens=budget // len(roles),
+        )  # fmt: skip
+        if joint.structured:
+            # The forced part of a completion holds the tags and the later roles' tasks: each task gets an
+            # equal share of the prompt budget (left after the sections and the tags), so that all of it
+            # fits the model's positions; 2 tokens per role of slack for re-tokenized cut observations.
+            tags = sum(len(s) for s in joint.script(dict.fromkeys(roles, "")) if s.forced) + 2 * len(roles)
+            room = generation_config(dataclasses.replace(agent, max_new_tokens=budget + tags), policy)
+            intro = len(policy.tokenizer(joint.build_prompt(dict.fromkeys(roles, "")))["input_ids"])
+            joint.task_tokens = max((room.max_prompt_tokens - intro) // len(roles), 1)
+            policy.generation = dataclasses.replace(room, max_new_tokens=budget)
+        return [joint]
     actors: list[Actor] = []
     bases: dict[tuple, SharedBase] = {}  # LoRA agents of one model share its base
     for i, role in enumerate(roles):

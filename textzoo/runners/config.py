@@ -18,6 +18,7 @@ import tyro
 
 from textzoo.agents.actor_critic import ActorCriticConfig
 from textzoo.agents.generation import SamplingConfig
+from textzoo.agents.joint import JOINT_FORMATS
 from textzoo.agents.precision import LEGACY_DTYPES, PRECISIONS
 from textzoo.agents.preference import PreferenceConfig
 from textzoo.agents.prompting import STYLES as PROMPT_STYLES
@@ -172,7 +173,12 @@ class TrainConfig:
     collaboration: str = "decentralized"
     """decentralized (one model per role) | centralized (one joint actor answers for every role)."""
     joint_max_new_tokens: int = 0
-    """Token budget of the joint actor's completion (centralized); 0 = N roles x agent.max_new_tokens."""
+    """Token budget of the joint actor's completion (centralized); 0 = N roles x agent.max_new_tokens. Structured:
+    split evenly into the sections' budgets, the forced markers come on top."""
+    joint_format: str = "structured"
+    """How the joint actor (centralized) answers: structured (the runner writes each role's tags as forced
+    tokens, the model writes only the sections: no parse failures) | tags | labels | json (free-form answers
+    the runner parses)."""
     agent: AgentConfig = field(default_factory=AgentConfig)
     """Settings shared by every agent."""
     agent_overrides: JsonDict = field(default_factory=dict)
@@ -253,6 +259,8 @@ class TrainConfig:
             raise ConfigError(f"log_completions must be >= 0 (0 = none), got {self.log_completions}")
         if self.collaboration not in ("decentralized", "centralized"):
             raise ConfigError(f"collaboration must be 'decentralized' or 'centralized', got {self.collaboration!r}")
+        if self.joint_format not in JOINT_FORMATS:
+            raise ConfigError(f"joint_format must be one of {JOINT_FORMATS}, got {self.joint_format!r}")
         if self.joint_max_new_tokens < 0:
             raise ConfigError(
                 "joint_max_new_tokens must be >= 0 (0 = N roles x agent.max_new_tokens), "
