@@ -196,7 +196,14 @@ def test_prompt_budget_leaves_room_for_the_completion_within_the_models_position
     joint = Trainer(
         TrainConfig(steps=1, collaboration="centralized", progress=False, plot=False, run_dir=str(tmp_path / "j"))
     )
-    assert joint.actors[0].policy.generation.max_prompt_tokens == 512 - 2 * 32
+    actor = joint.actors[0]
+    tags = sum(len(s) for s in actor.script(dict.fromkeys(actor.roles, "")) if s.forced)  # the forced markers
+    assert actor.policy.generation.max_prompt_tokens == 512 - 2 * 32 - tags - 2 * 2  # 2 tokens of slack per role
+    # structured: the prompt (the first task) and the completion (tags, the second task, two sections) fit the
+    # positions even for long observations cut inside multi-byte characters
+    prompt = actor.build_prompt({r: "é" * 301 + "x" * 300 for r in actor.roles})
+    gen = actor.generate([prompt], generator=torch.Generator().manual_seed(0))
+    assert int(gen.prompt_mask.sum()) + gen.completion_ids.shape[1] <= 512
     with pytest.raises(ConfigError, match="max_new_tokens=512 leaves no room"):
         Trainer(
             TrainConfig(

@@ -308,8 +308,17 @@ class JointActor:
     def _cut(self, observation: str) -> str:
         """The observation's last `task_tokens` tokens (the whole observation when it is that short)."""
         tokenizer = self.policy.tokenizer
+
+        def length(text: str) -> int:
+            return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
         ids = tokenizer(observation, add_special_tokens=False)["input_ids"]
-        return observation if len(ids) <= self.task_tokens else tokenizer.decode(ids[-self.task_tokens :])
+        if len(ids) <= self.task_tokens:
+            return observation
+        text = tokenizer.decode(ids[-self.task_tokens :])
+        while text and length(text) > self.task_tokens:  # a cut inside a character decodes to more tokens
+            text = text[1:]
+        return text
 
     def generate(
         self, prompts: list[str], *, greedy: bool = False, generator: torch.Generator | None = None

