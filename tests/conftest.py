@@ -44,13 +44,15 @@ def smollm2_file() -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2(request, smollm2_file) -> Path:
+def smollm2(request, tmp_path_factory, smollm2_file) -> Path:
     """A transformers folder (float32 weights, tokenizer with its chat template) of SmolLM2-135M-Instruct."""
     gguf = smollm2_file
     import transformers
 
     version = importlib.metadata.version(SMOLLM2_PACKAGE)
-    folder = Path(request.config.cache.mkdir(f"smollm2-{version}-transformers-{transformers.__version__}"))
+    name = f"smollm2-{version}-transformers-{transformers.__version__}"
+    cache = getattr(request.config, "cache", None)  # None under `-p no:cacheprovider`: convert per session
+    folder = Path(cache.mkdir(name) if cache is not None else tmp_path_factory.mktemp("real") / name)
     if not (folder / "complete").is_file():
         from textzoo.agents.loading import convert_gguf
 
