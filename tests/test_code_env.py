@@ -1,6 +1,7 @@
 """textzoo/Code-v0: hand-computed reward terms, splits, determinism, turns and bad actions."""
 
 import json
+import os
 import time
 
 import pytest
@@ -12,6 +13,7 @@ from textzoo.envs.sandbox import SandboxLimits
 from textzoo.errors import EnvError
 
 LIMITS = SandboxLimits(timeout_s=3.0, cpu_s=2, test_timeout_s=1.0)
+LIMITS_NONE = SandboxLimits(timeout_s=3.0, cpu_s=2, test_timeout_s=1.0, isolation=())
 TOY = [
     {
         "task_id": "toy/0",
@@ -243,3 +245,102 @@ def test_random_actions_are_cheap():
 
 def test_parallel_api():
     parallel_api_test(CodeEnv(sandbox_limits=LIMITS), num_cycles=50)
+
+
+# ---- the sandbox, seen through the task -------------------------------------------------------
+ATTACKS = {
+    "connect": "import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1).sendall(b'leak')\n",
+    "tmp": "open('/tmp/{marker}', 'w').write('x')\n",
+    "shm": "open('/dev/shm/{marker}', 'w').write('x')\n",
+    "exfiltrate": "import socket\ndata = open({secret!r}).read()\n"
+    "socket.create_connection(('127.0.0.1', {port}), timeout=1).sendall(data.encode())\n",
+}
+
+
+@pytest.fixture
+def listener():
+    """A local TCP listener that records every connection and what it received."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    srv.settimeout(0.2)
+    received, stop = [], threading.Event()
+
+    def accept():
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            received.append(conn.recv(1000) or b"(connected)")
+            conn.close()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield srv.getsockname()[1], received
+    stop.set()
+    thread.join()
+    srv.close()
+
+
+def _two_turn_step(main: str):
+    env = make("textzoo/Code-v0", dataset=TOY, split="all", turns=2, sandbox_limits=LIMITS)
+    env.reset(options={"index": 0})
+    t = time.monotonic()
+    obs, rew, *_ = env.step({"helper": "def aux(a, b):\n    return a + b\n", "main": main})
+    return obs["main"], time.monotonic() - t
+
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_model_code_cannot_reach_the_network_or_leave_files(attack, listener, tmp_path_factory):
+    port, received = listener
+    public = tmp_path_factory.mktemp("public")
+    for p in (public, *public.parents):
+        if str(p).startswith("/tmp/"):
+            p.chmod(0o755)
+    secret = public / "notes.txt"
+    secret.write_text("WORLD-READABLE-SECRET")
+    secret.chmod(0o644)
+    marker = f"textzoo-code-v0-{os.getpid()}-{attack}"
+    # the attack runs at the top level of main's code, after the entry point is defined
+    attack_code = ATTACKS[attack].format(port=port, marker=marker, secret=str(secret))
+    main = "def add(a, b):\n    return aux(a, b)\n" + attack_code
+    feedback, _ = _two_turn_step(main)
+    time.sleep(0.3)
+    assert "3/3 tests passed" in feedback  # the program did run
+    assert received == []
+    assert not os.path.exists(f"/tmp/{marker}") and not os.path.exists(f"/dev/shm/{marker}")
+    if attack in ("connect", "exfiltrate"):
+        assert "Running the code raised" in feedback  # the attack failed inside it
+    else:  # the write may succeed, into the program's own tmpfs: the next program must not see it
+        check = "".join(f"assert not os.path.exists('{d}/{marker}')\n" for d in ("/tmp", "/dev/shm"))
+        check = "import os\n" + check
+        feedback, _ = _two_turn_step(check + "def add(a, b):\n    return aux(a, b)\n")
+        assert "3/3 tests passed" in feedback and "Running the code raised" not in feedback
+
+
+def test_the_attacks_do_work_without_isolation(listener):
+    # the positive control: the same connection gets through when the sandbox isolates nothing
+    port, received = listener
+    main = "def add(a, b):\n    return aux(a, b)\n" + ATTACKS["connect"].format(port=port)
+    env = make("textzoo/Code-v0", dataset=TOY, split="all", turns=2, sandbox_limits=LIMITS_NONE)
+    env.reset(options={"index": 0})
+    obs, *_ = env.step({"helper": "def aux(a, b):\n    return a + b\n", "main": main})
+    time.sleep(0.3)
+    assert received == [b"leak"] and "Running the code raised" not in obs["main"]
+
+
+def test_a_sleeping_program_takes_its_time():
+    feedback, seconds = _two_turn_step("import time\ntime.sleep(0.6)\ndef add(a, b):\n    return aux(a, b)\n")
+    assert seconds >= 0.6 and "3/3 tests passed" in feedback
+
+
+def test_standard_library_imports_do_not_cost_the_reward():
+    # HumanEval/140's canonical solution scores 1.0 with ordinary modules imported first
+    problem = next(p for p in load_problems() if p.task_id == "HumanEval/140")
+    main = "import textwrap, unicodedata, socket, importlib\n" + problem.prompt + problem.canonical_solution
+    (s,) = score_batch([problem], [""], [main], LIMITS)
+    assert s.terms["tests"] == 1.0 and s.result.source_error is None

@@ -2,10 +2,25 @@
 
 import logging
 
-from textzoo.errors import CheckpointError, ConfigError, EnvError, ModelError, TextzooError
+from textzoo.errors import (
+    CheckpointError,
+    ConfigError,
+    EnvError,
+    ModelError,
+    SandboxError,
+    TextzooError,
+)
 
 logging.getLogger("textzoo").addHandler(logging.NullHandler())  # an application decides where records go
 
 __version__ = "0.1.0"
 
-__all__ = ["TextzooError", "ConfigError", "EnvError", "ModelError", "CheckpointError", "__version__"]
+__all__ = [
+    "TextzooError",
+    "ConfigError",
+    "EnvError",
+    "ModelError",
+    "CheckpointError",
+    "SandboxError",
+    "__version__",
+]

@@ -19,3 +19,7 @@ class ModelError(TextzooError):
 
 class CheckpointError(TextzooError):
     """A checkpoint is missing, corrupt, or does not match the run."""
+
+
+class SandboxError(TextzooError):
+    """The sandbox cannot run programs as configured (a required isolation is missing, or it broke)."""

@@ -1,73 +1,114 @@
-"""The one place model-written code runs: a Python program in a separate, limited process.
+"""The one place model-written code runs: a Python program in a confined, limited process.
 
-`run(Program(source, tests))` executes `source`, then each test snippet in the same namespace, in a
-fresh child interpreter and returns a `SandboxResult` with one pass/fail per test. `run_many` does the
-same for a batch in parallel worker threads (each launching its own child) and keeps the order.
+`run(Program(source, tests))` executes `source`, then each test snippet in the same namespace, and
+returns a `SandboxResult` with one pass/fail per test. `run_many` does the same for a batch in
+parallel and keeps the order.
 
-How a child is confined
------------------------
-- Process: `python -I -S` (isolated mode: no PYTHON* variables, no user site, no cwd on `sys.path`; no
-  site-packages either, so only the standard library imports), started in a new session so its whole
-  process group can be killed; stdin is /dev/null; the environment is scrubbed to a minimal PATH, a
-  UTF-8 locale and HOME/TMPDIR pointing at the working dir.
-- Working dir: a fresh temp dir, removed afterwards.
-- Limits (`SandboxLimits`, set with `setrlimit` before any model code runs): CPU seconds, address
-  space, file size, open files, processes, no core files; a wall-clock timeout after which the
-  process group is killed with SIGKILL; an optional per-test timer (SIGALRM) so one looping test
-  does not cost the others; stdout/stderr are read incrementally and only the first
-  `output_bytes` of each are kept (decoded with errors="replace").
-- Privileges: when the caller is root, the child drops to a dedicated unprivileged uid/gid (one per
-  concurrent run, from a pool locked across processes) after loading the interpreter and the
-  `preload` modules and before running any model code. Because the uid is private to this run,
-  RLIMIT_NPROC bounds a fork bomb, and everything left behind (even processes that escaped the
-  process group with `setsid`) is killed with `kill(-1, SIGKILL)` issued as that uid.
-- Results: the harness reports per-test outcomes on a private pipe, each line tagged with a random
-  nonce, so printing a fake "passed" line does nothing.
+How a program runs
+------------------
+A zygote (one warm `python -I -S` per interpreter and isolation setting, started on first use)
+has imported the standard modules of `SandboxLimits.preload` and keeps a few process trees ready
+(pre-forked): a launcher in fresh namespaces, its keeper (pid 1 of a new pid namespace) and below
+it the program process, waiting. A program goes to a ready tree and a new tree starts in its place,
+so no interpreter starts and no namespace is built while a program waits. The program process gets
+its private tmpfs and /proc, its own session, the rlimits, the dedicated uid (or, without one, no
+capabilities), a scrubbed environment (PATH, a UTF-8 locale, HOME and TMPDIR), stdin from
+/dev/null, Landlock and seccomp; then model code runs. Outcomes come back on a private pipe, each
+line tagged with a random nonce. Each tree serves one program. The zygote kills a program's tree
+when `timeout_s` is up; closing the zygote (atexit, `close_zygotes`, or the parent dying) kills
+everything it started. A confinement step that fails stops the program before any model code runs
+and `run` raises `SandboxError` (the sandbox fails closed, never open).
 
-What is guaranteed (tested in tests/test_sandbox.py)
-----------------------------------------------------
-Infinite loops, fork bombs, huge allocations and floods of output end within the limits, the program
-counts as failed and no process of it remains. With the uid drop (root caller): the child cannot
-kill its parent or any process of the caller, cannot read files that are not world-readable (e.g.
-``~/.ssh``), and cannot write anywhere that is not world-writable.
+Isolation mechanisms (`SandboxLimits.isolation`; the strongest this machine allows are used, the
+zygote logs once which ones, and `require` turns a missing one into a `SandboxError`):
+
+- uid: as root, model code runs as a dedicated uid (one per concurrent run, locked across processes).
+- userns: without root, a user namespace per zygote and per program stands in for root.
+- netns: a fresh network namespace per program: no interfaces but a loopback that is down.
+- mountns: a private root: read-only binds of the interpreter's own folders (every `sys.path` entry,
+  its libraries, its executable: the whole standard library imports, wherever the interpreter
+  lives), the system library folders and time-zone data; /dev with null, zero, full, random,
+  urandom; /etc with hosts only; and one tmpfs per program, `disk_bytes` large, behind
+  /sandbox (the working dir), /tmp and /dev/shm, gone with the program.
+- pidns: a pid namespace per program with its own /proc; its end kills every process in it.
+- ipcns: private System V IPC, POSIX message queues and hostname.
+- landlock: reads only of the exposed paths, writes only in the working dir (and /tmp, /dev/shm of
+  the private root); no TCP bind/connect (ABI >= 4); no signals or abstract unix sockets beyond the
+  program's own processes (ABI >= 6).
+- seccomp: sockets of any family but AF_UNIX, new namespaces, mount, ptrace, process_vm_*, bpf,
+  perf_event_open, io_uring, keyctl, kexec, modules and other host-wide calls fail with EPERM
+  (x86_64 and aarch64).
+
+What is guaranteed (tests/test_sandbox.py, tests/test_code_env.py)
+-------------------------------------------------------------------
+| model code tries to                        | stopped by                          | when those are missing           |
+| ------------------------------------------ | ----------------------------------- | -------------------------------- |
+| reach the network (127.0.0.1 or any host)  | netns; Landlock ABI>=4; seccomp     | open                             |
+| leave files in /tmp, /dev/shm              | mountns (private tmpfs); Landlock   | world-writable dirs are writable |
+| read files outside its working dir         | mountns (only exposed paths); Landlock | every file its uid can read   |
+| write outside its working dir              | mountns (read-only root); Landlock; uid | every file its uid can write |
+| signal or ptrace the caller or its parent  | pidns; uid; Landlock scope; seccomp | it can kill the caller           |
+| leave processes behind (setsid daemons)    | pidns; uid (kill -1 as that uid)    | they survive the run             |
+| fork bomb                                  | RLIMIT_NPROC (with uid or userns)   | only timeout and RLIMIT_CPU      |
+| loop, burn CPU                             | timeout_s (SIGKILL), RLIMIT_CPU     | (always on)                      |
+| exhaust memory or disk                     | RLIMIT_AS, RLIMIT_FSIZE, tmpfs size | (always on; tmpfs with mountns)  |
+| flood stdout/stderr                        | `output_bytes` kept, rest dropped   | (always on)                      |
+| forge outcomes by printing                 | nonce-tagged private pipe           | (always on)                      |
+| fail to import the standard library        | mountns binds the interpreter       | uid: only what it can read (*)   |
+
+(*) with a dedicated uid but no private root, an interpreter in a private folder (under /root) can
+only give the program the modules the zygote preloaded.
+
+A mechanism in the middle column is enough on its own: each is tested alone and, for the network
+and the files, against a control run without any isolation that does succeed.
 
 What is not guaranteed
 ----------------------
-- World-readable files (a repo checked out 0644, /etc) can be read; world-writable dirs (/tmp,
-  /dev/shm) can be written, bounded by RLIMIT_FSIZE per file. The network is not blocked.
-- Without root (no uid drop) the child runs as the caller: it can read and write the caller's files
-  and signal the caller's processes (including its parent); only the limits, the process-group kill
-  and the temp working dir apply. Processes that leave the process group survive the cleanup.
-- Results are reported from inside the child: code that introspects the harness (frames, `gc`) could
-  find the nonce and forge outcomes, just as it could monkeypatch `==`. The nonce stops accidental
-  and print-based forgery, not a deliberate in-process attack.
-- Imports after the uid drop only work for modules the unprivileged uid can read; when the
-  interpreter lives in a private dir (e.g. under /root) only `preload`ed modules are importable.
+- Results are reported from inside the program's process: code that introspects the harness
+  (frames, `gc`) could find the nonce and forge outcomes, just as it could monkeypatch `==`.
+- The kernel is shared: a kernel bug reachable from the allowed system calls breaks every layer.
+- Every program of one zygote shares its hash seed and preloaded modules' initial state (`random`
+  is reseeded per program).
+- The exposed paths (system libraries, the interpreter's folders, including its own site-packages
+  but not a virtualenv's) are readable; they are world-readable system files.
+- Without netns, Landlock ABI >= 4 and seccomp (another architecture, an old kernel), the network
+  is open; without mountns and Landlock, /tmp is shared and the user's files readable; without
+  root or user namespaces, there is no pid namespace and no private uid: the limits, Landlock and
+  seccomp are all that apply. `isolation_report()` says what this machine gives.
 """
 
 from __future__ import annotations
 
+import array
+import atexit
 import fcntl
+import functools
+import itertools
 import json
+import logging
 import os
 import resource
 import secrets
 import selectors
 import shutil
-import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import cache
+from pathlib import Path
 
-from textzoo.errors import ConfigError
+from textzoo.envs._sandbox import confine, zygote
+from textzoo.errors import ConfigError, SandboxError
 
+logger = logging.getLogger(__name__)
+
+ISOLATION: tuple[str, ...] = confine.MECHANISMS
+"""Every isolation mechanism, strongest first."""
 DEFAULT_PRELOAD: tuple[str, ...] = (
     "bisect",
     "collections",
@@ -92,18 +133,20 @@ DEFAULT_PRELOAD: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Resource limits for one sandboxed program."""
+    """Resource limits and isolation for one sandboxed program."""
 
     timeout_s: float = 5.0
-    """Wall-clock seconds for the whole program (interpreter start included); then SIGKILL."""
+    """Wall-clock seconds for the whole program (its setup included); then SIGKILL."""
     cpu_s: int = 5
-    """CPU seconds (RLIMIT_CPU) for the child."""
+    """CPU seconds (RLIMIT_CPU) for the program."""
     memory_bytes: int = 1 << 30
     """Address space (RLIMIT_AS) per process; a bigger allocation raises MemoryError."""
     file_size_bytes: int = 16 << 20
     """Largest file the program may write (RLIMIT_FSIZE)."""
+    disk_bytes: int = 64 << 20
+    """Size of the program's private tmpfs (its working dir, /tmp and /dev/shm together)."""
     max_processes: int = 32
-    """Processes/threads (RLIMIT_NPROC); enforced only when the child runs as a dedicated uid."""
+    """Processes/threads (RLIMIT_NPROC); enforced with a dedicated uid or a user namespace."""
     max_open_files: int = 64
     """Open file descriptors (RLIMIT_NOFILE)."""
     output_bytes: int = 64 << 10
@@ -116,11 +159,14 @@ class SandboxLimits:
     """First uid of the pool of dedicated uids (one per concurrent run)."""
     uid_pool_size: int = 1024
     """Number of dedicated uids, i.e. the most concurrent runs across processes."""
+    isolation: tuple[str, ...] = ISOLATION
+    """Mechanisms to use where this machine allows them (see the module docstring)."""
+    require: tuple[str, ...] = ()
+    """Mechanisms that must be in effect: without one, `run` raises `SandboxError` before running."""
     preload: tuple[str, ...] = DEFAULT_PRELOAD
-    """Standard modules imported before the uid drop (the only ones importable when the
-    interpreter is not readable by the unprivileged uid)."""
+    """Standard modules the zygote imports once, so programs start with them warm."""
     python: str = sys.executable
-    """Interpreter that runs the program."""
+    """Interpreter that runs the programs."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -128,6 +174,7 @@ class SandboxLimits:
             "cpu_s",
             "memory_bytes",
             "file_size_bytes",
+            "disk_bytes",
             "max_processes",
             "max_open_files",
             "output_bytes",
@@ -139,6 +186,20 @@ class SandboxLimits:
             raise ConfigError(f"SandboxLimits.test_timeout_s must be > 0 or None, got {self.test_timeout_s!r}")
         if not 0 < self.uid_base < 2**31 - self.uid_pool_size:
             raise ConfigError(f"SandboxLimits.uid_base must be in (0, 2**31 - uid_pool_size), got {self.uid_base}")
+        for name in ("isolation", "require"):
+            unknown = sorted(set(getattr(self, name)) - set(ISOLATION))
+            if unknown:
+                raise ConfigError(f"SandboxLimits.{name} has unknown mechanisms {unknown}; choose from {ISOLATION}")
+        if set(self.require) - set(self.mechanisms):
+            raise ConfigError(
+                f"SandboxLimits.require names {sorted(set(self.require) - set(self.mechanisms))}, which "
+                "isolation (or drop_privileges=False) turns off"
+            )
+
+    @property
+    def mechanisms(self) -> tuple[str, ...]:
+        """The mechanisms asked for: `isolation`, without "uid" when `drop_privileges` is off."""
+        return tuple(m for m in self.isolation if self.drop_privileges or m != "uid")
 
 
 @dataclass(frozen=True)
@@ -169,7 +230,7 @@ class SandboxResult:
     finished: bool = False
     """The harness ran every test and reported the end."""
     isolation: str = "none"
-    """"uid" when model code ran as a dedicated unprivileged uid, else "none"."""
+    """The mechanisms the program ran under, joined by "+" (e.g. "uid+netns+mountns"), or "none"."""
 
     @property
     def fraction_passed(self) -> float:
@@ -177,80 +238,27 @@ class SandboxResult:
         return sum(self.tests) / len(self.tests) if self.tests else 0.0
 
 
-# The child harness, run as `python -I -S -c _HARNESS payload_path`. It reads (and deletes) its
-# payload while still privileged, preloads modules, sets limits, drops to the dedicated uid, then
-# runs the program. Outcomes go to a private pipe, tagged with the nonce.
-_HARNESS = r"""
-import json, os, resource, signal, sys, traceback
-def _run():
-    path = sys.argv[1]
-    with open(path, encoding="utf-8") as f:
-        cfg = json.load(f)
-    os.unlink(path)
-    for name in cfg["preload"]:
-        try:
-            __import__(name)
-        except Exception:
-            pass
-    for res, val in cfg["rlimits"]:
-        try:
-            resource.setrlimit(res, (val, val))
-        except (ValueError, OSError):
-            pass
-    uid = cfg["uid"]
-    if uid is not None:
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
-    fd, tag, write, getpid, me = cfg["fd"], (cfg["nonce"] + " ").encode(), os.write, os.getpid, os.getpid()
-    exit_, kill = os._exit, os.kill
-    source, tests, test_timeout = cfg["source"], cfg["tests"], cfg["test_timeout"]
-    del cfg
-    def emit(*parts):
-        if getpid() != me:  # a fork of the program fell through into the harness: it reports nothing
-            exit_(0)
-        try:
-            write(fd, tag + " ".join(parts).encode() + b"\n")
-        except OSError:
-            pass
-    class _TestTimeout(BaseException):
-        pass
-    def _alarm(signum, frame):
-        raise _TestTimeout()
-    g = {"__name__": "__main__", "__builtins__": __builtins__}
-    try:
-        exec(compile(source, "<program>", "exec"), g)
-        emit("S", "ok")
-    except BaseException as e:
-        traceback.print_exc()
-        emit("S", "err", type(e).__name__)
-    for i, test in enumerate(tests):
-        if test_timeout:
-            signal.signal(signal.SIGALRM, _alarm)
-            signal.setitimer(signal.ITIMER_REAL, test_timeout)
-        try:
-            exec(compile(test, "<test %d>" % i, "exec"), g)
-            ok = "ok"
-        except BaseException as e:
-            ok = "err " + ("TestTimeout" if isinstance(e, _TestTimeout) else type(e).__name__)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        emit("T", str(i), ok)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            pass
-    emit("D")
-    if uid is not None:
-        kill(-1, signal.SIGKILL)  # everything else of this private uid; never the caller itself
-    exit_(0)
-_run()
-"""
+@dataclass(frozen=True)
+class IsolationReport:
+    """What a zygote confines programs with on this machine."""
 
-_SCRUBBED_PATH = "/usr/local/bin:/usr/bin:/bin"
+    mechanisms: tuple[str, ...]
+    """In effect, in `ISOLATION` order."""
+    missing: dict[str, str]
+    """Asked for but unavailable: mechanism -> why."""
+    landlock_abi: int
+    """The kernel's Landlock ABI version (0: none)."""
+
+    def __str__(self) -> str:
+        return "+".join(self.mechanisms) or "none"
 
 
+_SCRUBBED_PATH = confine.SCRUBBED_PATH
+_GRACE_S = 0.2  # after the program's tree is gone, how long stray pipe holders may keep us reading
+_STUCK_S = 30.0  # beyond timeout_s: the zygote must have reported by then
+
+
+# ---- dedicated uids ----------------------------------------------------------------------------
 class _UidPool:
     """Dedicated uids, one per concurrent run, locked with `flock` so other processes skip them."""
 
@@ -284,19 +292,6 @@ class _UidPool:
 _UIDS = _UidPool()
 
 
-@cache
-def can_drop_privileges(python: str = sys.executable, uid: int = 2_100_000_000) -> bool:
-    """True when we are root and a child of `python` can switch to `uid` (probed once)."""
-    if os.geteuid() != 0:
-        return False
-    probe = "import os,sys; u=int(sys.argv[1]); os.setgroups([]); os.setresgid(u,u,u); os.setresuid(u,u,u)"
-    try:
-        r = subprocess.run([python, "-I", "-S", "-c", probe, str(uid)], capture_output=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return r.returncode == 0
-
-
 def _kill_uid(uid: int) -> None:
     """Kill every process running as `uid` (kill(-1) as that uid spares only the killer itself)."""
     kill = shutil.which("kill", path=_SCRUBBED_PATH)
@@ -316,15 +311,276 @@ def _kill_uid(uid: int) -> None:
     )
 
 
-@cache
-def _warn_root() -> None:
-    warnings.warn(
-        "textzoo sandbox: running as root but cannot switch to a dedicated uid (restricted uid map?); "
-        "model code runs as root with only resource limits. Run as an unprivileged user or allow the "
-        "uids from SandboxLimits.uid_base.",
-        RuntimeWarning,
-        stacklevel=3,
-    )
+# ---- the zygote, seen from the parent ----------------------------------------------------------
+class _Job:
+    """One program submitted to a zygote: the read ends of its pipes and, later, its exit."""
+
+    def __init__(self, rid: int, fds: list[int]):
+        self.id, self.fds = rid, fds
+        self.done = threading.Event()
+        self.returncode: int | None = None
+        self.timed_out = False
+        self.error: str | None = None
+
+    def finish(self, returncode: int | None, timed_out: bool, error: str | None = None) -> None:
+        self.returncode, self.timed_out, self.error = returncode, timed_out, error
+        self.done.set()
+
+
+class _Zygote:
+    """A running zygote: its process, its control socket, its plan and the jobs in flight."""
+
+    def __init__(self, limits: SandboxLimits):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        config = {
+            "fd": theirs.fileno(),
+            "parent": os.getpid(),
+            "preload": list(limits.preload),
+            "isolation": list(limits.mechanisms),
+            "uid": limits.uid_base,
+            "pool": max(2, min(os.cpu_count() or 1, 8)),
+        }
+        envs_dir = str(Path(__file__).resolve().parent)
+        try:
+            self.proc = subprocess.Popen(
+                [limits.python, "-I", "-S", "-c", zygote.BOOT, envs_dir, json.dumps(config)],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                env={"PATH": _SCRUBBED_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"},
+                start_new_session=True,  # a Ctrl-C in the terminal must not reach it
+            )
+        except OSError as e:
+            raise SandboxError(f"cannot start the sandbox interpreter {limits.python!r}: {e}") from e
+        finally:
+            theirs.close()
+        self.sock, self.pid = ours, os.getpid()
+        self._ids = itertools.count(1)
+        self._jobs: dict[int, _Job] = {}
+        self._lock = threading.Lock()
+        self.alive = True
+        hello = self._hello()
+        self.plan = {"use": hello["use"], "landlock_abi": hello["landlock_abi"]}
+        order = {m: i for i, m in enumerate(ISOLATION)}
+        self.report = IsolationReport(
+            tuple(sorted(hello["use"], key=order.__getitem__)), dict(hello["missing"]), int(hello["landlock_abi"])
+        )
+        self._reader = threading.Thread(target=self._read, name="textzoo-sandbox-zygote", daemon=True)
+        self._reader.start()
+
+    def _hello(self) -> dict:
+        self.sock.settimeout(120)
+        try:
+            msg = self.sock.recv(1 << 20)
+        except OSError:
+            msg = b""
+        self.sock.settimeout(None)
+        if msg[:1] != zygote.HELLO:
+            self.close()
+            raise SandboxError(
+                f"the sandbox zygote did not start (exit status {self.proc.poll()}); its error is printed above"
+            )
+        return json.loads(msg[1:])
+
+    def _read(self) -> None:
+        while True:
+            try:
+                msg = self.sock.recv(4096)
+            except OSError:
+                msg = b""
+            if not msg:
+                break
+            kind, body = msg[:1], msg[1:]
+            if kind == zygote.EXIT:
+                rid, returncode, timed_out = zygote.EXIT_MSG.unpack(body)
+                job = self._jobs.pop(rid, None)
+                if job is not None:
+                    job.finish(returncode, timed_out)
+            elif kind == zygote.ERROR:
+                (rid,) = zygote.KILL_MSG.unpack(body[: zygote.KILL_MSG.size])
+                job = self._jobs.pop(rid, None)
+                if job is not None:
+                    job.finish(None, False, body[zygote.KILL_MSG.size :].decode("utf-8", "replace"))
+        self.alive = False
+        for job in list(self._jobs.values()):
+            job.finish(None, False, "the sandbox zygote exited")
+        self._jobs.clear()
+
+    def submit(self, payload: bytes, timeout_s: float) -> _Job:
+        """Start one program; the caller reads `job.fds` and waits for `job.done`."""
+        memfd = os.memfd_create("textzoo-sandbox-payload", os.MFD_CLOEXEC)
+        pipes = [os.pipe() for _ in range(3)]
+        job = _Job(next(self._ids), [r for r, _ in pipes])
+        try:
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(memfd, view) :]
+            fds = array.array("i", [memfd, *(w for _, w in pipes)])
+            with self._lock:
+                if not self.alive:
+                    raise SandboxError("the sandbox zygote has exited")
+                self._jobs[job.id] = job
+                try:
+                    self.sock.sendmsg(
+                        [zygote.RUN + zygote.RUN_MSG.pack(job.id, timeout_s)],
+                        [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)],
+                    )
+                except OSError as e:
+                    self._jobs.pop(job.id, None)
+                    raise SandboxError(f"the sandbox zygote does not answer: {e}") from e
+        except BaseException:
+            for fd in job.fds:
+                os.close(fd)
+            raise
+        finally:
+            for fd in (memfd, *(w for _, w in pipes)):
+                os.close(fd)
+        return job
+
+    def kill(self, job: _Job) -> None:
+        with self._lock:
+            try:
+                self.sock.send(zygote.KILL + zygote.KILL_MSG.pack(job.id))
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Stop the zygote; it kills every program it runs before it exits."""
+        self.alive = False
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_ZYGOTES: dict[tuple, _Zygote] = {}
+_ZYGOTES_LOCK = threading.Lock()
+
+
+def _zygote_for(limits: SandboxLimits) -> _Zygote:
+    key = (limits.python, limits.preload, limits.mechanisms, limits.uid_base)
+    with _ZYGOTES_LOCK:
+        z = _ZYGOTES.get(key)
+        if z is not None and z.alive and z.pid == os.getpid():
+            return z
+        if z is not None and z.pid == os.getpid():
+            z.close()
+        z = _ZYGOTES[key] = _Zygote(limits)
+    _announce(str(z.report), tuple(z.report.missing.items()), z.report.landlock_abi)
+    try:
+        _self_test(z, limits)
+    except BaseException:
+        with _ZYGOTES_LOCK:
+            _ZYGOTES.pop(key, None)
+        z.close()
+        raise
+    return z
+
+
+def _self_test(z: _Zygote, limits: SandboxLimits) -> None:
+    """A first program through the whole path: setup, the standard library, outcomes."""
+    r = _run_on(z, Program("import json, socket, textwrap", ["assert json.loads('1') == 1"]), limits)
+    if not r.passed:
+        raise SandboxError(
+            f"the sandbox ({z.report}) cannot run a trivial program: returncode {r.returncode}, "
+            f"stderr: {r.stderr.strip()[-500:]!r}"
+        )
+
+
+@functools.cache
+def _announce(mechanisms: str, missing: tuple[tuple[str, str], ...], landlock_abi: int) -> None:
+    """Say once per process and isolation outcome what programs run under."""
+    abi = f", Landlock ABI {landlock_abi}" if "landlock" in mechanisms.split("+") else ""
+    logger.info("textzoo sandbox: programs run confined by %s%s", mechanisms, abi)
+    if missing:
+        logger.warning(
+            "textzoo sandbox: not available here: %s. See the guarantees table of textzoo.envs.sandbox for "
+            "what each one's absence leaves open.",
+            "; ".join(f"{m} ({why})" for m, why in missing),
+        )
+
+
+def close_zygotes() -> None:
+    """Stop this process's zygotes, killing any program still running (they restart on next use)."""
+    with _ZYGOTES_LOCK:
+        zygotes = [z for z in _ZYGOTES.values() if z.pid == os.getpid()]
+        _ZYGOTES.clear()
+    for z in zygotes:
+        z.close()
+
+
+def _forget_zygotes_after_fork() -> None:
+    # a forked child must not talk over its parent's sockets; it starts its own zygotes
+    _ZYGOTES.clear()
+
+
+atexit.register(close_zygotes)
+os.register_at_fork(after_in_child=_forget_zygotes_after_fork)
+
+
+def isolation_report(limits: SandboxLimits | None = None) -> IsolationReport:
+    """The isolation programs run under with `limits` on this machine (starts the zygote)."""
+    return _zygote_for(limits or SandboxLimits()).report
+
+
+def can_drop_privileges(python: str = sys.executable, uid: int = 2_100_000_000) -> bool:
+    """True when programs run by `python` run as a dedicated uid (`uid` is the pool's first)."""
+    return "uid" in isolation_report(SandboxLimits(python=python, uid_base=uid)).mechanisms
+
+
+# ---- one program -------------------------------------------------------------------------------
+def run(program: Program, limits: SandboxLimits | None = None) -> SandboxResult:
+    """Run one program confined and limited; never raises for anything the code does.
+
+    Raises `SandboxError` when the sandbox itself cannot run it (a `require`d mechanism is missing,
+    a confinement step failed, the zygote died).
+    """
+    limits = limits or SandboxLimits()
+    z = _zygote_for(limits)
+    missing = sorted(set(limits.require) - set(z.report.mechanisms))
+    if missing:
+        raise SandboxError(
+            f"SandboxLimits.require asks for {missing}, not available here: "
+            + "; ".join(f"{m}: {z.report.missing.get(m, 'not set up')}" for m in missing)
+        )
+    return _run_on(z, program, limits)
+
+
+def _payload(program: Program, limits: SandboxLimits, nonce: str, uid: int | None, workdir: str | None) -> bytes:
+    rlimits = [
+        (resource.RLIMIT_CPU, limits.cpu_s),
+        (resource.RLIMIT_AS, limits.memory_bytes),
+        (resource.RLIMIT_FSIZE, limits.file_size_bytes),
+        (resource.RLIMIT_NOFILE, limits.max_open_files),
+        (resource.RLIMIT_CORE, 0),
+    ]
+    return json.dumps(
+        {
+            "source": program.source,
+            "tests": list(program.tests),
+            "nonce": nonce,
+            "uid": uid,
+            "workdir": workdir,
+            "rlimits": rlimits,
+            "nproc": limits.max_processes,
+            "disk_bytes": limits.disk_bytes,
+            "test_timeout": limits.test_timeout_s,
+        }
+    ).encode()
+
+
+def _host_workdir(uid: int | None) -> str:
+    """Without a private root: a fresh temp dir on the host (owned by the dedicated uid)."""
+    workdir = tempfile.mkdtemp(prefix="textzoo-sbx-")
+    if uid is not None:
+        os.chown(workdir, uid, uid)
+    return workdir
 
 
 def _rmtree(path: str) -> None:
@@ -339,156 +595,60 @@ def _rmtree(path: str) -> None:
     shutil.rmtree(path, onerror=retry)
 
 
-def _decode(buf: bytearray, dropped: int) -> str:
-    text = bytes(buf).decode("utf-8", errors="replace")
-    return text + (f"\n[... {dropped} more bytes dropped]" if dropped else "")
-
-
-def run(program: Program, limits: SandboxLimits | None = None) -> SandboxResult:
-    """Run one program in a fresh, limited child process; never raises for anything the code does."""
-    limits = limits or SandboxLimits()
-    drop = limits.drop_privileges and can_drop_privileges(limits.python, limits.uid_base)
-    if limits.drop_privileges and not drop and os.geteuid() == 0:
-        _warn_root()
-    uid: int | None = None
-    workdir = tempfile.mkdtemp(prefix="textzoo-sbx-")
-    read_fd, write_fd = os.pipe()
+def _run_on(z: _Zygote, program: Program, limits: SandboxLimits) -> SandboxResult:
+    use = z.report.mechanisms
+    uid = _UIDS.acquire(limits.uid_base, limits.uid_pool_size) if "uid" in use else None
+    workdir = None
     nonce = secrets.token_hex(16)
     start = time.monotonic()
     try:
-        if drop:
-            uid = _UIDS.acquire(limits.uid_base, limits.uid_pool_size)
-            os.chown(workdir, uid, uid)
-        rlimits = [
-            (resource.RLIMIT_CPU, limits.cpu_s),
-            (resource.RLIMIT_AS, limits.memory_bytes),
-            (resource.RLIMIT_FSIZE, limits.file_size_bytes),
-            (resource.RLIMIT_NOFILE, limits.max_open_files),
-            (resource.RLIMIT_CORE, 0),
-        ]
-        if uid is not None:  # NPROC counts every process of the uid: only meaningful for a private one
-            rlimits.append((resource.RLIMIT_NPROC, limits.max_processes))
-        payload = {
-            "source": program.source,
-            "tests": list(program.tests),
-            "nonce": nonce,
-            "fd": write_fd,
-            "uid": uid,
-            "rlimits": rlimits,
-            "preload": list(limits.preload),
-            "test_timeout": limits.test_timeout_s,
-        }
-        payload_path = os.path.join(workdir, ".payload.json")
-        # 0600 and owned by the caller: the dropped child could not read it, and it is gone anyway
-        with os.fdopen(os.open(payload_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
-            json.dump(payload, f)
-        env = {"PATH": _SCRUBBED_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
+        workdir = None if "mountns" in use else _host_workdir(uid)
+        job = z.submit(_payload(program, limits, nonce, uid, workdir), limits.timeout_s)
         try:
-            proc = subprocess.Popen(
-                [limits.python, "-I", "-S", "-c", _HARNESS, payload_path],
-                cwd=workdir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=(write_fd,),
-                start_new_session=True,
-            )
-        except OSError as e:
-            return SandboxResult(
-                False,
-                None,
-                False,
-                "",
-                f"could not start {limits.python}: {e}",
-                time.monotonic() - start,
-                [False] * len(program.tests),
-                ["missing"] * len(program.tests),
-                "missing",
-            )
-        os.close(write_fd)
-        write_fd = -1
-        outs, timed_out = _collect(proc, read_fd, start + limits.timeout_s, limits.output_bytes)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # leftovers in the group, even after a clean exit
-        except (ProcessLookupError, PermissionError):
-            pass
-        returncode = proc.wait()
-        wall = time.monotonic() - start
+            outs = _collect(job, limits.output_bytes, start + limits.timeout_s + _STUCK_S)
+            job.done.wait(max(start + limits.timeout_s + _STUCK_S - time.monotonic(), 0))
+        except BaseException:
+            z.kill(job)
+            raise
+        if not job.done.is_set():
+            z.kill(job)
+            raise SandboxError(f"the sandbox zygote did not report a program {_STUCK_S:.0f} s after its timeout")
+        if job.error is not None:
+            raise SandboxError(f"the sandbox could not run a program: {job.error}")
     finally:
-        for fd in (read_fd, write_fd):
-            if fd >= 0:
-                os.close(fd)
         if uid is not None:
             try:
-                _kill_uid(uid)
+                if "pidns" not in use:
+                    _kill_uid(uid)
             finally:
                 _UIDS.release(uid)
-        _rmtree(workdir)
-
-    (out, out_drop), (err, err_drop), (res, _) = outs
-    tests: list[bool | None] = [None] * len(program.tests)
-    errors: list[str | None] = ["missing"] * len(program.tests)
-    source_error: str | None = "missing"
-    finished = False
-    tag = nonce + " "
-    for line in bytes(res).decode("utf-8", errors="replace").splitlines():
-        if not line.startswith(tag) or finished:
-            continue
-        parts = line[len(tag) :].split()
-        if parts[:1] == ["S"] and source_error == "missing":
-            source_error = None if parts[1:2] == ["ok"] else (parts[2] if len(parts) > 2 else "error")
-        elif parts[:1] == ["T"] and len(parts) >= 3 and parts[1].isdigit():
-            i = int(parts[1])
-            if i < len(tests) and tests[i] is None:  # first report wins
-                tests[i] = parts[2] == "ok"
-                errors[i] = None if tests[i] else (parts[3] if len(parts) > 3 else "error")
-        elif parts == ["D"]:
-            finished = True
-    outcome = [bool(t) for t in tests]
-    passed = finished and not timed_out and source_error is None and all(outcome)
-    return SandboxResult(
-        passed=passed,
-        returncode=returncode,
-        timed_out=timed_out,
-        stdout=_decode(out, out_drop),
-        stderr=_decode(err, err_drop),
-        wall_s=wall,
-        tests=outcome,
-        test_errors=errors,
-        source_error=source_error,
-        finished=finished,
-        isolation="uid" if uid is not None else "none",
-    )
+        if workdir is not None:
+            _rmtree(workdir)
+    return _result(program, outs, job, nonce, time.monotonic() - start, z.report)
 
 
-def _collect(proc: subprocess.Popen, result_fd: int, deadline: float, cap: int):
-    """Read stdout, stderr and the result pipe until EOF, the harness exits, or the deadline.
+def _collect(job: _Job, cap: int, deadline: float) -> list[tuple[bytearray, int]]:
+    """Read stdout, stderr and the result pipe until EOF (or `_GRACE_S` after the program's exit).
 
-    Returns ([(stdout, dropped), (stderr, dropped), (results, dropped)], timed_out). Reading goes
-    on past `cap` (the bytes are dropped) so a chatty program cannot block on a full pipe.
+    Returns [(stdout, dropped), (stderr, dropped), (results, dropped)]. Reading goes on past `cap`
+    (the bytes are dropped) so a chatty program cannot block on a full pipe.
     """
     caps = [cap, cap, 1 << 20]
     bufs = [bytearray(), bytearray(), bytearray()]
     dropped = [0, 0, 0]
     sel = selectors.DefaultSelector()
-    for i, f in enumerate((proc.stdout.fileno(), proc.stderr.fileno(), result_fd)):
-        os.set_blocking(f, False)
-        sel.register(f, selectors.EVENT_READ, i)
-    timed_out = False
+    for i, fd in enumerate(job.fds):
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ, i)
     exited_at: float | None = None
     try:
         while sel.get_map():
             now = time.monotonic()
-            if now >= deadline:
-                timed_out = proc.poll() is None
-                break
-            if exited_at is None and proc.poll() is not None:
+            if exited_at is None and job.done.is_set():
                 exited_at = now
-            # once the harness is gone, pipes held open by stray children must not keep us waiting
-            if exited_at is not None and now - exited_at > 0.2:
+            if now >= deadline or (exited_at is not None and now - exited_at > _GRACE_S):
                 break
-            for key, _ in sel.select(timeout=min(deadline - now, 0.05 if exited_at else 0.5)):
+            for key, _ in sel.select(timeout=0.05 if exited_at else 0.5):
                 i = key.data
                 try:
                     chunk = os.read(key.fd, 65536)
@@ -497,32 +657,80 @@ def _collect(proc: subprocess.Popen, result_fd: int, deadline: float, cap: int):
                 if not chunk:
                     sel.unregister(key.fd)
                     continue
-                room = caps[i] - len(bufs[i])
-                bufs[i] += chunk[: max(room, 0)]
-                dropped[i] += max(len(chunk) - max(room, 0), 0)
+                room = max(caps[i] - len(bufs[i]), 0)
+                bufs[i] += chunk[:room]
+                dropped[i] += len(chunk) - len(chunk[:room])
     finally:
         sel.close()
-        proc.stdout.close()
-        proc.stderr.close()
-    if not timed_out and proc.poll() is None:
-        # all pipes closed but the harness still runs (it closed its fds): wait out the deadline
-        try:
-            proc.wait(timeout=max(deadline - time.monotonic(), 0))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-    return list(zip(bufs, dropped)), timed_out
+        for fd in job.fds:
+            os.close(fd)
+    return list(zip(bufs, dropped))
+
+
+def _decode(buf: bytearray, dropped: int) -> str:
+    text = bytes(buf).decode("utf-8", errors="replace")
+    return text + (f"\n[... {dropped} more bytes dropped]" if dropped else "")
+
+
+def _outcomes(lines: list[str], n_tests: int) -> tuple[list[bool], list[str | None], str | None, bool]:
+    """(per-test outcomes, per-test errors, source error, finished) from the tagged result lines."""
+    tests: list[bool | None] = [None] * n_tests
+    errors: list[str | None] = ["missing"] * n_tests
+    source_error: str | None = "missing"
+    finished = False
+    for parts in (line.split() for line in lines):
+        if finished:
+            break
+        if parts[:1] == ["S"] and source_error == "missing":
+            source_error = None if parts[1:2] == ["ok"] else (parts[2] if len(parts) > 2 else "error")
+        elif parts[:1] == ["T"] and len(parts) >= 3 and parts[1].isdigit():
+            i = int(parts[1])
+            if i < n_tests and tests[i] is None:  # first report wins
+                tests[i] = parts[2] == "ok"
+                errors[i] = None if tests[i] else (parts[3] if len(parts) > 3 else "error")
+        elif parts == ["D"]:
+            finished = True
+    return [bool(t) for t in tests], errors, source_error, finished
+
+
+def _result(program: Program, outs, job: _Job, nonce: str, wall: float, report: IsolationReport) -> SandboxResult:
+    (out, out_drop), (err, err_drop), (res, _) = outs
+    tag = nonce + " "
+    lines = [line[len(tag) :] for line in bytes(res).decode("utf-8", "replace").splitlines() if line.startswith(tag)]
+    # the first line comes from the sandbox itself, written before any model code ran
+    if lines[:1] and lines[0].startswith("F "):
+        raise SandboxError(f"the sandbox could not confine a program ({report}): {lines[0][2:]}")
+    if lines[:1] != ["R"] and not job.timed_out:
+        raise SandboxError(
+            f"a sandboxed program died during its setup (returncode {job.returncode}): {_decode(err, err_drop)[-500:]}"
+        )
+    tests, errors, source_error, finished = _outcomes(lines[1:], len(program.tests))
+    return SandboxResult(
+        passed=finished and not job.timed_out and source_error is None and all(tests),
+        returncode=job.returncode,
+        timed_out=job.timed_out,
+        stdout=_decode(out, out_drop),
+        stderr=_decode(err, err_drop),
+        wall_s=wall,
+        tests=tests,
+        test_errors=errors,
+        source_error=source_error,
+        finished=finished,
+        isolation=str(report),
+    )
 
 
 def run_many(
     programs: Sequence[Program], limits: SandboxLimits | None = None, workers: int | None = None
 ) -> list[SandboxResult]:
-    """Run `programs` in parallel (`workers` children at a time, default: CPU count); keep order."""
+    """Run `programs` in parallel (`workers` at a time, default: CPU count); keep the order."""
     programs = list(programs)
     if not programs:
         return []
     workers = workers or os.cpu_count() or 1
     if workers < 1:
         raise ConfigError(f"workers must be >= 1, got {workers}")
+    limits = limits or SandboxLimits()
     if workers == 1 or len(programs) == 1:
         return [run(p, limits) for p in programs]
     with ThreadPoolExecutor(max_workers=min(workers, len(programs))) as pool:

@@ -1,0 +1,6 @@
+"""The inside of the sandbox: what runs in the zygote and its children.
+
+Standard library only and no `textzoo` imports: the zygote runs these modules under `python -I -S`,
+importing them as the top-level package `_sandbox`; the parent imports them as
+`textzoo.envs._sandbox` for the protocol's constants. `textzoo.envs.sandbox` is the public API.
+"""
