@@ -1,5 +1,6 @@
 """TRL-style reward functions work as written for TRL: in Team-v0 and through the training API."""
 
+import dataclasses
 import json
 import re
 
@@ -9,6 +10,7 @@ import torch
 torch.set_num_threads(1)
 
 from textzoo.envs import make  # noqa: E402
+from textzoo.errors import EnvError  # noqa: E402
 from textzoo.runners.config import AgentConfig, TrainConfig, to_dict  # noqa: E402
 from textzoo.runners.trainer import Trainer  # noqa: E402
 
@@ -73,3 +75,90 @@ def test_a_reward_function_in_env_kwargs_trains_and_is_recorded_by_name(tmp_path
     saved = json.loads((tmp_path / "config.json").read_text())["env_kwargs"]["reward_fns"]
     assert saved == [f"{__name__}:reward_len", f"{__name__}:boxed_accuracy"]
     assert to_dict(TrainConfig(env_kwargs={"fn": lambda x: x}))["env_kwargs"]["fn"].endswith(".<lambda>")
+
+
+def picky(prompts, completions, **kwargs):
+    """A reward function with a bug: it fails on completions without digits."""
+    return [float(int("".join(ch for ch in c if ch.isdigit())) > 0) for c in completions]
+
+
+def test_a_raising_reward_function_names_itself_the_item_and_the_exception():
+    env = make("textzoo/Team-v0", prompts=ROWS, agents=2, reward_fns=[reward_len, picky], split="all")
+    env.reset(options={"index": 4})
+    env.step({"agent_0": "7", "agent_1": "42"})  # digits: fine
+    env.reset(options={"index": 4})
+    with pytest.raises(EnvError) as err:
+        env.step({"agent_0": "7", "agent_1": "no digits here"})
+    message = str(err.value)
+    assert "'picky'" in message and "item 4" in message and "'agent_1'" in message
+    assert "ValueError" in message and "invalid literal for int()" in message
+    assert "no digits here" in message and "on_reward_error='score'" in message
+    assert isinstance(err.value.__cause__, ValueError)
+
+
+def test_opt_in_scores_a_raising_function_and_counts_it():
+    env = make(
+        "textzoo/Team-v0",
+        prompts=ROWS,
+        agents=2,
+        reward_fns=[reward_len, picky],
+        reward_weights=[1.0, 3.0],
+        split="all",
+        on_reward_error="score",
+        reward_error_value=-1.0,
+    )
+    env.reset(options={"index": 0})
+    _, rewards, _, _, infos = env.step({"agent_0": "12345678901234567890", "agent_1": "none"})
+    # agent_0: len 20 -> 0, picky 1 -> 3.0; agent_1: len 4 -> -16, picky raised -> -1 * 3.0
+    assert rewards == {"agent_0": pytest.approx(3.0), "agent_1": pytest.approx(-16.0 - 3.0)}
+    assert infos["agent_0"]["reward_terms"] == {"reward_len": 0.0, "picky": 1.0, "reward_errors": 0.0}
+    assert infos["agent_1"]["reward_terms"] == {"reward_len": -16.0, "picky": -1.0, "reward_errors": 1.0}
+    assert any("'picky' raised ValueError" in n and "scored -1.0" in n for n in infos["agent_1"]["notes"])
+
+
+def test_a_raising_team_reward_is_counted_for_every_agent():
+    def team(prompts, completions, **kwargs):
+        raise KeyError("missing judge")
+
+    env = make("textzoo/Team-v0", prompts=ROWS, agents=2, team_reward_fn=team, split="all", on_reward_error="score")
+    env.reset(options={"index": 1})
+    _, rewards, _, _, infos = env.step({"agent_0": "a", "agent_1": "b"})
+    assert rewards == {"agent_0": 0.0, "agent_1": 0.0}
+    assert all(infos[a]["reward_terms"]["reward_errors"] == 1.0 for a in rewards)
+    strict = make("textzoo/Team-v0", prompts=ROWS, agents=2, team_reward_fn=team, split="all")
+    strict.reset(options={"index": 1})
+    with pytest.raises(EnvError, match="'team' raised KeyError.*item 1.*the team reward"):
+        strict.step({"agent_0": "a", "agent_1": "b"})
+
+
+def test_bad_error_settings_are_refused():
+    with pytest.raises(EnvError, match="on_reward_error"):
+        make("textzoo/Team-v0", prompts=ROWS, reward_fns=picky, on_reward_error="ignore")
+    with pytest.raises(EnvError, match="reward_error_value"):
+        make(
+            "textzoo/Team-v0", prompts=ROWS, reward_fns=picky, on_reward_error="score", reward_error_value=float("nan")
+        )
+
+
+def test_a_run_goes_on_past_failing_rewards_and_logs_their_count(tmp_path):
+    cfg = TrainConfig(
+        env="textzoo/Team-v0",
+        env_kwargs={"prompts": ROWS, "agents": 2, "reward_fns": [reward_len, picky], "on_reward_error": "score"},
+        steps=2,
+        batch_prompts=1,
+        group_size=2,
+        eval_prompts=1,
+        progress=False,
+        plot=False,
+        run_dir=str(tmp_path),
+        agent=AgentConfig(n_layer=1, n_embd=16, max_new_tokens=4),
+    )
+    history = Trainer(cfg).train()
+    assert history[-1]["step"] == 2
+    # tiny random models rarely write digits: most samples make `picky` raise, each counted
+    assert history[-1]["reward/reward_errors"] > 0
+    strict = dataclasses.replace(
+        cfg, env_kwargs={**cfg.env_kwargs, "on_reward_error": "raise"}, run_dir=str(tmp_path / "b")
+    )
+    with pytest.raises(EnvError, match="'picky' raised"):
+        Trainer(strict).train()

@@ -8,7 +8,9 @@ one value per completion; `None` means "not applicable" (scored 0 with a note). 
 extra keyword arguments (`agent_id`, `other_completions`, dataset columns); a function without
 `**kwargs` receives only the ones it names. `RewardFunctions` combines several functions into a
 weighted sum, as TRL does (`sum_k w_k r_k`, `None` skipped), and returns the per-function terms.
-Tasks (Team-v0) and reward models reuse it.
+A function that raises stops with an `EnvError` naming it, the item and the exception; with
+`on_error="score"` the samples it was scoring get `error_value` instead, a note, and a count in the
+`reward_errors` term, and the run goes on. Tasks (Team-v0) and reward models reuse it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from typing import Any
 from textzoo.errors import EnvError
 
 RewardFn = Callable[..., Sequence[float | None]]
+ON_ERROR = ("raise", "score")
+"""What a reward function that raises does: stop the run with an `EnvError`, or score `error_value`."""
+ERRORS_TERM = "reward_errors"
 
 
 def reward_name(fn: Callable[..., Any]) -> str:
@@ -70,6 +75,8 @@ class RewardFunctions:
         weights: Sequence[float] | None = None,
         provided: Sequence[str] = ("prompts", "completions"),
         arg: str = "reward_fns",
+        on_error: str = "raise",
+        error_value: float = 0.0,
     ):
         fns = [reward_fns] if callable(reward_fns) else list(reward_fns)
         if not fns:
@@ -96,6 +103,11 @@ class RewardFunctions:
             raise EnvError(
                 f"reward weights must be {len(fns)} finite numbers (one per reward function), got {weights!r}"
             )
+        if on_error not in ON_ERROR:
+            raise EnvError(f"on_reward_error must be one of {ON_ERROR}, got {on_error!r}")
+        if isinstance(error_value, bool) or not isinstance(error_value, (int, float)) or not math.isfinite(error_value):
+            raise EnvError(f"reward_error_value must be a finite number, got {error_value!r}")
+        self.on_error, self.error_value = on_error, float(error_value)
         self.fns = fns
         self.weights = [float(w) for w in weights]
         self.names = _unique_names([reward_name(fn) for fn in fns])
@@ -104,14 +116,31 @@ class RewardFunctions:
         self, prompts: list[Any], completions: list[str], **kwargs: Any
     ) -> tuple[list[float], list[dict[str, float]], list[list[str]]]:
         """Score a batch: per sample the weighted sum, the per-function terms and notes."""
+        return self.score(prompts, completions, kwargs)
+
+    def score(
+        self, prompts: list[Any], completions: list[str], kwargs: dict[str, Any], where: str = ""
+    ) -> tuple[list[float], list[dict[str, float]], list[list[str]]]:
+        """`__call__` with `where` (e.g. "item 3, agent_0") to name the batch in errors."""
         n = len(completions)
         totals = [0.0] * n
-        terms: list[dict[str, float]] = [{} for _ in range(n)]
+        terms: list[dict[str, float]] = [{ERRORS_TERM: 0.0} if self.on_error == "score" else {} for _ in range(n)]
         notes: list[list[str]] = [[] for _ in range(n)]
         call_kwargs = {"prompts": prompts, "completions": completions, **kwargs}
         for fn, sig, name, weight in zip(self.fns, self.signatures, self.names, self.weights):
             passed = call_kwargs if sig.takes_var_kwargs else {k: v for k, v in call_kwargs.items() if k in sig.names}
-            values = check_reward_values(fn(**passed), n, name)
+            try:
+                raw = fn(**passed)
+            except Exception as e:  # the user's function: its error, named, or a counted failure score
+                if self.on_error == "raise":
+                    raise self._error(name, e, where, completions) from e
+                raw = [self.error_value] * n
+                for i in range(n):
+                    notes[i].append(
+                        f"reward {name!r} raised {type(e).__name__}: {_short(e)}; scored {self.error_value}"
+                    )
+                    terms[i][ERRORS_TERM] += 1.0
+            values = check_reward_values(raw, n, name)
             for i, value in enumerate(values):
                 if value is None:
                     notes[i].append(f"reward {name!r} not applicable (None); scored 0")
@@ -122,6 +151,21 @@ class RewardFunctions:
                 terms[i][name] = value
                 totals[i] += weight * value
         return totals, terms, notes
+
+    def _error(self, name: str, e: Exception, where: str, completions: list[Any]) -> EnvError:
+        sample = f" for completion {str(completions[0])[:120]!r}" if len(completions) == 1 else ""
+        return EnvError(
+            f"reward function {name!r} raised {type(e).__name__}: {_short(e)} while scoring "
+            f"{where or f'{len(completions)} completions'}{sample}. Fix the function (it must return one "
+            "number or None per completion for any text), or pass on_reward_error='score' to give such "
+            f"samples reward_error_value (now {self.error_value}) and go on; failures are counted in the "
+            f"{ERRORS_TERM!r} reward term"
+        )
+
+
+def _short(e: Exception) -> str:
+    text = str(e).strip().replace("\n", " ")
+    return text[:200] + ("..." if len(text) > 200 else "")
 
 
 def check_reward_values(values: Any, n: int, name: str) -> list[float | None]:

@@ -26,7 +26,10 @@ Rewards, for agent i with completion c_i:
 `infos[i]["reward_terms"]` = {name of f_k: f_k value (unweighted), ..., "team": team (when set)}.
 `reward_fns` may also be a dict agent -> function(s) (with `reward_weights` a dict too) to give
 roles different rewards. Non-finite values score 0 with a note; wrong output shapes raise
-`EnvError` (a bug in the reward function, not a bad action).
+`EnvError` (a bug in the reward function, not a bad action). A reward function that raises stops
+with an `EnvError` naming the function, the item, the agent and the exception; with
+`on_reward_error="score"` the sample gets `reward_error_value` for that function instead, a note,
+and a count in the `reward_errors` term (logged as `reward/reward_errors`), and the run goes on.
 
 Items: the dataset rows (`prompts`: a list of str or dicts, a JSONL path or a `datasets.Dataset`).
 `split="train"|"eval"` keeps rows k with k % 5 != 4 | k % 5 == 4; `split="all"` keeps every row
@@ -45,7 +48,7 @@ from pettingzoo.utils.conversions import parallel_to_aec
 
 from textzoo.envs._sources import check_split, load_records, split_indices
 from textzoo.envs.base import StepResult, TextParallelEnv
-from textzoo.envs.rewards import RewardFn, RewardFunctions
+from textzoo.envs.rewards import ERRORS_TERM, RewardFn, RewardFunctions
 from textzoo.errors import EnvError
 
 RESERVED = ("prompts", "completions", "agent_id", "other_completions")
@@ -88,9 +91,12 @@ class TeamEnv(TextParallelEnv):
         split: str = "train",
         max_prompt_chars: int = 2048,
         max_action_chars: int = 4096,
+        on_reward_error: str = "raise",
+        reward_error_value: float = 0.0,
         render_mode: str | None = None,
     ):
         names = _agent_names(agents)
+        on_error = {"on_error": on_reward_error, "error_value": reward_error_value}
         super().__init__(
             names,
             num_turns=1,
@@ -142,18 +148,22 @@ class TeamEnv(TextParallelEnv):
                 raise EnvError("reward_weights must be a dict agent -> weights when reward_fns is a dict")
             for a in names:
                 weights = None if reward_weights is None else reward_weights.get(a)
-                self.reward_fns[a] = RewardFunctions(reward_fns[a], weights, provided, arg=f"reward_fns[{a!r}]")
+                self.reward_fns[a] = RewardFunctions(
+                    reward_fns[a], weights, provided, arg=f"reward_fns[{a!r}]", **on_error
+                )
         else:
             if isinstance(reward_weights, Mapping):
                 raise EnvError(
                     "reward_weights must be a list (one weight per reward function) when reward_fns is not a dict"
                 )
-            shared = RewardFunctions(reward_fns, reward_weights, provided, arg="reward_fns")
+            shared = RewardFunctions(reward_fns, reward_weights, provided, arg="reward_fns", **on_error)
             self.reward_fns = dict.fromkeys(names, shared)
         self.team_reward_fn = (
             None
             if team_reward_fn is None
-            else RewardFunctions([team_reward_fn], None, ("prompts", "completions", *columns), arg="team_reward_fn")
+            else RewardFunctions(
+                [team_reward_fn], None, ("prompts", "completions", *columns), arg="team_reward_fn", **on_error
+            )
         )
         self.row: dict[str, Any] = {}
 
@@ -163,6 +173,9 @@ class TeamEnv(TextParallelEnv):
     def _reset_task(self, index: int) -> dict[str, str]:
         self.row = self._rows[index]
         return {a: render_prompt(self.row[f]) for a, f in self.prompt_fields.items()}
+
+    def _where(self) -> str:
+        return f"item {self.item_index} of split {self.split!r}"
 
     def _columns(self) -> dict[str, list[Any]]:
         fields = set(self.prompt_fields.values())
@@ -179,16 +192,23 @@ class TeamEnv(TextParallelEnv):
             if fns is not None:
                 others = {b: [actions[b]] for b in self.possible_agents if b != a}
                 prompt = self.row[self.prompt_fields[a]]
-                totals, per_fn, fn_notes = fns([prompt], [actions[a]], agent_id=a, other_completions=others, **columns)
+                kwargs = {"agent_id": a, "other_completions": others, **columns}
+                totals, per_fn, fn_notes = fns.score(
+                    [prompt], [actions[a]], kwargs, where=f"{self._where()}, agent {a!r}"
+                )
                 own, own_terms = totals[0], per_fn[0]
                 extra[a] += fn_notes[0]
             rewards[a], terms[a] = own, dict(own_terms)
         if self.team_reward_fn is not None:
             prompt = self.row[self.prompt_fields[self.possible_agents[0]]]
-            totals, _, team_notes = self.team_reward_fn([prompt], [dict(actions)], **columns)
+            totals, team_terms, team_notes = self.team_reward_fn.score(
+                [prompt], [dict(actions)], columns, where=f"{self._where()}, the team reward"
+            )
             for a in self.possible_agents:
                 rewards[a] += totals[0]
                 terms[a]["team"] = totals[0]
+                if ERRORS_TERM in team_terms[0]:
+                    terms[a][ERRORS_TERM] = terms[a].get(ERRORS_TERM, 0.0) + team_terms[0][ERRORS_TERM]
                 extra[a] += team_notes[0]
         return StepResult(rewards=rewards, reward_terms=terms, notes=extra)
 
