@@ -226,3 +226,126 @@ def test_eval_cli_loads_the_final_weights(tmp_path, capsys):
     save_config(CFG, empty / "config.json")
     assert cli_main(["eval", "--run-dir", str(empty), "--prompts", "2"]) == 2
     assert "no checkpoints" in capsys.readouterr().err
+
+
+# ---- preemption: SIGTERM / Ctrl-C finish the step, checkpoint, exit 0 ------------------------------
+PREEMPT = dataclasses.replace(CFG, steps=8, save_every=0, keep_last=0)  # a stop or the end writes a checkpoint
+
+
+@pytest.fixture(scope="module")
+def long_reference(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("long-reference")
+    Trainer(dataclasses.replace(PREEMPT, run_dir=str(run_dir))).train()
+    return run_dir
+
+
+def _wait_rows(run_dir: Path, n: int, proc: subprocess.Popen) -> None:
+    deadline = time.time() + 300
+    metrics = run_dir / "metrics.jsonl"
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= n):
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.time() < deadline
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    "sig, rows, delay",
+    [
+        (signal.SIGTERM, 1, 0.0),  # right after the step-0 evaluation
+        (signal.SIGTERM, 3, 0.15),  # inside step 3
+        (signal.SIGINT, 5, 0.0),  # a first Ctrl-C, as step 5 starts
+    ],
+    ids=["term-after-eval", "term-in-a-step", "ctrl-c"],
+)
+def test_a_signal_finishes_the_step_checkpoints_and_resume_auto_is_bit_identical(
+    tmp_path, long_reference, sig, rows, delay
+):
+    run_dir = tmp_path / "run"
+    config = tmp_path / "config.json"
+    save_config(dataclasses.replace(PREEMPT, run_dir=str(run_dir)), config)
+    proc = _start_cli(run_dir, "--config", str(config))
+    _wait_rows(run_dir, rows, proc)
+    time.sleep(delay)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    (saved,) = ck.list_checkpoints(run_dir)
+    step = int(saved.name.split("-")[1])
+    assert step < PREEMPT.steps and ck.verify(saved) is None
+    assert len(_rows(run_dir)) == step + 1  # the checkpoint holds the last finished step
+    assert f"stopped by {signal.Signals(sig).name} after step {step} of {PREEMPT.steps}" in out
+    assert f"resume with: textzoo train --resume {run_dir}" in out
+    resumed = _start_cli(run_dir, "--config", str(config), "--resume", "auto")
+    out, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, out
+    assert "stopped by" not in out
+    _assert_same_run(run_dir, long_reference)
+
+
+def test_a_second_signal_stops_at_once_and_the_last_checkpoint_survives(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    config = tmp_path / "config.json"
+    save_config(dataclasses.replace(CFG, run_dir=str(run_dir)), config)  # a checkpoint every step
+    proc = _start_cli(run_dir, "--config", str(config))
+    _wait_rows(run_dir, 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(1.2)  # a second signal, not a copy of the first
+    sent = time.time()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    if proc.returncode == 0:  # the step finished before the second signal came: a graceful stop
+        assert "stopped by SIGTERM" in proc.stdout.read()
+    else:
+        assert proc.returncode == -signal.SIGTERM and time.time() - sent < 10
+    path, damage = ck.latest_intact(run_dir)
+    assert path is not None and not damage
+    Trainer(dataclasses.replace(CFG, run_dir=str(run_dir)), resume="auto").train()
+    _assert_same_run(run_dir, reference)
+
+
+def _replicas(launcher: int, n: int) -> list[int]:
+    """Pids of the data-parallel replicas under the CLI process, in rank order (they start in order)."""
+    import psutil
+
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        found = []
+        for child in psutil.Process(launcher).children():
+            try:
+                if any("spawn_main" in part for part in child.cmdline()):
+                    found.append((child.create_time(), child.pid))
+            except psutil.Error:
+                continue
+        if len(found) == n:
+            return [pid for _, pid in sorted(found)]
+        time.sleep(0.1)
+    raise AssertionError("the replicas did not start")
+
+
+def test_data_parallel_replicas_stop_at_the_same_step(tmp_path):
+    # SIGTERM reaches only replica 1; the stop flag's all-reduce stops replica 0 (the writer) with it
+    cfg = dataclasses.replace(PREEMPT, steps=3, num_processes=2)
+    ref_dir, run_dir = tmp_path / "reference", tmp_path / "run"
+    for d in (ref_dir, run_dir):
+        save_config(dataclasses.replace(cfg, run_dir=str(d)), tmp_path / f"{d.name}.json")
+    ref = _start_cli(ref_dir, "--config", str(tmp_path / "reference.json"))
+    out, _ = ref.communicate(timeout=600)
+    assert ref.returncode == 0, out
+    proc = _start_cli(run_dir, "--config", str(tmp_path / "run.json"))
+    ranks = _replicas(proc.pid, 2)
+    _wait_rows(run_dir, 2, proc)
+    os.kill(ranks[1], signal.SIGTERM)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    (saved,) = ck.list_checkpoints(run_dir)
+    step = int(saved.name.split("-")[1])
+    assert step < cfg.steps and "stopped by a signal to another replica" in out
+    assert len(ck.read_checkpoint(saved).state["replicas"]) == 2  # both replicas saved at that step
+    resumed = _start_cli(run_dir, "--config", str(tmp_path / "run.json"), "--resume", "auto")
+    out, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, out
+    assert _rows(run_dir) == _rows(ref_dir)
+    got, want = _final_weights(run_dir), _final_weights(ref_dir)
+    for model in want:
+        for name, tensor in want[model].items():
+            assert torch.equal(got[model][name], tensor), f"{model}:{name}"

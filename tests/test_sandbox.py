@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from unprivileged import run_unprivileged
+from confined import run_unprivileged
 
 from textzoo.envs import sandbox
 from textzoo.envs.sandbox import (

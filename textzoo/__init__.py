@@ -7,6 +7,7 @@ from textzoo.errors import (
     ConfigError,
     EnvError,
     ModelError,
+    ResourceError,
     SandboxError,
     TextzooError,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "EnvError",
     "ModelError",
     "CheckpointError",
+    "ResourceError",
     "SandboxError",
     "__version__",
 ]

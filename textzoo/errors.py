@@ -23,3 +23,7 @@ class CheckpointError(TextzooError):
 
 class SandboxError(TextzooError):
     """The sandbox cannot run programs as configured (a required isolation is missing, or it broke)."""
+
+
+class ResourceError(TextzooError):
+    """A resource ran out (disk space, a file-size limit, GPU memory); the message names it and the fix."""

@@ -145,21 +145,10 @@ def _weights_file(model_name: str) -> str:
     return f"weights-{model_name}.safetensors"
 
 
-def write_checkpoint(
-    run_dir: str | Path,
-    step: int,
-    models: dict[str, torch.nn.Module],
-    state: dict[str, Any],
-    config: dict[str, Any],
-    keep_last: int = 0,
-) -> Path:
-    """Write a checkpoint of `step` atomically; keep the newest `keep_last` (0 = all). Returns its folder."""
-    root = checkpoints_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(f"{STAGING}*"):  # left by a process killed while saving
-        shutil.rmtree(stale, ignore_errors=True)
-    staging = root / f"{STAGING}{step_name(step)}-{os.getpid()}"
-    staging.mkdir()
+def _write_staging(
+    staging: Path, step: int, models: dict[str, torch.nn.Module], state: dict[str, Any], config: dict[str, Any]
+) -> None:
+    """Every file of a checkpoint, fsynced, the manifest last."""
     files: list[str] = []
     for name, model in models.items():
         tensors = {k: v.detach().cpu().contiguous() for k, v in model_weights(model).items()}
@@ -176,6 +165,28 @@ def write_checkpoint(
     (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     _fsync(staging / "manifest.json")
     _fsync(staging)
+
+
+def write_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    models: dict[str, torch.nn.Module],
+    state: dict[str, Any],
+    config: dict[str, Any],
+    keep_last: int = 0,
+) -> Path:
+    """Write a checkpoint of `step` atomically; keep the newest `keep_last` (0 = all). Returns its folder."""
+    root = checkpoints_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(f"{STAGING}*"):  # left by a process killed while saving
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = root / f"{STAGING}{step_name(step)}-{os.getpid()}"
+    staging.mkdir()
+    try:
+        _write_staging(staging, step, models, state, config)
+    except BaseException:  # disk full, quota, a signal: free the room, keep the earlier checkpoints
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     final = root / step_name(step)
     if final.exists():  # saving a step again (a resumed run that had nothing left to do)
         trash = root / f"{STAGING}old-{step_name(step)}-{os.getpid()}"

@@ -116,6 +116,12 @@ def _summary(trainer) -> None:
     for key in ("eval/sampled/reward/mean", "eval/greedy/reward/mean"):
         if key in first and key in last:
             out.print(f"{key}: {first[key]:.3f} -> {last[key]:.3f}")
+    if trainer.stopped_by:
+        from textzoo.runners.checkpoint import list_checkpoints
+        from textzoo.runners.preemption import resume_hint
+
+        checkpointed = bool(list_checkpoints(trainer.run_dir))
+        out.print(resume_hint(trainer.run_dir, trainer.step, trainer.cfg.steps, trainer.stopped_by, checkpointed))
 
 
 @dataclass

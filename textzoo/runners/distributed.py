@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,6 +148,38 @@ def _worker(env: dict[str, str], fn: Callable[..., None], args: tuple) -> None:
         os._exit(code)
 
 
+@contextmanager
+def _forward_signals(procs: list) -> Iterator[None]:
+    """SIGTERM/SIGINT to the launcher reach every replica (which stop after their step together); a
+    second one, a second or more later, kills them all at once."""
+    from textzoo.runners.preemption import DUPLICATE_S, SIGNALS
+
+    first: list[float] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        if not first or time.monotonic() - first[0] < DUPLICATE_S:
+            first[:] = first or [time.monotonic()]
+            for p in procs:
+                if p.is_alive():
+                    os.kill(p.pid, signum)
+            return
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, forward) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def launch(fn: Callable[..., None], num_processes: int, *args: Any) -> None:
     """Run `fn(ctx, *args)` in `num_processes` local processes joined in one process group.
 
@@ -164,15 +199,16 @@ def launch(fn: Callable[..., None], num_processes: int, *args: Any) -> None:
         p = ctx.Process(target=_worker, args=(env, fn, args))
         p.start()
         procs.append(p)
-    while any(p.is_alive() for p in procs):
-        if any(p.exitcode not in (None, 0) for p in procs):
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
-            break
-        time.sleep(0.1)
-    for p in procs:
-        p.join()
+    with _forward_signals(procs):
+        while any(p.is_alive() for p in procs):
+            if any(p.exitcode not in (None, 0) for p in procs):
+                for p in procs:
+                    if p.is_alive():
+                        p.kill()
+                break
+            time.sleep(0.1)
+        for p in procs:
+            p.join()
     failed = {rank: p.exitcode for rank, p in enumerate(procs) if p.exitcode != 0}
     if failed:
         raise TextzooError(f"data-parallel replicas failed (rank: exit code) {failed}; see their messages above")

@@ -38,6 +38,15 @@ from textzoo.runners.checkpoint import (
 from textzoo.runners.config import TrainConfig, from_dict, save_config, to_dict
 from textzoo.runners.distributed import DistContext, merge_rows
 from textzoo.runners.placement import format_placement, place_models, team_models, visible_devices
+from textzoo.runners.preemption import GracefulStop, agree
+from textzoo.runners.resources import (
+    as_write_error,
+    check_run_dir,
+    checkpoint_bytes,
+    out_of_memory,
+    owners_of,
+    write_failure,
+)
 from textzoo.runners.rollout import Collector, prompt_seed
 from textzoo.runners.samples import SamplesLog, sample_rows, samples_table
 from textzoo.runners.schedule import build_schedule
@@ -189,6 +198,9 @@ class Trainer:
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.samples = SamplesLog(self.run_dir / "samples.jsonl")
         self.rollouts: dict[str, Rollout] = {}  # the latest "train", "eval/greedy", "eval/sampled" rollouts
+        self.stopped_by: str | None = None
+        self.resumed_step: int | None = None  # the step of the checkpoint this run resumed from
+        self._team_models = team_models(self.actors, self.family)
         self.history: list[dict[str, Any]] = []
         if resume:
             self._resume()
@@ -203,20 +215,23 @@ class Trainer:
         seeds = [prompt_seed(cfg.seed, self.step, b) for b in range(cfg.batch_prompts)][share]
         needs = self.family.needs
         with self.full_weights():  # sharded models whole from sampling to the jobs (no collectives inside)
-            rollout = self.collector.collect(items, seeds, cfg.group_size, cross=needs.cross)
-            self.rollouts["train"] = rollout
-            if needs.greedy:
-                rollout.greedy = self.collector.collect(items, seeds, 1, greedy=True)
+            with self._phase("generate"):
+                rollout = self.collector.collect(items, seeds, cfg.group_size, cross=needs.cross)
+                self.rollouts["train"] = rollout
+                if needs.greedy:
+                    rollout.greedy = self.collector.collect(items, seeds, 1, greedy=True)
             t_collect = time.perf_counter()
             hook_stats: dict[str, float] = {}
-            for hook in self.hooks:
-                rollout, stats = hook.before_jobs(self, rollout, items, seeds)
-                hook_stats.update(stats)
-            jobs, family_stats = self.family.jobs(rollout)
+            with self._phase("score"):
+                for hook in self.hooks:
+                    rollout, stats = hook.before_jobs(self, rollout, items, seeds)
+                    hook_stats.update(stats)
+                jobs, family_stats = self.family.jobs(rollout)
         training = self.schedule.at(self.step)
         jobs = self.schedule.filter(jobs, self.step)  # agents frozen this step: no loss, no step, no version bump
         sync = self.dist.grad_sync if self.dist.enabled else None
-        update_stats = run_jobs(jobs, self.learners, cfg.update, grad_sync=sync)
+        with self._phase("update"):
+            update_stats = run_jobs(jobs, self.learners, cfg.update, grad_sync=sync)
         t_update = time.perf_counter()
         self.step += 1
         row = {"step": self.step, **rollout_metrics(rollout), **hook_stats, **family_stats}
@@ -269,7 +284,7 @@ class Trainer:
         out: dict[str, float] = {}
         # evaluation samples from its own stream (seeded by the step) and restores the training RNG
         # afterwards, so when and how often a run evaluates never changes what it learns
-        with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))):
+        with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))), self._phase("evaluate"):
             torch.manual_seed(prompt_seed(cfg.seed, -1, 10**9 + self.step))  # apart from item seeds
             for mode, greedy in (("greedy", True), ("sampled", False)):
                 rollout = self.rollouts[f"eval/{mode}"] = collector.collect(items, seeds, 1, greedy=greedy)
@@ -282,24 +297,33 @@ class Trainer:
     def train(self) -> list[dict[str, Any]]:
         """Run the remaining steps; write config, metrics.jsonl, checkpoints and the learning-curve PNG.
 
-        Replica 0 writes every file; the other replicas only train.
+        Replica 0 writes every file; the other replicas only train. A SIGTERM or first Ctrl-C (on any
+        replica) ends the run after the current step with a checkpoint; `stopped_by` then names the
+        signal (None after a full run). The run dir is checked for room first (`ResourceError`).
         """
         cfg = self.cfg
         main = self.dist.is_main
         if main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            check_run_dir(self.run_dir, *checkpoint_bytes(self.learners))  # writable, with room for a checkpoint
             save_config(cfg, self.run_dir / "config.json")
             (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=2) + "\n")
             logger.info(format_placement(self.placement))
         trackers = build_trackers(cfg.report_to, self.run_dir, to_dict(cfg), self.step) if main else []
         progress = _Progress(cfg.steps, self.step, enabled=cfg.progress and main)
-        with progress, open(self.metrics_path, "a") if main else contextlib.nullcontext() as log:
-            if self.step == 0:
+        log_file = open(self.metrics_path, "a") if main else contextlib.nullcontext()
+        with progress, log_file as log, GracefulStop() as stop:
+            if self.step == 0 and self.resumed_step is None:  # a resumed step-0 checkpoint has its row
                 with self.full_weights():  # entered by every process; replica 0 evaluates
                     if main:
                         self._write(log, {"step": 0, **self.evaluate()}, trackers)
                         self._log_samples(("eval/greedy", "eval/sampled"), trackers, progress)
+            saved = self.step if self.resumed_step is not None else None
             while self.step < cfg.steps:
+                if agree(stop.requested):  # SIGTERM / Ctrl-C on any replica: checkpoint and stop here
+                    self.stopped_by = stop.name or "a signal to another replica"
+                    if self.step != saved:  # step 0 too: a restart must not redo its row
+                        self.save_checkpoint()
+                    break
                 row = self.train_step()
                 last = self.step == cfg.steps
                 evaluated = (cfg.eval_every and self.step % cfg.eval_every == 0) or last
@@ -314,6 +338,7 @@ class Trainer:
                     progress.update(row)
                 if last or (cfg.save_every and self.step % cfg.save_every == 0):
                     self.save_checkpoint()
+                    saved = self.step
         for tracker in trackers:
             tracker.close()
         self.dist.barrier()
@@ -356,7 +381,26 @@ class Trainer:
             "replicas": replicas,
             "metrics_rows": len(self.history),
         }
-        return write_checkpoint(self.run_dir, self.step, models, state, to_dict(self.cfg), self.cfg.keep_last)
+        previous = (list_checkpoints(self.run_dir) or [None])[-1]
+        try:
+            return write_checkpoint(self.run_dir, self.step, models, state, to_dict(self.cfg), self.cfg.keep_last)
+        except Exception as e:  # disk full, quota, file-size limit: the earlier checkpoints are untouched
+            needed = checkpoint_bytes(self.learners)[0]
+            cause = as_write_error(e, self.run_dir, needed)
+            if cause is None:
+                raise
+            raise write_failure(cause, self.run_dir, self.step, needed, previous) from e
+
+    def _phase(self, phase: str):
+        """Turn a CUDA out-of-memory error in `phase` into a `ResourceError` naming the model and the fixes."""
+        named = [(a.id, a.policy) for a in self.actors] + [(k, v[0]) for k, v in self._team_models.items()]
+        named += [(name, learner.model) for name, learner in self.learners.items()]
+        u = self.cfg.update
+        settings = (
+            f"batch_prompts={self.cfg.batch_prompts}, group_size={self.cfg.group_size}, "
+            f"micro_batch_size={u.micro_batch_size}, per_sample_backward={u.per_sample_backward}"
+        )
+        return out_of_memory(phase, owners_of(named), lambda: (list_checkpoints(self.run_dir) or [None])[-1], settings)
 
     @staticmethod
     def _checkpointed(model: torch.nn.Module, gather: bool = False):
@@ -411,7 +455,7 @@ class Trainer:
             apply_weights(self._checkpointed(learner.model), ck.weights[name])
             learner.load_state_dict(state["learners"][name])
         self.sampler.load_state_dict(state["sampler"])
-        self.step = int(state["step"])
+        self.step = self.resumed_step = int(state["step"])
         own = state["replicas"][self.dist.rank]
         self.family.load_state_dict(own["family"])
         for hook, hook_state in zip(self.hooks, own.get("hooks", [])):

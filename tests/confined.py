@@ -1,8 +1,10 @@
-"""Run Python code as an unprivileged user, to test what textzoo does for non-root callers.
+"""Run test code in a child process that is confined: as an unprivileged user, or on a tiny disk.
 
-As root, the child enters a private mount namespace in which the interpreter's private folder under
-/root is reachable (a tmpfs over /root with the interpreter's tree moved back in), then becomes
-`nobody`. Without root the code simply runs as the caller.
+`run_unprivileged`: as root, the child enters a private mount namespace in which the interpreter's
+private folder under /root is reachable (a tmpfs over /root with the interpreter's tree moved back
+in), then becomes `nobody`; without root the code simply runs as the caller.
+`run_on_tiny_disk`: the child sees a tmpfs of a few MiB at a given folder (a private mount
+namespace; without root, inside a user namespace).
 """
 
 from __future__ import annotations
@@ -68,3 +70,31 @@ def run_unprivileged(code: str, tmp_path: Path, timeout: float = 120) -> subproc
         )
     except subprocess.SubprocessError as e:
         pytest.skip(f"cannot run code as an unprivileged user here: {e}")
+
+
+def _mount_tmpfs(folder: str, size: int) -> None:
+    if os.geteuid() == 0:
+        sc.unshare(sc.CLONE_NEWNS)
+    else:
+        uid, gid = os.getuid(), os.getgid()
+        sc.unshare(sc.CLONE_NEWUSER | sc.CLONE_NEWNS)
+        sc.write_id_maps(uid, gid)
+    sc.mount(None, "/", None, sc.MS_REC | sc.MS_PRIVATE)
+    sc.mount("tmpfs", folder, "tmpfs", 0, f"size={size},mode=0755")
+
+
+def run_on_tiny_disk(args: list[str], folder: Path, size: int, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run `python *args` with a `size`-byte tmpfs at `folder` (which must exist); skip when impossible."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": REPO}
+    try:
+        subprocess.run([sys.executable, "-c", "pass"], preexec_fn=lambda: _mount_tmpfs(str(folder), size), check=True)
+    except (subprocess.SubprocessError, OSError) as e:
+        pytest.skip(f"cannot mount a tmpfs here (needs root or user namespaces): {e}")
+    return subprocess.run(
+        [sys.executable, *args],
+        preexec_fn=lambda: _mount_tmpfs(str(folder), size),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
