@@ -191,10 +191,29 @@ def keep(plan: dict, link: socket.socket, flags: int) -> None:
 
 
 # ---- program -----------------------------------------------------------------------------------
+def _prepare(plan: dict) -> int | None:
+    """What needs no request, done before it comes: the private tmpfs and /proc mounted, the Landlock
+    ruleset of the private root built. Returns the ruleset's fd (None: built per program, or none)."""
+    use = frozenset(plan["use"])
+    if "mountns" not in use:
+        return None
+    _step("mounting the private tmpfs", layout.program_mounts, plan["disk_bytes"], "pidns" in use)
+    if "landlock" not in use:
+        return None
+    try:
+        return sc.landlock_ruleset(layout.landlock_rules(plan["paths"], layout.WORKDIR, True), plan["landlock_abi"])
+    except OSError as e:
+        raise SetupError(f"Landlock: {e}") from None
+
+
 def serve_one(plan: dict, link: socket.socket, keeper: int) -> None:
-    """Run in the program process: wait for the request, confine, run the harness; never returns."""
+    """Run in the program process: prepare, wait for the request, confine, run the harness; never returns."""
     gc.enable()
     sc.set_name("textzoo-program")
+    try:
+        ruleset = _prepare(plan)
+    except SetupError as e:
+        _fail_tree(link, str(e))
     link.send(READY)
     try:
         msg, fds = recv_fds(link)
@@ -207,7 +226,7 @@ def serve_one(plan: dict, link: socket.socket, keeper: int) -> None:
     os.lseek(payload_fd, 0, os.SEEK_SET)
     cfg = json.loads(_read_all(payload_fd))
     os.close(payload_fd)
-    confine_and_run(cfg, plan, [out_fd, err_fd, res_fd], cfg["nonce"].encode() + b" ", keeper)
+    confine_and_run(cfg, plan, [out_fd, err_fd, res_fd], cfg["nonce"].encode() + b" ", keeper, ruleset)
 
 
 def _stdio(fds: list[int]) -> None:
@@ -226,7 +245,20 @@ def _identity(uid: int | None) -> None:
         sc.drop_capabilities()
 
 
-def confine_and_run(cfg: dict, plan: dict, fds: list[int], tag: bytes, keeper: int) -> None:
+def program_environment(workdir: str, private: bool) -> dict[str, str]:
+    """The whole environment a program sees."""
+    return {
+        "PATH": SCRUBBED_PATH,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "HOME": workdir,
+        "TMPDIR": "/tmp" if private else workdir,
+        "USER": "sandbox",
+        "LOGNAME": "sandbox",
+    }
+
+
+def confine_and_run(cfg: dict, plan: dict, fds: list[int], tag: bytes, keeper: int, ruleset: int | None) -> None:
     """Confine this process for `cfg`'s program, report "R", run the harness; never returns."""
     use = frozenset(plan["use"])
     private = "mountns" in use
@@ -234,8 +266,13 @@ def confine_and_run(cfg: dict, plan: dict, fds: list[int], tag: bytes, keeper: i
     res_fd = fds[2]
     try:
         if private:
-            owner = (cfg["uid"], cfg["uid"]) if cfg["uid"] is not None else None
-            _step("mounting the private tmpfs", layout.program_mounts, cfg["disk_bytes"], owner, "pidns" in use)
+            _step("sizing the private tmpfs", layout.adopt_private, cfg["disk_bytes"], plan["disk_bytes"], cfg["uid"])
+        if "landlock" in use:  # after the mounts (Landlock forbids mounting), before stdio closes the ruleset
+            if ruleset is not None:
+                _step("Landlock", sc.landlock_enforce, ruleset)
+            else:
+                rules = layout.landlock_rules(plan["paths"], workdir, private)
+                _step("Landlock", sc.landlock_restrict, rules, plan["landlock_abi"])
         os.setsid()
         _step("redirecting stdio", _stdio, fds)
         res_fd = harness.RESULT_FD
@@ -249,21 +286,10 @@ def confine_and_run(cfg: dict, plan: dict, fds: list[int], tag: bytes, keeper: i
         if os.getppid() != (1 if "pidns" in use else keeper):
             os._exit(125)
         _step("entering the working dir", os.chdir, workdir)
-        os.environ.clear()
-        os.environ.update(
-            {
-                "PATH": SCRUBBED_PATH,
-                "LANG": "C.UTF-8",
-                "LC_ALL": "C.UTF-8",
-                "HOME": workdir,
-                "TMPDIR": "/tmp" if private else workdir,
-                "USER": "sandbox",
-                "LOGNAME": "sandbox",
-            }
-        )
-        if "landlock" in use:
-            rules = layout.landlock_rules(plan["paths"], workdir, private)
-            _step("Landlock", sc.landlock_restrict, rules, plan["landlock_abi"])
+        env = program_environment(workdir, private)
+        if os.environ != env:  # the zygote of a private root already has it
+            os.environ.clear()
+            os.environ.update(env)
         if "seccomp" in use:
             _step("seccomp", sc.seccomp_install)
         else:

@@ -154,23 +154,26 @@ def build_root(root: str, paths: list[str], links: list[tuple[str, str]], host_p
     sc.mount(None, "/", None, sc.MS_REMOUNT | sc.MS_BIND | sc.MS_RDONLY | sc.MS_NOSUID | sc.MS_NODEV)
 
 
-def program_mounts(disk_bytes: int, owner: tuple[int, int] | None, proc: bool) -> None:
-    """One tmpfs of `disk_bytes` behind /sandbox (owned by `owner`), /tmp and /dev/shm; a fresh /proc."""
-    sc.mount(
-        "tmpfs",
-        PRIVATE,
-        "tmpfs",
-        sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC,
-        f"size={disk_bytes},nr_inodes=16384,mode=0755",
-    )
+_PRIVATE_FLAGS = sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC
+
+
+def program_mounts(disk_bytes: int, proc: bool) -> None:
+    """One tmpfs of `disk_bytes` behind /sandbox, /tmp and /dev/shm; a fresh /proc."""
+    sc.mount("tmpfs", PRIVATE, "tmpfs", _PRIVATE_FLAGS, f"size={disk_bytes},nr_inodes=16384,mode=0755")
     for name, target, mode in (("work", WORKDIR, 0o700), ("tmp", "/tmp", 0o1777), ("shm", "/dev/shm", 0o1777)):
         os.mkdir(f"{PRIVATE}/{name}")
         os.chmod(f"{PRIVATE}/{name}", mode)
-        if owner is not None and name == "work":
-            os.chown(f"{PRIVATE}/{name}", *owner)
         sc.mount(f"{PRIVATE}/{name}", target, None, sc.MS_BIND)
     if proc:
         sc.mount("proc", "/proc", "proc", sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC)
+
+
+def adopt_private(disk_bytes: int, mounted_bytes: int, uid: int | None) -> None:
+    """Fit the prepared tmpfs to one program: its size, and its working dir owned by its uid."""
+    if disk_bytes != mounted_bytes:
+        sc.mount(None, PRIVATE, None, sc.MS_REMOUNT | _PRIVATE_FLAGS, f"size={disk_bytes}")
+    if uid is not None:
+        os.chown(f"{PRIVATE}/work", uid, uid)
 
 
 def landlock_rules(paths: list[str], workdir: str, private_root: bool) -> list[tuple[str, int]]:

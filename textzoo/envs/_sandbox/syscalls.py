@@ -207,9 +207,10 @@ def landlock_fs_rights(abi: int) -> int:
     return rights
 
 
-def landlock_restrict(rules: list[tuple[str, int]], abi: int) -> None:
-    """Allow only `rules` (path, rights beneath it); deny TCP bind/connect (ABI >= 4), signals and
-    abstract unix sockets outside this domain (ABI >= 6). Paths this process cannot reach are skipped."""
+def landlock_ruleset(rules: list[tuple[str, int]], abi: int) -> int:
+    """A ruleset (its fd) that allows only `rules` (path, rights beneath it) and denies TCP bind and
+    connect (ABI >= 4), signals and abstract unix sockets outside its domain (ABI >= 6). Paths this
+    process cannot reach are skipped. A rule on a mount point also covers what is mounted there later."""
     handled = landlock_fs_rights(abi)
     net = _NET_BIND_TCP | _NET_CONNECT_TCP if abi >= 4 else 0
     scoped = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL if abi >= 6 else 0
@@ -228,8 +229,23 @@ def landlock_restrict(rules: list[tuple[str, int]], abi: int) -> None:
                 _check(_sys(_LL_ADD_RULE, ruleset, _LL_RULE_PATH_BENEATH, rule, ctypes.c_uint32(0)), f"landlock {path}")
             finally:
                 os.close(fd)
-        no_new_privs()
-        _check(_sys(_LL_RESTRICT, ruleset, ctypes.c_uint32(0)), "landlock_restrict_self")
+    except BaseException:
+        os.close(ruleset)
+        raise
+    return ruleset
+
+
+def landlock_enforce(ruleset: int) -> None:
+    """Confine this thread (and what it forks) to `ruleset`; sets no_new_privs, which Landlock requires."""
+    no_new_privs()
+    _check(_sys(_LL_RESTRICT, ruleset, ctypes.c_uint32(0)), "landlock_restrict_self")
+
+
+def landlock_restrict(rules: list[tuple[str, int]], abi: int) -> None:
+    """`landlock_enforce` a ruleset of `rules` built now."""
+    ruleset = landlock_ruleset(rules, abi)
+    try:
+        landlock_enforce(ruleset)
     finally:
         os.close(ruleset)
 

@@ -287,6 +287,10 @@ def main() -> None:
     own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)  # before the private root hides /proc
     have = confine.enter_zygote_namespaces(requested, paths, links, missing)
     plan = confine.probe(requested, have, cfg["uid"], paths, own_pidns, missing)
+    plan["disk_bytes"] = cfg["disk_bytes"]
+    if "mountns" in plan["use"]:
+        os.environ.clear()
+        os.environ.update(confine.program_environment(layout.WORKDIR, private=True))
     sock.send(HELLO + json.dumps({**plan, "missing": missing, "pid": os.getpid()}).encode())
     sc.set_name("textzoo-zygote")
     sc.seccomp_prepare()
