@@ -539,3 +539,12 @@ def test_non_root_callers_get_user_namespaces_and_are_told(tmp_path):
     assert out["tmp"] and not out["tmp_left"]
     assert out["imports"] and out["bomb"] is False
     assert out["kill_parent"] in ("", "alive\n")
+
+
+def test_a_failed_setup_step_raises_and_runs_no_model_code(monkeypatch, tmp_path):
+    # without a private root each program gets a host working dir; make entering it fail
+    marker = tmp_path / "ran"
+    monkeypatch.setattr(sandbox, "_host_workdir", lambda uid: str(tmp_path / "missing"))
+    with pytest.raises(SandboxError, match="could not confine a program.*entering the working dir"):
+        run(Program(f"open({str(marker)!r}, 'w').write('x')"), only("landlock"))
+    assert not marker.exists()

@@ -1,19 +1,21 @@
 """The processes behind each program, and the probe of what this machine allows.
 
-    zygote -fork-> launcher -fork-> keeper -fork-> program
+    as root:          zygote -fork-> keeper -fork-> program
+    user namespaces:  zygote -fork-> launcher -fork-> keeper -fork-> program
 
 The zygote keeps a few such trees ready before any program arrives (pre-forked); each serves one
-program and ends.
-- launcher: enters new namespaces (user, net, mount, pid, ipc + uts: those of the plan), forks the
-  keeper, waits for it and exits the way the program did. The zygote kills it on a timeout.
-- keeper: pid 1 of the program's pid namespace; forks the program process, reaps it and any orphan,
-  reports its status and exits, which kills whatever is left in the namespace.
-- program: says "ready" to the zygote and waits for its request (a payload and three pipes); then
-  mounts its private tmpfs and /proc, takes its own session, the rlimits, the dedicated uid (or no
-  capabilities at all), its working dir and environment, Landlock, seccomp; `harness.run` runs the
-  model code.
-Each dies with its parent (a parent-death signal), so killing the launcher ends everything. Before
-model code runs, the program reports "R" on the result pipe; a setup step that fails reports
+program and ends; the zygote kills a tree's top process when its program's time is up.
+- launcher (user namespaces only): enters a new user namespace with the others and forks the keeper.
+  As root the zygote forks the keeper straight into a new pid namespace and returns to its own.
+- keeper: pid 1 of the program's pid namespace; enters the other namespaces (net, mount, ipc + uts:
+  those of the plan), forks the program process, reaps it and any orphan, reports its returncode to
+  the zygote and exits, which kills whatever is left in the namespace.
+- program: mounts its private tmpfs and /proc and builds its Landlock ruleset, says "ready" and waits
+  for its request (a payload and three pipes); then takes its own session, the rlimits, the dedicated
+  uid (or no capabilities at all), its working dir, Landlock and seccomp; `harness.run` runs the model
+  code.
+Each dies with its parent (a parent-death signal), so killing the top of a tree ends all of it.
+Before model code runs, the program reports "R" on the result pipe; a setup step that fails reports
 "F <why>" there (or, before a request came, to the zygote) and model code never runs: the sandbox
 fails closed.
 """
@@ -310,7 +312,7 @@ def in_child(fn, *args) -> str | None:
         try:
             fn(*args)
             code = 0
-        except BaseException as e:  # noqa: BLE001 - every failure is a finding
+        except BaseException as e:  # every failure is a finding
             os.write(w, f"{type(e).__name__}: {e}".encode()[:500])
             code = 1
         os._exit(code)

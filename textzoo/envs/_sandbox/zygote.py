@@ -104,12 +104,13 @@ class Server:
                 if self.new_pid and pid != 0:
                     sc.setns(self.own_pidns, sc.CLONE_NEWPID)  # back to our own for the rest
         except OSError as e:
-            if pid > 0:
-                self._kill(pid)
             ours.close()
             theirs.close()
-            self.broken = f"cannot start a process tree: {e}"
-            self._fail_requests(self.broken)
+            if pid > 0:  # forked, but stuck in the child's pid namespace: nothing more can start
+                self._kill(pid)
+                self.broken = f"cannot return to the zygote's pid namespace: {e}"
+            if not self.idle and not self.ready:  # a fork that fails (process limits): tell who waits
+                self._fail_requests(f"cannot start a process tree: {e}")
             return False
         if pid == 0:
             try:
@@ -139,11 +140,11 @@ class Server:
             return
         link.close()
         self._kill(pid)
-        if msg.startswith(confine.FAILED):
-            self.failures += 1
-            if self.failures >= _MAX_SETUP_FAILURES:
-                self.broken = msg[len(confine.FAILED) :].decode("utf-8", "replace")
-                self._fail_requests(self.broken)
+        self.failures += 1
+        if self.failures >= _MAX_SETUP_FAILURES:
+            why = msg[len(confine.FAILED) :].decode("utf-8", "replace") if msg.startswith(confine.FAILED) else ""
+            self.broken = why or "process trees die before they are ready"
+            self._fail_requests(self.broken)
 
     # ---- requests ----------------------------------------------------------------------------
     def _on_request(self) -> bool:
