@@ -23,8 +23,9 @@ def test_the_first_signal_is_a_request_and_a_copy_of_it_changes_nothing():
 
 
 SECOND = """
-import os, signal, sys, time
+import logging, os, signal, sys, time
 from textzoo.runners.preemption import GracefulStop
+logging.basicConfig()
 with GracefulStop() as stop:
     os.kill(os.getpid(), signal.{sig})
     time.sleep({wait})

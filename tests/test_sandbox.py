@@ -79,6 +79,14 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -492,11 +500,12 @@ def test_zygote_and_programs_die_with_their_parent(end):
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     zygote = int(proc.stdout.readline())
     tree = [zygote, *_descendants(zygote)]
-    assert len(tree) > 3
+    assert len(tree) > 3, tree  # the zygote, its ready trees and the sleeping program's
     if end.startswith("time"):
         proc.send_signal(signal.SIGKILL)
     proc.wait(30)
-    assert _wait_gone(tree) == []
+    left = _wait_gone(tree)
+    assert left == [], [(pid, _comm(pid)) for pid in left]
 
 
 # ---- non-root callers --------------------------------------------------------------------------
