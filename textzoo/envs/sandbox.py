@@ -339,7 +339,7 @@ class _Zygote:
             "isolation": list(limits.mechanisms),
             "uid": limits.uid_base,
             "disk_bytes": limits.disk_bytes,
-            "pool": max(2, min(os.cpu_count() or 1, 8)),
+            "pool": max(3, min(os.cpu_count() or 1, 8)),
         }
         envs_dir = str(Path(__file__).resolve().parent)
         try:

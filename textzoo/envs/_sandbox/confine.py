@@ -194,8 +194,11 @@ def keep(plan: dict, link: socket.socket, flags: int) -> None:
 
 # ---- program -----------------------------------------------------------------------------------
 def _prepare(plan: dict) -> int | None:
-    """What needs no request, done before it comes: the private tmpfs and /proc mounted, the Landlock
-    ruleset of the private root built. Returns the ruleset's fd (None: built per program, or none)."""
+    """What needs no request, done before it comes: a session of its own, the text streams, the
+    private tmpfs and /proc mounted, the Landlock ruleset of the private root built. Returns the
+    ruleset's fd (None: built per program, or none)."""
+    os.setsid()
+    harness.prepare_streams()
     use = frozenset(plan["use"])
     if "mountns" not in use:
         return None
@@ -232,8 +235,8 @@ def serve_one(plan: dict, link: socket.socket, keeper: int) -> None:
 
 
 def _stdio(fds: list[int]) -> None:
-    devnull = os.open("/dev/null", os.O_RDONLY)
-    for fd, target in ((devnull, 0), (fds[0], 1), (fds[1], 2), (fds[2], harness.RESULT_FD)):
+    """The program's pipes as fds 1, 2 and the result fd; every other descriptor above them closed."""
+    for fd, target in ((fds[0], 1), (fds[1], 2), (fds[2], harness.RESULT_FD)):
         os.dup2(fd, target)
     os.closerange(harness.RESULT_FD + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 
@@ -275,7 +278,6 @@ def confine_and_run(cfg: dict, plan: dict, fds: list[int], tag: bytes, keeper: i
             else:
                 rules = layout.landlock_rules(plan["paths"], workdir, private)
                 _step("Landlock", sc.landlock_restrict, rules, plan["landlock_abi"])
-        os.setsid()
         _step("redirecting stdio", _stdio, fds)
         res_fd = harness.RESULT_FD
         rlimits = list(cfg["rlimits"])

@@ -27,8 +27,19 @@ def _alarm(signum, frame):
     raise TestTimeout()
 
 
-def _fresh_stdio() -> None:
-    """New text streams on fds 0-2 (the zygote's own never ran this program's output)."""
+def prepare_streams() -> None:
+    """Before the request: stdin from /dev/null, new text streams on fds 0-2 (over a stand-in pipe
+    that the program's own pipes replace later, at the same descriptors) and a fresh random state
+    (forks of one zygote must not share its state)."""
+    devnull = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    r, w = os.pipe()
+    for fd in (1, 2):
+        os.dup2(w, fd)
+    os.close(r)
+    os.close(w)
+    random.seed()
     sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
     sys.stdout = sys.__stdout__ = io.TextIOWrapper(
         io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8"
@@ -42,9 +53,7 @@ def _fresh_stdio() -> None:
 
 
 def run(source: str, tests: list[str], test_timeout: float | None, tag: bytes, drop_uid: bool) -> None:
-    """Execute the program and its tests, report, exit; never returns."""
-    _fresh_stdio()
-    random.seed()  # forks of one zygote must not share its random state
+    """Execute the program and its tests, report, exit; never returns (after `prepare_streams`)."""
     write, getpid, me, exit_, kill = os.write, os.getpid, os.getpid(), os._exit, os.kill
 
     def emit(*parts: str) -> None:
