@@ -8,16 +8,18 @@ How a program runs
 ------------------
 A zygote (one warm `python -I -S` per interpreter and isolation setting, started on first use)
 has imported the standard modules of `SandboxLimits.preload` and keeps a few process trees ready
-(pre-forked): a launcher in fresh namespaces, its keeper (pid 1 of a new pid namespace) and below
-it the program process, waiting. A program goes to a ready tree and a new tree starts in its place,
-so no interpreter starts and no namespace is built while a program waits. The program process gets
-its private tmpfs and /proc, its own session, the rlimits, the dedicated uid (or, without one, no
-capabilities), a scrubbed environment (PATH, a UTF-8 locale, HOME and TMPDIR), stdin from
-/dev/null, Landlock and seccomp; then model code runs. Outcomes come back on a private pipe, each
-line tagged with a random nonce. Each tree serves one program. The zygote kills a program's tree
-when `timeout_s` is up; closing the zygote (atexit, `close_zygotes`, or the parent dying) kills
-everything it started. A confinement step that fails stops the program before any model code runs
-and `run` raises `SandboxError` (the sandbox fails closed, never open).
+(pre-forked): a keeper, pid 1 of a fresh pid namespace in fresh network, mount and IPC namespaces
+(under a launcher that enters a user namespace first when the caller is not root), and below it
+the program process, which has already mounted its private tmpfs and /proc and built its Landlock
+ruleset. A program goes to a ready tree and a new tree starts in its place, so no interpreter
+starts and no namespace is built while a program waits. The program process then takes the
+rlimits, the dedicated uid (or, without one, no capabilities), its working dir, a scrubbed
+environment (PATH, a UTF-8 locale, HOME and TMPDIR), stdin from /dev/null, Landlock and seccomp;
+then model code runs. Outcomes come back on a private pipe, each line tagged with a random nonce.
+Each tree serves one program. The zygote kills a program's tree when `timeout_s` is up; closing
+the zygote (atexit, `close_zygotes`, or the parent dying) kills everything it started. A
+confinement step that fails stops the program before any model code runs and `run` raises
+`SandboxError` (the sandbox fails closed, never open).
 
 Isolation mechanisms (`SandboxLimits.isolation`; the strongest this machine allows are used, the
 zygote logs once which ones, and `require` turns a missing one into a `SandboxError`):
@@ -328,7 +330,7 @@ class _Job:
 
 
 class _Zygote:
-    """A running zygote: its process, its control socket, its plan and the jobs in flight."""
+    """A running zygote: its process, its control socket, what it isolates with and the jobs in flight."""
 
     def __init__(self, limits: SandboxLimits):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -361,7 +363,6 @@ class _Zygote:
         self._lock = threading.Lock()
         self.alive = True
         hello = self._hello()
-        self.plan = {"use": hello["use"], "landlock_abi": hello["landlock_abi"]}
         order = {m: i for i, m in enumerate(ISOLATION)}
         self.report = IsolationReport(
             tuple(sorted(hello["use"], key=order.__getitem__)), dict(hello["missing"]), int(hello["landlock_abi"])
