@@ -99,7 +99,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -317,8 +317,8 @@ def _kill_uid(uid: int) -> None:
 class _Job:
     """One program submitted to a zygote: the read ends of its pipes and, later, its exit."""
 
-    def __init__(self, rid: int, fds: list[int]):
-        self.id, self.fds = rid, fds
+    def __init__(self, rid: int, fds: list[int], on_exit: Callable[[], None] | None = None):
+        self.id, self.fds, self.on_exit = rid, fds, on_exit
         self.done = threading.Event()
         self.returncode: int | None = None
         self.timed_out = False
@@ -327,6 +327,8 @@ class _Job:
     def finish(self, returncode: int | None, timed_out: bool, error: str | None = None) -> None:
         self.returncode, self.timed_out, self.error = returncode, timed_out, error
         self.done.set()
+        if self.on_exit is not None:
+            self.on_exit()
 
 
 class _Zygote:
@@ -408,11 +410,11 @@ class _Zygote:
             job.finish(None, False, "the sandbox zygote exited")
         self._jobs.clear()
 
-    def submit(self, payload: bytes, timeout_s: float) -> _Job:
-        """Start one program; the caller reads `job.fds` and waits for `job.done`."""
+    def submit(self, payload: bytes, timeout_s: float, on_exit: Callable[[], None] | None = None) -> _Job:
+        """Start one program; the caller reads `job.fds` and waits for `job.done` (then `on_exit` runs)."""
         memfd = os.memfd_create("textzoo-sandbox-payload", os.MFD_CLOEXEC)
         pipes = [os.pipe() for _ in range(3)]
-        job = _Job(next(self._ids), [r for r, _ in pipes])
+        job = _Job(next(self._ids), [r for r, _ in pipes], on_exit)
         try:
             view = memoryview(payload)
             while view:
@@ -599,41 +601,75 @@ def _rmtree(path: str) -> None:
 
 def _run_on(z: _Zygote, program: Program, limits: SandboxLimits) -> SandboxResult:
     use = z.report.mechanisms
+    # a pid namespace and a private root clean up after themselves: the result is known when the
+    # harness reports its end, and the uid goes back to the pool once the zygote saw the tree exit
+    detached = "pidns" in use and "mountns" in use
     uid = _UIDS.acquire(limits.uid_base, limits.uid_pool_size) if "uid" in use else None
+    release = functools.partial(_UIDS.release, uid) if uid is not None else None
     workdir = None
     nonce = secrets.token_hex(16)
     start = time.monotonic()
     try:
         workdir = None if "mountns" in use else _host_workdir(uid)
-        job = z.submit(_payload(program, limits, nonce, uid, workdir), limits.timeout_s)
-        try:
-            outs = _collect(job, limits.output_bytes, start + limits.timeout_s + _STUCK_S)
-            job.done.wait(max(start + limits.timeout_s + _STUCK_S - time.monotonic(), 0))
-        except BaseException:
-            z.kill(job)
-            raise
-        if not job.done.is_set():
-            z.kill(job)
-            raise SandboxError(f"the sandbox zygote did not report a program {_STUCK_S:.0f} s after its timeout")
-        if job.error is not None:
-            raise SandboxError(f"the sandbox could not run a program: {job.error}")
+        job = z.submit(_payload(program, limits, nonce, uid, workdir), limits.timeout_s, release if detached else None)
+    except BaseException:
+        if release is not None:
+            release()
+        raise
+    try:
+        end = (nonce + " D\n").encode() if detached else None
+        outs, ended = _collect(job, limits.output_bytes, start + limits.timeout_s + _STUCK_S, end)
+        if not ended:
+            _wait(z, job, start + limits.timeout_s + _STUCK_S)
+    except BaseException:
+        z.kill(job)
+        raise
     finally:
-        if uid is not None:
-            try:
-                if "pidns" not in use:
-                    _kill_uid(uid)
-            finally:
-                _UIDS.release(uid)
-        if workdir is not None:
-            _rmtree(workdir)
-    return _result(program, outs, job, nonce, time.monotonic() - start, z.report)
+        if not detached:
+            _clean_up(uid, workdir, "pidns" in use)
+    returncode, timed_out = (0, False) if ended else (job.returncode, job.timed_out)
+    return _result(program, outs, returncode, timed_out, nonce, time.monotonic() - start, z.report)
 
 
-def _collect(job: _Job, cap: int, deadline: float) -> list[tuple[bytearray, int]]:
-    """Read stdout, stderr and the result pipe until EOF (or `_GRACE_S` after the program's exit).
+def _wait(z: _Zygote, job: _Job, deadline: float) -> None:
+    """Until the zygote reports the program's exit; `SandboxError` when it cannot run it."""
+    job.done.wait(max(deadline - time.monotonic(), 0))
+    if not job.done.is_set():
+        z.kill(job)
+        raise SandboxError(f"the sandbox zygote did not report a program {_STUCK_S:.0f} s after its timeout")
+    if job.error is not None:
+        raise SandboxError(f"the sandbox could not run a program: {job.error}")
 
-    Returns [(stdout, dropped), (stderr, dropped), (results, dropped)]. Reading goes on past `cap`
-    (the bytes are dropped) so a chatty program cannot block on a full pipe.
+
+def _clean_up(uid: int | None, workdir: str | None, pid_namespace: bool) -> None:
+    """Without a pid namespace and a private root: kill what the uid left running, remove the workdir."""
+    if uid is not None:
+        try:
+            if not pid_namespace:
+                _kill_uid(uid)
+        finally:
+            _UIDS.release(uid)
+    if workdir is not None:
+        _rmtree(workdir)
+
+
+def _drain(fd: int) -> bytes:
+    chunks = []
+    try:
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except BlockingIOError:
+        pass
+    return b"".join(chunks)
+
+
+def _collect(job: _Job, cap: int, deadline: float, end: bytes | None = None) -> tuple[list, bool]:
+    """Read stdout, stderr and the result pipe until EOF (or `_GRACE_S` after the program's exit),
+    or, given `end`, until the result pipe ends with it (the harness's last line; what the program
+    wrote before it is in the other pipes by then).
+
+    Returns ([(stdout, dropped), (stderr, dropped), (results, dropped)], whether `end` was seen).
+    Reading goes on past `cap` (the bytes are dropped) so a chatty program cannot block on a full pipe.
     """
     caps = [cap, cap, 1 << 20]
     bufs = [bytearray(), bytearray(), bytearray()]
@@ -642,16 +678,22 @@ def _collect(job: _Job, cap: int, deadline: float) -> list[tuple[bytearray, int]
     for i, fd in enumerate(job.fds):
         os.set_blocking(fd, False)
         sel.register(fd, selectors.EVENT_READ, i)
+
+    def keep(i: int, chunk: bytes) -> None:
+        room = max(caps[i] - len(bufs[i]), 0)
+        bufs[i] += chunk[:room]
+        dropped[i] += len(chunk) - len(chunk[:room])
+
     exited_at: float | None = None
+    ended = False
     try:
-        while sel.get_map():
+        while sel.get_map() and not ended:
             now = time.monotonic()
             if exited_at is None and job.done.is_set():
                 exited_at = now
             if now >= deadline or (exited_at is not None and now - exited_at > _GRACE_S):
                 break
             for key, _ in sel.select(timeout=0.05 if exited_at else 0.5):
-                i = key.data
                 try:
                     chunk = os.read(key.fd, 65536)
                 except BlockingIOError:
@@ -659,14 +701,17 @@ def _collect(job: _Job, cap: int, deadline: float) -> list[tuple[bytearray, int]
                 if not chunk:
                     sel.unregister(key.fd)
                     continue
-                room = max(caps[i] - len(bufs[i]), 0)
-                bufs[i] += chunk[:room]
-                dropped[i] += len(chunk) - len(chunk[:room])
+                keep(key.data, chunk)
+                ended = end is not None and key.data == 2 and bufs[2].endswith(end)
+                if ended:
+                    for i in (0, 1):
+                        keep(i, _drain(job.fds[i]))
+                    break
     finally:
         sel.close()
         for fd in job.fds:
             os.close(fd)
-    return list(zip(bufs, dropped))
+    return list(zip(bufs, dropped)), ended
 
 
 def _decode(buf: bytearray, dropped: int) -> str:
@@ -695,22 +740,24 @@ def _outcomes(lines: list[str], n_tests: int) -> tuple[list[bool], list[str | No
     return [bool(t) for t in tests], errors, source_error, finished
 
 
-def _result(program: Program, outs, job: _Job, nonce: str, wall: float, report: IsolationReport) -> SandboxResult:
+def _result(
+    program: Program, outs, returncode: int | None, timed_out: bool, nonce: str, wall: float, report: IsolationReport
+) -> SandboxResult:
     (out, out_drop), (err, err_drop), (res, _) = outs
     tag = nonce + " "
     lines = [line[len(tag) :] for line in bytes(res).decode("utf-8", "replace").splitlines() if line.startswith(tag)]
     # the first line comes from the sandbox itself, written before any model code ran
     if lines[:1] and lines[0].startswith("F "):
         raise SandboxError(f"the sandbox could not confine a program ({report}): {lines[0][2:]}")
-    if lines[:1] != ["R"] and not job.timed_out:
+    if lines[:1] != ["R"] and not timed_out:
         raise SandboxError(
-            f"a sandboxed program died during its setup (returncode {job.returncode}): {_decode(err, err_drop)[-500:]}"
+            f"a sandboxed program died during its setup (returncode {returncode}): {_decode(err, err_drop)[-500:]}"
         )
     tests, errors, source_error, finished = _outcomes(lines[1:], len(program.tests))
     return SandboxResult(
-        passed=finished and not job.timed_out and source_error is None and all(tests),
-        returncode=job.returncode,
-        timed_out=job.timed_out,
+        passed=finished and not timed_out and source_error is None and all(tests),
+        returncode=returncode,
+        timed_out=timed_out,
         stdout=_decode(out, out_drop),
         stderr=_decode(err, err_drop),
         wall_s=wall,

@@ -56,7 +56,7 @@ class Server:
         self.ready: collections.deque[tuple[int, socket.socket]] = collections.deque()
         self.running: dict[int, list] = {}  # tree pid -> [request id, deadline, timed out, link]
         self.queue: collections.deque[tuple[int, float, list[int]]] = collections.deque()
-        self.failures, self.broken = 0, ""
+        self.failures, self.broken, self.parent_gone = 0, "", False
         self.wake_r, self.wake_w = os.pipe()
         for fd in (self.wake_r, self.wake_w):
             os.set_blocking(fd, False)
@@ -68,7 +68,7 @@ class Server:
         self.sel.register(self.wake_r, selectors.EVENT_READ, "child")
         try:
             self._fill()
-            while os.getppid() == self.parent:
+            while os.getppid() == self.parent and not self.parent_gone:
                 deadlines = [c[1] for c in self.running.values() if not c[2]]
                 timeout = min([0.5, *(d - time.monotonic() for d in deadlines)])
                 for key, _ in self.sel.select(max(timeout, 0)):
@@ -191,7 +191,7 @@ class Server:
                 del self.queue[i]
                 for fd in fds:
                     os.close(fd)
-                self.sock.send(EXIT + EXIT_MSG.pack(rid, -signal.SIGKILL, False))
+                self._tell(EXIT + EXIT_MSG.pack(rid, -signal.SIGKILL, False))
                 return
         for pid, child in self.running.items():
             if child[0] == rid:
@@ -202,7 +202,14 @@ class Server:
             rid, _, fds = self.queue.popleft()
             for fd in fds:
                 os.close(fd)
-            self.sock.send(ERROR + KILL_MSG.pack(rid) + why.encode("utf-8", "replace")[:4000])
+            self._tell(ERROR + KILL_MSG.pack(rid) + why.encode("utf-8", "replace")[:4000])
+
+    def _tell(self, msg: bytes) -> None:
+        """A message to the parent; when it is gone, the loop ends (and with it every tree)."""
+        try:
+            self.sock.send(msg)
+        except OSError:
+            self.parent_gone = True
 
     # ---- processes ---------------------------------------------------------------------------
     def _drain(self) -> None:
@@ -236,7 +243,7 @@ class Server:
             child = self.running.pop(pid, None)
             if child is not None:
                 rid, _deadline, timed_out, link = child
-                self.sock.send(EXIT + EXIT_MSG.pack(rid, _returncode(link, status), timed_out))
+                self._tell(EXIT + EXIT_MSG.pack(rid, _returncode(link, status), timed_out))
                 link.close()
                 continue
             link = self.idle.pop(pid, None)  # a tree that died before it was ready
