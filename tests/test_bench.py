@@ -183,3 +183,24 @@ def test_a_failed_cell_is_reported_and_retried(tmp_path, monkeypatch, capsys):
     assert "| 0/1 | failed: RuntimeError: out of luck |" in (tmp_path / "out" / "results.md").read_text()
     with pytest.raises(TextzooError):
         bench.main([str(tmp_path / "missing.toml")])
+
+
+def test_a_stopped_cell_stops_the_grid_and_the_next_run_resumes_it(tmp_path, monkeypatch, capsys):
+    import textzoo.runners.trainer as trainer_module
+
+    path = write(tmp_path, TINY.replace('algos = ["magrpo", "mareinforce"]', 'algos = ["magrpo"]'))
+    out = tmp_path / "out"
+    stops = iter([False, True])  # SIGTERM during the first cell's first step: it stops before step 2
+    monkeypatch.setattr(trainer_module, "agree", lambda requested: next(stops, False))
+    assert cli_main(["bench", str(path), "--out-dir", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "stopped by" in printed and "the same command continues the grid" in printed
+    grid = load_grid(path, out_dir=str(out))
+    first, second = grid.cells
+    assert not (first.run_dir / bench.MARKER).exists() and (first.run_dir / "checkpoints" / "step-00000001").is_dir()
+    assert not (second.run_dir / "config.json").exists()  # the grid stopped with the cell
+    monkeypatch.undo()
+    assert cli_main(["bench", str(path), "--out-dir", str(out)]) == 0
+    marker = json.loads((first.run_dir / bench.MARKER).read_text())
+    assert marker["resumed"] and marker["steps"] == 2
+    assert (second.run_dir / bench.MARKER).exists()

@@ -243,6 +243,10 @@ def comparable(config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k not in RUN_ONLY_FIELDS}
 
 
+class Stopped(Exception):
+    """A cell stopped early on SIGTERM / Ctrl-C (checkpointed); the grid stops with it."""
+
+
 def run_cell(config: dict[str, Any], metric: str) -> dict[str, Any]:
     """Train one cell (resuming when its run dir holds a run) and write its completed marker."""
     from textzoo.runners.trainer import Trainer
@@ -255,6 +259,8 @@ def run_cell(config: dict[str, Any], metric: str) -> dict[str, Any]:
     history = trainer.train()
     wall = time.perf_counter() - start
     trainer.collector.close()
+    if trainer.stopped_by:  # not finished: no marker, so the next run resumes this cell
+        raise Stopped(f"stopped by {trainer.stopped_by} in {run_dir.name} at step {trainer.step}")
     summary = summarize(history, metric)
     summary.update({"wall_s": wall, "resumed": resume is not None, "config": to_dict(cfg)})
     tmp = run_dir / (MARKER + ".tmp")
@@ -283,6 +289,8 @@ def _run_or_fail(config: dict[str, Any], metric: str) -> dict[str, Any]:
     """`run_cell`, turning a failure into a summary with its error (the traceback goes to error.txt)."""
     try:
         return run_cell(config, metric)
+    except Stopped:
+        raise
     except Exception as e:  # one broken cell must not stop the grid; it is reported and retried next run
         run_dir = Path(config["run_dir"])
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -495,7 +503,11 @@ def main(argv: list[str]) -> None:
                 results[cell.label] = summary if summary is not None else {"error": error}
     else:
         start = time.perf_counter()
-        results = run_grid(grid, args.workers, log=out.print)
+        try:
+            results = run_grid(grid, args.workers, log=out.print)
+        except Stopped as e:
+            out.print(f"{e}; the same command continues the grid (finished cells are kept, this one resumes)")
+            return
         err.print(f"grid time: {time.perf_counter() - start:.0f} s")
     out.print(f"results: {write_report(grid, results)}")
     if any("error" in s for s in results.values()):
