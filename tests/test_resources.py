@@ -211,10 +211,11 @@ def test_out_of_memory_names_the_phase_the_model_and_the_knobs(phase, tmp_path, 
     assert "Tried to allocate 20.00 GiB" in message
     assert "step-00000001 is intact" in message and "--resume" in message
     if phase == "update":
-        for knob in ("micro_batch_size", "per_sample_backward", "gradient_checkpointing", "lora_rank", "CHUNK"):
+        knobs = ("micro_batch_size", "per_sample_backward", "gradient_checkpointing", "lora_rank", "logits_chunk")
+        for knob in knobs:
             assert knob in message
     if phase == "score":
-        assert "CHUNK" in message and "chunked log-probs" in message
+        assert "chunked log-probs" in message and "logits_chunk" in message and "CHUNK" in message
     assert isinstance(err.value.__cause__, torch.OutOfMemoryError)
     assert [p.name for p in ck.list_checkpoints(tmp_path / "run")] == ["step-00000001"]
     assert ck.verify(ck.list_checkpoints(tmp_path / "run")[0]) is None
