@@ -45,7 +45,7 @@ What is guaranteed (tests/test_sandbox.py, tests/test_code_env.py)
 -------------------------------------------------------------------
 | model code tries to                        | stopped by                          | when those are missing           |
 | ------------------------------------------ | ----------------------------------- | -------------------------------- |
-| reach the network (127.0.0.1 or any host)  | netns; Landlock ABI>=4; seccomp     | open                             |
+| reach the network (127.0.0.1 or any host)  | netns; seccomp; Landlock ABI>=4 (**) | open                            |
 | leave files in /tmp, /dev/shm              | mountns (private tmpfs); Landlock   | world-writable dirs are writable |
 | read files outside its working dir         | mountns (only exposed paths); Landlock | every file its uid can read   |
 | write outside its working dir              | mountns (read-only root); Landlock; uid | every file its uid can write |
@@ -60,9 +60,10 @@ What is guaranteed (tests/test_sandbox.py, tests/test_code_env.py)
 
 (*) with a dedicated uid but no private root, an interpreter in a private folder (under /root) can
 only give the program the modules the zygote preloaded.
+(**) Landlock covers TCP only; UDP and raw sockets need netns or seccomp.
 
-A mechanism in the middle column is enough on its own: each is tested alone and, for the network
-and the files, against a control run without any isolation that does succeed.
+For the network and the files each mechanism of the middle column is tested alone, against a
+control run without any isolation that does reach the listener, leave the file, read the secret.
 
 What is not guaranteed
 ----------------------
