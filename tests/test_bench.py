@@ -107,6 +107,7 @@ def test_all_algorithms_are_whatever_textzoo_has_at_run_time(tmp_path, monkeypat
         (("steps = 2", "steps = 0"), "steps must be >= 1"),
         (("seeds = [0, 1]", "seeds = []"), "grid.seeds"),
         (('name = "tiny"', 'name = "tiny"\nrepeat = 2'), "unknown key.*repeat"),
+        (("steps = 2", 'steps = 2\neval_modes = ["sampled"]'), "needs eval_modes to include 'greedy'"),
     ],
 )
 def test_bad_grids_say_what_to_fix(tmp_path, edit, match):

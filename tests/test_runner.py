@@ -70,6 +70,9 @@ def test_bad_field_values_name_the_field():
         small(credit="everyone")
     with pytest.raises(ConfigError, match="lr"):
         AgentConfig(lr=-1)
+    for modes in ((), ("beam",), ("greedy", "greedy")):
+        with pytest.raises(ConfigError, match="eval_modes"):
+            small(eval_modes=modes)
 
 
 # ---- configs round-trip; old files keep new fields' defaults -----------------------------------------
@@ -139,6 +142,19 @@ def test_metrics_rows_have_the_documented_fields(tmp_path):
     ):
         assert key in row, key
     assert row["agent/summary/weights_version"] == 1
+
+
+def test_eval_modes_choose_the_evaluation_rollouts(tmp_path, capsys):
+    """greedy only: no sampled rollout is played, logged or written to samples.jsonl; eval --show uses it."""
+    trainer = Trainer(small(steps=1, eval_modes=("greedy",)), run_dir=tmp_path)
+    history = trainer.train()
+    assert "eval/greedy/reward/mean" in history[-1]
+    assert not any(k.startswith("eval/sampled") for row in history for k in row)
+    splits = {json.loads(line)["split"] for line in (tmp_path / "samples.jsonl").read_text().splitlines()}
+    assert splits == {"train", "eval/greedy"}
+    assert main(["eval", "--run-dir", str(tmp_path), "--prompts", "2", "--show", "1"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert set(k.split("/")[1] for k in metrics) == {"greedy"}
 
 
 # ---- learning ---------------------------------------------------------------------------------------

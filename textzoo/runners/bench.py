@@ -205,11 +205,23 @@ def load_grid(path: str | Path, out_dir: str = "") -> Grid:
                         config = from_dict(TrainConfig, merged)
                     except TextzooError as e:
                         raise ConfigError(f"grid cell {task}/{algo}/{mode}/seed {seed}: {e}") from e
+                    _check_metric(grid, config, f"grid cell {task}/{algo}/{mode}/seed {seed}")
                     cells.append(Cell(task, algo, mode, seed, config))
     if not cells:
         raise ConfigError("the grid has no cells: check tasks, algos, collaboration, seeds and exclude")
     metric = str(grid.get("metric", "eval/greedy/reward/mean"))
     return Grid(name, root, {t: task_tables[t]["env"] for t in tasks}, metric, cells, str(path))
+
+
+def _check_metric(grid: dict, config: TrainConfig, where: str) -> None:
+    """An eval/<mode>/... metric needs that mode in the cell's eval_modes (else the table would be empty)."""
+    metric = str(grid.get("metric", "eval/greedy/reward/mean"))
+    parts = metric.split("/")
+    if parts[0] == "eval" and len(parts) > 1 and parts[1] not in config.eval_modes:
+        raise ConfigError(
+            f"{where}: grid.metric {metric!r} needs eval_modes to include {parts[1]!r}, "
+            f"got {list(config.eval_modes)}; add it or choose an eval/{config.eval_modes[0]}/... metric"
+        )
 
 
 def _names(grid: dict, key: str, default: list[str] | None) -> list[str]:

@@ -157,8 +157,9 @@ def evaluate(argv: list[str]) -> None:
     if args.show > 0:  # the table goes to stderr, so that stdout stays the JSON of the metrics
         from textzoo.runners.samples import sample_rows, samples_table
 
-        rows = sample_rows(trainer.rollouts["eval/greedy"], trainer.actors, step, "eval/greedy", args.show)
-        console(stderr=True).print(samples_table(rows, f"held-out completions (greedy), weights of step {step}"))
+        split = trainer.eval_splits[0]
+        rows = sample_rows(trainer.rollouts[split], trainer.actors, step, split, args.show)
+        console(stderr=True).print(samples_table(rows, f"held-out completions ({split[5:]}), weights of step {step}"))
     console().print(json.dumps(metrics, indent=2, sort_keys=True))
 
 

@@ -30,6 +30,7 @@ from textzoo.runners.build import TINY_MODELS
 from textzoo.runners.update import UpdateConfig
 
 SHARDINGS = ("replicate", "fsdp")
+EVAL_MODES = ("greedy", "sampled")
 """`TrainConfig.sharding` values (see `textzoo.runners.sharding`)."""
 
 JsonDict = Annotated[
@@ -207,6 +208,8 @@ class TrainConfig:
     """Evaluate on held-out items every k steps (0 = only at the start and the end)."""
     eval_prompts: int = 16
     """Held-out prompts per evaluation."""
+    eval_modes: tuple[str, ...] = ("greedy", "sampled")
+    """How each evaluation decodes: greedy, sampled or both (one rollout each; logged as eval/<mode>/...)."""
     env_workers: int = 1
     """Threads stepping env copies (raise for code tasks whose reward runs programs)."""
     generate_workers: int = 1
@@ -270,6 +273,9 @@ class TrainConfig:
             raise ConfigError(f"gamma must be in [0, 1], got {self.gamma}")
         if self.eval_every < 0:
             raise ConfigError(f"eval_every must be >= 0, got {self.eval_every}")
+        modes = list(self.eval_modes)
+        if not modes or set(modes) - set(EVAL_MODES) or len(set(modes)) < len(modes):
+            raise ConfigError(f"eval_modes must name each of {EVAL_MODES} at most once, and at least one, got {modes}")
         if self.save_every < 0 or self.keep_last < 0:
             raise ConfigError(f"save_every and keep_last must be >= 0, got {self.save_every} and {self.keep_last}")
         unknown_sinks = sorted(set(self.report_to) - {"tensorboard", "wandb"})

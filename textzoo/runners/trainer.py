@@ -272,7 +272,7 @@ class Trainer:
         return sharding.gathered(self.sharded) if self.sharded else contextlib.nullcontext()
 
     def evaluate(self, prompts: int | None = None) -> dict[str, float]:
-        """Greedy and sampled rewards (mean and per term) on held-out items."""
+        """Rewards (mean and per term) on held-out items, one rollout per `eval_modes` entry."""
         cfg = self.cfg
         if self._eval_collector is None:  # built on first use: a run that never evaluates builds no eval envs
             self._eval_collector = Collector(self.eval_env_fn, self.actors, cfg.env_workers)
@@ -286,8 +286,8 @@ class Trainer:
         # afterwards, so when and how often a run evaluates never changes what it learns
         with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))), self._phase("evaluate"):
             torch.manual_seed(prompt_seed(cfg.seed, -1, 10**9 + self.step))  # apart from item seeds
-            for mode, greedy in (("greedy", True), ("sampled", False)):
-                rollout = self.rollouts[f"eval/{mode}"] = collector.collect(items, seeds, 1, greedy=greedy)
+            for mode in cfg.eval_modes:
+                rollout = self.rollouts[f"eval/{mode}"] = collector.collect(items, seeds, 1, greedy=mode == "greedy")
                 for k, v in rollout_metrics(rollout).items():
                     if k.startswith(("reward", "role/", "parse_failure")):
                         out[f"eval/{mode}/{k}"] = v
@@ -316,7 +316,7 @@ class Trainer:
                 with self.full_weights():  # entered by every process; replica 0 evaluates
                     if main:
                         self._write(log, {"step": 0, **self.evaluate()}, trackers)
-                        self._log_samples(("eval/greedy", "eval/sampled"), trackers, progress)
+                        self._log_samples(self.eval_splits, trackers, progress)
             saved = self.step if self.resumed_step is not None else None
             while self.step < cfg.steps:
                 if agree(stop.requested):  # SIGTERM / Ctrl-C on any replica: checkpoint and stop here
@@ -333,7 +333,7 @@ class Trainer:
                             row.update(self.evaluate())
                 if main:
                     self._write(log, row, trackers)
-                    splits = ("train", "eval/greedy", "eval/sampled") if evaluated else ("train",)
+                    splits = ("train", *self.eval_splits) if evaluated else ("train",)
                     self._log_samples(splits, trackers, progress)
                     progress.update(row)
                 if last or (cfg.save_every and self.step % cfg.save_every == 0):
@@ -348,6 +348,11 @@ class Trainer:
             plot_runs([self.run_dir], self.run_dir / "curve.png")
         return self.history
 
+    @property
+    def eval_splits(self) -> tuple[str, ...]:
+        """The rollout names an evaluation fills: "eval/greedy", "eval/sampled" (as `eval_modes` says)."""
+        return tuple(f"eval/{mode}" for mode in self.cfg.eval_modes)
+
     def _log_samples(self, splits, trackers: list, progress: _Progress) -> None:
         """Append the latest rollouts of ``splits`` to samples.jsonl and the trackers; show held-out ones."""
         for split in splits:
@@ -355,8 +360,8 @@ class Trainer:
             self.samples.write(rows)
             for tracker in trackers:
                 tracker.log_samples(rows, split, self.step)
-            if split == "eval/greedy" and rows:
-                progress.show(samples_table(rows, f"held-out completions at step {self.step} (greedy)"))
+            if split == self.eval_splits[0] and rows:
+                progress.show(samples_table(rows, f"held-out completions at step {self.step} ({split[5:]})"))
 
     def _write(self, log, row: dict[str, Any], trackers: list | None = None) -> None:
         self.history.append(row)
@@ -567,6 +572,7 @@ class _Progress:
     def update(self, row: dict[str, Any]) -> None:
         if self.enabled:
             info = f"reward {row['reward/mean']:.3f}"
-            if "eval/greedy/reward/mean" in row:
-                info += f" | eval {row['eval/greedy/reward/mean']:.3f}"
+            key = next((k for k in ("eval/greedy/reward/mean", "eval/sampled/reward/mean") if k in row), None)
+            if key:
+                info += f" | eval {row[key]:.3f}"
             self.bar.update(self.task, completed=row["step"], info=info)
