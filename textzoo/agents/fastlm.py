@@ -259,10 +259,19 @@ class FastDecoder:
         )
 
     def extend(
-        self, ids: torch.Tensor, position: torch.Tensor, prefix: Prefix, cache: KVCache, keep: int
+        self,
+        ids: torch.Tensor,
+        position: torch.Tensor,
+        prefix: Prefix,
+        cache: KVCache,
+        keep: int,
+        needed: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final hidden states ([S, keep, d], after the last norm) at the last ``keep`` of T positions
-        ``ids`` ([S, T]) that follow ``prefix`` and the tokens already in ``cache`` (which gets the new ones)."""
+        ``ids`` ([S, T]) that follow ``prefix`` and the tokens already in ``cache`` (which gets the new ones).
+
+        ``needed`` ([S, T] bool, each row's needed positions first): the positions whose outputs are read;
+        the layers' matmuls then run on those alone (see `Packed`), and the others come out as 0."""
         S, T = ids.shape
         U, G = prefix.prompts, prefix.group
         if U * G != S:
@@ -300,7 +309,8 @@ class FastDecoder:
             out = out.view(U, H_kv, G, rep * T, D) + weights[..., P:] @ vc  # [U, H_kv, G, rep*T, D]
             return out.view(U, H_kv, G, rep, T, D).permute(0, 2, 4, 1, 3, 5).reshape(S, T, H_kv * rep * D)
 
-        return self.norm(self._hidden(ids, position, attend)[:, -keep:])
+        rows = Packed.of(needed) if needed is not None else ALL
+        return self.norm(self._hidden(ids, position, attend, rows=rows)[:, -keep:])
 
     def _attend_rows(self, q, kp, vp, kc, vc, prefix: Prefix, causal, scale) -> torch.Tensor:
         """`extend`'s attention with the prompt's keys/values copied to each of its rows and one sdpa
@@ -337,49 +347,96 @@ class FastDecoder:
             raise ValueError("this decoder runs a trunk without an LM head: it has hidden states, not logits")
         return F.linear(hidden, self.lm_head.weight, self.lm_head.bias)
 
-    def _hidden(self, ids: torch.Tensor, position: torch.Tensor, attend, last: torch.Tensor | None = None):
+    def _hidden(
+        self,
+        ids: torch.Tensor,
+        position: torch.Tensor,
+        attend,
+        last: torch.Tensor | None = None,
+        rows: Packed | None = None,
+    ):
         """Hidden states ([S, T, d]) before the final norm; ``attend(layer, q, k, v, scale)`` mixes positions.
 
         With ``last`` ([S] column per row), the last layer computes keys/values at every position but
-        its output at column ``last`` only ([S, 1, d]).
+        its output at column ``last`` only ([S, 1, d]). With ``rows`` (a `Packed`), the layers compute the
+        packed positions only (the others are 0).
         """
-        return self.arch.forward(self, ids, position, attend, last)
+        return self.arch.forward(self, ids, position, attend, last, rows or ALL)
+
+
+class Packed:
+    """The positions of an [S, T] batch that a pass computes: the matmuls and norms of every layer run
+    on these rows of the flattened batch ([N, ...]); attention sees them scattered back into [S, T, ...]
+    with zeros elsewhere. Exact for causal attention when each row's computed positions come first (a
+    position never attends to a later one). Scoring a batch of completions of different lengths thus
+    skips the padding after each row's last scored token, which can be half of its positions."""
+
+    PACK_BELOW = 0.9
+    """Pack only when fewer than this share of the positions are needed (else the gathers cost more)."""
+
+    def __init__(self, index: torch.Tensor | None, shape: tuple[int, int]) -> None:
+        self.index = index  # [N] positions of the flattened [S*T] batch; None = all
+        self.shape = shape
+
+    @classmethod
+    def of(cls, needed: torch.Tensor) -> Packed:
+        """The needed positions (``needed`` [S, T] bool), or all of them when most are needed."""
+        if needed.numel() == 0 or float(needed.float().mean()) >= cls.PACK_BELOW:
+            return ALL
+        return cls(needed.reshape(-1).nonzero().squeeze(1), tuple(needed.shape))
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """[S, T, ...] -> [N, ...] (unchanged when every position is computed)."""
+        return x if self.index is None else x.reshape(-1, *x.shape[2:]).index_select(0, self.index)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, ...] -> [S, T, ...], 0 at the positions not computed (unchanged when all are)."""
+        if self.index is None:
+            return x
+        S, T = self.shape
+        return x.new_zeros(S * T, *x.shape[1:]).index_copy(0, self.index, x).view(S, T, *x.shape[1:])
+
+
+ALL = Packed(None, (0, 0))
+"""Every position computed (no packing)."""
 
 
 # ------------------------------------------------------------------- architectures: one forward each
-def gpt2_forward(dec: FastDecoder, ids, position, attend, last=None) -> torch.Tensor:
+def gpt2_forward(dec: FastDecoder, ids, position, attend, last=None, rows: Packed = ALL) -> torch.Tensor:
     """GPT-2: learned positions, pre-LayerNorm blocks, fused qkv `Conv1D` (weights stored (in, out))."""
     body = dec.body
-    hidden = body.wte(ids) + body.wpe(position)  # [S, T, d] (the modules: padding_idx keeps a zero gradient)
+    hidden = rows.pack(body.wte(ids) + body.wpe(position))  # [S, T, d] or packed [N, d] (padding_idx: 0 grad)
     for i, block in enumerate(dec.layers):
-        S, T, d = hidden.shape
+        lead, d = hidden.shape[:-1], hidden.shape[-1]  # (S, T) or (N,)
         attn, mlp = block.attn, block.mlp
-        x = _layer_norm(hidden, block.ln_1).view(S * T, d)
-        qkv = torch.addmm(attn.c_attn.bias, x, attn.c_attn.weight).view(S, T, 3, dec.heads, -1)  # [S, T, 3, H, D]
-        q, k, v = qkv.unbind(2)  # 3 x [S, T, H, D]
+        x = _layer_norm(hidden, block.ln_1).reshape(-1, d)
+        qkv = torch.addmm(attn.c_attn.bias, x, attn.c_attn.weight).view(*lead, 3, dec.heads, -1)  # [..., 3, H, D]
+        q, k, v = (rows.unpack(t) for t in qkv.unbind(-3))  # 3 x [S, T, H, D]
         if last is not None and i == len(dec.layers) - 1:
-            q, hidden, T = _at(q, last), _at(hidden, last), 1  # [S, 1, H, D], [S, 1, d]
-        out = attend(i, q, k, v, attn.scaling).reshape(S * T, d)
-        hidden = hidden + torch.addmm(attn.c_proj.bias, out, attn.c_proj.weight).view(S, T, d)
-        x = _layer_norm(hidden, block.ln_2).view(S * T, d)
+            q, hidden, lead = _at(q, last), _at(hidden, last), (hidden.shape[0], 1)  # [S, 1, H, D], [S, 1, d]
+        out = rows.pack(attend(i, q, k, v, attn.scaling)).reshape(-1, d)
+        hidden = hidden + torch.addmm(attn.c_proj.bias, out, attn.c_proj.weight).view(*lead, d)
+        x = _layer_norm(hidden, block.ln_2).reshape(-1, d)
         x = mlp.act(torch.addmm(mlp.c_fc.bias, x, mlp.c_fc.weight))  # [S*T, 4d]
-        hidden = hidden + torch.addmm(mlp.c_proj.bias, x, mlp.c_proj.weight).view(S, T, d)
-    return hidden
+        hidden = hidden + torch.addmm(mlp.c_proj.bias, x, mlp.c_proj.weight).view(*lead, d)
+    return rows.unpack(hidden)
 
 
-def llama_forward(dec: FastDecoder, ids, position, attend, last=None, qk_norm: bool = False) -> torch.Tensor:
+def llama_forward(
+    dec: FastDecoder, ids, position, attend, last=None, rows: Packed = ALL, qk_norm: bool = False
+) -> torch.Tensor:
     """Llama / Qwen2 / Mistral: RoPE, RMSNorm, grouped-query attention, SwiGLU MLP (with ``qk_norm``,
     an RMSNorm on each head's queries and keys before RoPE)."""
     body = dec.body
     hidden = body.embed_tokens(ids)  # [S, T, d] (the module: padding_idx keeps a zero gradient)
     cos, sin = body.rotary_emb(hidden, position)  # [S, T, D] each
-    cos, sin = cos[:, :, None], sin[:, :, None]  # [S, T, 1, D]
+    hidden, cos, sin = rows.pack(hidden), rows.pack(cos)[..., None, :], rows.pack(sin)[..., None, :]  # [..., 1, D]
     for i, layer in enumerate(dec.layers):
-        S, T, _ = hidden.shape
+        lead = hidden.shape[:-1]  # (S, T) or, packed, (N,)
         attn, mlp = layer.self_attn, layer.mlp
         x = _rms_norm(hidden, layer.input_layernorm)
-        k = _linear(x, attn.k_proj).view(S, T, dec.kv_heads, -1)  # [S, T, H_kv, D]
-        v = _linear(x, attn.v_proj).view(S, T, dec.kv_heads, -1)
+        k = _linear(x, attn.k_proj).view(*lead, dec.kv_heads, -1)  # [..., H_kv, D]
+        v = _linear(x, attn.v_proj).view(*lead, dec.kv_heads, -1)
         if qk_norm:
             k = _rms_norm(k, attn.k_norm)
         k = k * cos + _rotate_half(k) * sin
@@ -387,19 +444,20 @@ def llama_forward(dec: FastDecoder, ids, position, attend, last=None, qk_norm: b
             x, hidden, q_cos, q_sin = _at(x, last), _at(hidden, last), _at(cos, last), _at(sin, last)
         else:
             q_cos, q_sin = cos, sin
-        q = _linear(x, attn.q_proj).view(S, x.shape[1], dec.heads, -1)  # [S, T', H, D]
+        q = _linear(x, attn.q_proj).view(*x.shape[:-1], dec.heads, -1)  # [..., T', H, D]
         if qk_norm:
             q = _rms_norm(q, attn.q_norm)
         q = q * q_cos + _rotate_half(q) * q_sin
-        hidden = hidden + _linear(attend(i, q, k, v, attn.scaling), attn.o_proj)
+        out = rows.pack(attend(i, rows.unpack(q), rows.unpack(k), rows.unpack(v), attn.scaling))
+        hidden = hidden + _linear(out, attn.o_proj)
         x = _rms_norm(hidden, layer.post_attention_layernorm)
         hidden = hidden + _linear(mlp.act_fn(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj), mlp.down_proj)
-    return hidden
+    return rows.unpack(hidden)
 
 
-def qwen3_forward(dec: FastDecoder, ids, position, attend, last=None) -> torch.Tensor:
+def qwen3_forward(dec: FastDecoder, ids, position, attend, last=None, rows: Packed = ALL) -> torch.Tensor:
     """Qwen3: Llama's blocks with an RMSNorm on each head's queries and keys before RoPE."""
-    return llama_forward(dec, ids, position, attend, last, qk_norm=True)
+    return llama_forward(dec, ids, position, attend, last, rows, qk_norm=True)
 
 
 def _at(x: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
@@ -484,8 +542,9 @@ class Architecture:
     layers: str
     """The trunk's attribute that holds its blocks."""
     forward: Callable[..., torch.Tensor]
-    """``(decoder, ids [S, T], position [S, T], attend, last) -> hidden [S, T, d]`` before the final norm;
-    ``attend(layer, q, k, v, scale)`` mixes positions (see `FastDecoder._hidden`)."""
+    """``(decoder, ids [S, T], position [S, T], attend, last, rows) -> hidden [S, T, d]`` before the final
+    norm; ``attend(layer, q, k, v, scale)`` mixes positions, ``rows`` (a `Packed`) are the positions to
+    compute (see `FastDecoder._hidden`)."""
     final_norm: Callable[[nn.Module, torch.Tensor], torch.Tensor]
     """``(trunk, hidden) -> hidden`` after the trunk's final norm."""
     heads: Callable[[Any], tuple[int, int]]
