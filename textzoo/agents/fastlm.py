@@ -164,31 +164,60 @@ class Prefix:
 class FastDecoder:
     """Forward of a supported causal LM in plain torch ops, reading the module's parameters."""
 
-    def __init__(self, model: nn.Module, arch: Architecture) -> None:
-        self.model = model
+    def __init__(self, model: nn.Module, arch: Architecture, lm: nn.Module | None = None, adapter: str | None = None):
+        self.model = model  # whose parameters train and whose mode counts (a LoRA agent's adapter view)
         self.arch = arch
-        config = model.config
-        self.lm_head: nn.Linear | None = getattr(model, "lm_head", None)
-        self.body = getattr(model, arch.trunk) if self.lm_head is not None else model
+        lm = model if lm is None else lm  # the module holding the layers
+        config = lm.config
+        self.lm_head: nn.Linear | None = getattr(lm, "lm_head", None)
+        self.body = getattr(lm, arch.trunk) if self.lm_head is not None else lm
         self.layers = list(getattr(self.body, arch.layers))
         self.heads, self.kv_heads = arch.heads(config)
-        self.dropout = float(arch.dropout(config))
+        self.adapter = adapter
+        """The LoRA adapter (peft) this decoder adds to the layers it wraps; None = the plain weights."""
+        modules = [m for m in lm.modules() if _lora_base(m) is not None and adapter in m.lora_dropout]
+        lora_dropout = [float(getattr(m.lora_dropout[adapter], "p", 0.0)) for m in modules]  # Identity when 0
+        self.dropout = max([float(arch.dropout(config)), *lora_dropout])
 
     @classmethod
     def build(cls, model: nn.Module) -> FastDecoder | None:
-        """A decoder for ``model`` (a causal LM, or its trunk without the LM head) when its
-        architecture is in `ARCHITECTURES` and the module is one its forward reproduces, else None."""
-        config = getattr(model, "config", None)
+        """A decoder for ``model`` (a causal LM, or its trunk without the LM head, or a LoRA agent's
+        adapter view of a shared base) when its architecture is in `ARCHITECTURES` and the module is
+        one its forward reproduces, else None."""
+        adapter = getattr(model, "adapter", None)  # `textzoo.agents.lora.AdapterView`: its adapter on the base
+        lm = model.get_base_model() if adapter is not None else model
+        config = getattr(lm, "config", None)
         arch = ARCHITECTURES.get(getattr(config, "model_type", None))
         if arch is None:
             return None
         try:
-            head = getattr(model, "lm_head", None)
-            if arch.exact(getattr(model, arch.trunk) if head is not None else model, head, config):
-                return cls(model, arch)
+            head = getattr(lm, "lm_head", None)
+            if arch.exact(getattr(lm, arch.trunk) if head is not None else lm, head, config):
+                return cls(model, arch, lm, adapter)
         except AttributeError:  # a module layout this version of transformers does not have
             return None
         return None
+
+    def linear(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+        """``layer(x)`` for an `nn.Linear`, or one wrapped by peft's LoRA (this decoder's adapter added)."""
+        base = _lora_base(layer)
+        if base is None:
+            return F.linear(x, layer.weight, layer.bias)
+        return F.linear(x, base.weight, base.bias) + self._lora_delta(x, layer)
+
+    def conv(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+        """``layer(x)`` ([N, in] -> [N, out]) for GPT-2's `Conv1D` (weight stored (in, out)), or one wrapped by LoRA."""
+        base = _lora_base(layer)
+        if base is None:
+            return torch.addmm(layer.bias, x, layer.weight)
+        return torch.addmm(base.bias, x, base.weight) + self._lora_delta(x, layer)
+
+    def _lora_delta(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+        """The adapter's term B A x * scaling (0 when this decoder's adapter does not wrap ``layer``)."""
+        if self.adapter not in layer.lora_A:
+            return torch.zeros((), dtype=x.dtype, device=x.device)
+        a, b = layer.lora_A[self.adapter], layer.lora_B[self.adapter]
+        return F.linear(F.linear(x, a.weight), b.weight) * layer.scaling[self.adapter]
 
     @property
     def graph_safe(self) -> bool:
@@ -410,15 +439,15 @@ def gpt2_forward(dec: FastDecoder, ids, position, attend, last=None, rows: Packe
         lead, d = hidden.shape[:-1], hidden.shape[-1]  # (S, T) or (N,)
         attn, mlp = block.attn, block.mlp
         x = _layer_norm(hidden, block.ln_1).reshape(-1, d)
-        qkv = torch.addmm(attn.c_attn.bias, x, attn.c_attn.weight).view(*lead, 3, dec.heads, -1)  # [..., 3, H, D]
+        qkv = dec.conv(x, attn.c_attn).view(*lead, 3, dec.heads, -1)  # [..., 3, H, D]
         q, k, v = (rows.unpack(t) for t in qkv.unbind(-3))  # 3 x [S, T, H, D]
         if last is not None and i == len(dec.layers) - 1:
             q, hidden, lead = _at(q, last), _at(hidden, last), (hidden.shape[0], 1)  # [S, 1, H, D], [S, 1, d]
         out = rows.pack(attend(i, q, k, v, attn.scaling)).reshape(-1, d)
-        hidden = hidden + torch.addmm(attn.c_proj.bias, out, attn.c_proj.weight).view(*lead, d)
+        hidden = hidden + dec.conv(out, attn.c_proj).view(*lead, d)
         x = _layer_norm(hidden, block.ln_2).reshape(-1, d)
-        x = mlp.act(torch.addmm(mlp.c_fc.bias, x, mlp.c_fc.weight))  # [S*T, 4d]
-        hidden = hidden + torch.addmm(mlp.c_proj.bias, x, mlp.c_proj.weight).view(*lead, d)
+        x = mlp.act(dec.conv(x, mlp.c_fc))  # [S*T, 4d]
+        hidden = hidden + dec.conv(x, mlp.c_proj).view(*lead, d)
     return rows.unpack(hidden)
 
 
@@ -435,8 +464,8 @@ def llama_forward(
         lead = hidden.shape[:-1]  # (S, T) or, packed, (N,)
         attn, mlp = layer.self_attn, layer.mlp
         x = _rms_norm(hidden, layer.input_layernorm)
-        k = _linear(x, attn.k_proj).view(*lead, dec.kv_heads, -1)  # [..., H_kv, D]
-        v = _linear(x, attn.v_proj).view(*lead, dec.kv_heads, -1)
+        k = dec.linear(x, attn.k_proj).view(*lead, dec.kv_heads, -1)  # [..., H_kv, D]
+        v = dec.linear(x, attn.v_proj).view(*lead, dec.kv_heads, -1)
         if qk_norm:
             k = _rms_norm(k, attn.k_norm)
         k = k * cos + _rotate_half(k) * sin
@@ -444,14 +473,16 @@ def llama_forward(
             x, hidden, q_cos, q_sin = _at(x, last), _at(hidden, last), _at(cos, last), _at(sin, last)
         else:
             q_cos, q_sin = cos, sin
-        q = _linear(x, attn.q_proj).view(*x.shape[:-1], dec.heads, -1)  # [..., T', H, D]
+        q = dec.linear(x, attn.q_proj).view(*x.shape[:-1], dec.heads, -1)  # [..., T', H, D]
         if qk_norm:
             q = _rms_norm(q, attn.q_norm)
         q = q * q_cos + _rotate_half(q) * q_sin
         out = rows.pack(attend(i, rows.unpack(q), rows.unpack(k), rows.unpack(v), attn.scaling))
-        hidden = hidden + _linear(out, attn.o_proj)
+        hidden = hidden + dec.linear(out, attn.o_proj)
         x = _rms_norm(hidden, layer.post_attention_layernorm)
-        hidden = hidden + _linear(mlp.act_fn(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj), mlp.down_proj)
+        hidden = hidden + dec.linear(
+            mlp.act_fn(dec.linear(x, mlp.gate_proj)) * dec.linear(x, mlp.up_proj), mlp.down_proj
+        )
     return rows.unpack(hidden)
 
 
@@ -465,8 +496,20 @@ def _at(x: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
     return x[torch.arange(x.shape[0], device=x.device), column][:, None]
 
 
-def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    return F.linear(x, layer.weight, layer.bias)
+def _lora_base(layer: nn.Module) -> nn.Module | None:
+    """The wrapped layer when ``layer`` is peft's plain LoRA wrapper (unmerged, no DoRA or other variant),
+    else None."""
+    base = getattr(layer, "base_layer", None)
+    if base is None or not all(hasattr(layer, a) for a in ("lora_A", "lora_B", "scaling", "merged")):
+        return None
+    if layer.merged or getattr(layer, "lora_variant", None) or getattr(layer, "disable_adapters", False):
+        return None
+    return base
+
+
+def _plain(layer: nn.Module, kind: type) -> bool:
+    """``layer`` is a ``kind`` (`nn.Linear`, `Conv1D`), unwrapped or inside a plain LoRA wrapper."""
+    return type(layer) is kind or type(_lora_base(layer)) is kind
 
 
 def _layer_norm(x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
@@ -505,7 +548,7 @@ def gpt2_exact(body: nn.Module, head: nn.Module | None, config) -> bool:
     for block in body.h:
         convs = (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj)
         norms = (block.ln_1, block.ln_2)
-        if any(type(c) is not Conv1D for c in convs) or any(type(n) is not nn.LayerNorm for n in norms):
+        if not all(_plain(c, Conv1D) for c in convs) or any(type(n) is not nn.LayerNorm for n in norms):
             return False
     return type(body.ln_f) is nn.LayerNorm
 
@@ -516,7 +559,7 @@ def llama_exact(body: nn.Module, head: nn.Module | None, config, qk_norm: bool =
     for layer in body.layers:
         attn, mlp = layer.self_attn, layer.mlp
         linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        if any(type(m) is not nn.Linear for m in linears):
+        if not all(_plain(m, nn.Linear) for m in linears):
             return False
         if set(dict(layer.named_children())) != {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}:
             return False  # extra sub-layers (e.g. q/k norms) this forward does not apply
