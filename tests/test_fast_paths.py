@@ -347,3 +347,31 @@ def test_long_scoring_passes_take_fused_attention_with_the_same_results(arch, mo
     calls.clear()
     _generate(policy, prompts)  # decoding (one token per step) keeps the grouped path
     assert calls == []
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen3"])
+def test_scoring_skips_the_positions_after_each_rows_last_scored_token(arch, monkeypatch):
+    """Completions of different lengths: the layers run on the needed positions only (`Packed`), with
+    the log-probs and gradients of running every position, and the masked-out positions cost no head."""
+    from textzoo.agents import fastlm
+
+    policy = _gqa_policy() if arch == "llama" else _tiny(arch)
+    gen = _generate(policy, _grouped(PROMPTS, 3))
+    gen.completion_mask[::2, 3:] = 0  # shorten every other row further: lots of padding
+    gen.logprobs = gen.logprobs * gen.completion_mask
+    assert gen.completion_mask.float().mean() < fastlm.Packed.PACK_BELOW
+    weights = torch.linspace(-1.0, 2.0, len(gen))
+    policy.model.train()
+    packed = []
+    of = fastlm.Packed.of
+    monkeypatch.setattr(fastlm.Packed, "of", classmethod(lambda cls, needed: packed.append(of(needed)) or packed[-1]))
+    packed_logp, packed_grads = _score_and_grads(policy, gen, weights)
+    (rows,) = packed
+    last = gen.completion_mask.shape[1] - 1 - gen.completion_mask.flip(1).int().argmax(1)
+    assert rows.index is not None and len(rows.index) == int(last.sum())  # inputs before each last scored token
+    monkeypatch.setattr(fastlm.Packed, "PACK_BELOW", 0.0)  # compute every position
+    full_logp, full_grads = _score_and_grads(policy, gen, weights)
+    torch.testing.assert_close(packed_logp, full_logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(packed_logp, gen.logprobs, atol=1e-5, rtol=0)
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)

@@ -230,3 +230,51 @@ def test_iac_value_heads_on_lora_agents_read_each_agents_adapter(tmp_path):
                 output_hidden_states=True,
             ).hidden_states[-1][:, -1]  # [S, d]
         torch.testing.assert_close(critic.features(gen.prompt_ids, gen.prompt_mask), hidden, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_lora_agents_run_the_plain_decoder_with_their_own_adapter(arch):
+    """The plain-torch decoder reads a view's adapter on the shared base (peft's wrapped layers): the
+    module's samples, log-probs and adapter gradients, and nothing from the other agent's adapter."""
+    from textzoo.agents.backends.plain import PlainBackend
+
+    base = Policy.tiny(arch, seed=3, generation=GenerationConfig(max_new_tokens=6))
+    shared = SharedBase(base)
+    a, b = shared.add("a", 4, seed=1), shared.add("b", 4, seed=2)
+    perturb(a, 0.05)
+    perturb(b, -0.07)
+    for policy in (a, b):
+        backend = policy.backend()
+        assert isinstance(backend, PlainBackend) and backend.decoder.adapter == policy.model.adapter
+    prompts = ["hello there", "a", "hello there", "the quick brown fox"]
+    results = {}
+    for fast in (True, False):
+        a.fast_forward = b.fast_forward = fast
+        gen = a.generate(prompts, generator=torch.Generator().manual_seed(0))
+        b.generate(prompts[:1])  # the other agent runs in between: it must not leak into a's next call
+        a.model.train()
+        a.model.zero_grad()
+        logp = a.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
+        (logp.sum(1) * torch.linspace(-1.0, 1.0, len(prompts))).sum().backward()
+        grads = {n: p.grad.clone() for n, p in a.model.named_parameters() if p.grad is not None}
+        assert grads and all(p.grad is None or not p.grad.any() for p in b.model.parameters())
+        results[fast] = gen, logp.detach(), grads
+        a.model.eval()
+    (gen_fast, logp_fast, grads_fast), (gen_module, logp_module, grads_module) = results[True], results[False]
+    assert torch.equal(gen_fast.completion_ids, gen_module.completion_ids)
+    torch.testing.assert_close(gen_fast.logprobs, gen_module.logprobs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(logp_fast, logp_module, atol=1e-5, rtol=0)
+    assert grads_fast.keys() == grads_module.keys()
+    for name, grad in grads_module.items():
+        torch.testing.assert_close(grads_fast[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_lora_dropout_in_train_mode_runs_the_module():
+    shared = SharedBase(Policy.tiny("llama", seed=3, generation=GenerationConfig(max_new_tokens=4)))
+    policy = shared.add("a", 4, dropout=0.1, seed=1)
+    from textzoo.agents.backends.plain import PlainBackend
+
+    policy.model.eval()
+    assert isinstance(policy.backend(), PlainBackend)  # eval mode: dropout is off, the plain forward is exact
+    policy.model.train()
+    assert not isinstance(policy.backend(), PlainBackend)

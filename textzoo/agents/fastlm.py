@@ -164,31 +164,60 @@ class Prefix:
 class FastDecoder:
     """Forward of a supported causal LM in plain torch ops, reading the module's parameters."""
 
-    def __init__(self, model: nn.Module, arch: Architecture) -> None:
-        self.model = model
+    def __init__(self, model: nn.Module, arch: Architecture, lm: nn.Module | None = None, adapter: str | None = None):
+        self.model = model  # whose parameters train and whose mode counts (a LoRA agent's adapter view)
         self.arch = arch
-        config = model.config
-        self.lm_head: nn.Linear | None = getattr(model, "lm_head", None)
-        self.body = getattr(model, arch.trunk) if self.lm_head is not None else model
+        lm = model if lm is None else lm  # the module holding the layers
+        config = lm.config
+        self.lm_head: nn.Linear | None = getattr(lm, "lm_head", None)
+        self.body = getattr(lm, arch.trunk) if self.lm_head is not None else lm
         self.layers = list(getattr(self.body, arch.layers))
         self.heads, self.kv_heads = arch.heads(config)
-        self.dropout = float(arch.dropout(config))
+        self.adapter = adapter
+        """The LoRA adapter (peft) this decoder adds to the layers it wraps; None = the plain weights."""
+        modules = [m for m in lm.modules() if _lora_base(m) is not None and adapter in m.lora_dropout]
+        lora_dropout = [float(getattr(m.lora_dropout[adapter], "p", 0.0)) for m in modules]  # Identity when 0
+        self.dropout = max([float(arch.dropout(config)), *lora_dropout])
 
     @classmethod
     def build(cls, model: nn.Module) -> FastDecoder | None:
-        """A decoder for ``model`` (a causal LM, or its trunk without the LM head) when its
-        architecture is in `ARCHITECTURES` and the module is one its forward reproduces, else None."""
-        config = getattr(model, "config", None)
+        """A decoder for ``model`` (a causal LM, or its trunk without the LM head, or a LoRA agent's
+        adapter view of a shared base) when its architecture is in `ARCHITECTURES` and the module is
+        one its forward reproduces, else None."""
+        adapter = getattr(model, "adapter", None)  # `textzoo.agents.lora.AdapterView`: its adapter on the base
+        lm = model.get_base_model() if adapter is not None else model
+        config = getattr(lm, "config", None)
         arch = ARCHITECTURES.get(getattr(config, "model_type", None))
         if arch is None:
             return None
         try:
-            head = getattr(model, "lm_head", None)
-            if arch.exact(getattr(model, arch.trunk) if head is not None else model, head, config):
-                return cls(model, arch)
+            head = getattr(lm, "lm_head", None)
+            if arch.exact(getattr(lm, arch.trunk) if head is not None else lm, head, config):
+                return cls(model, arch, lm, adapter)
         except AttributeError:  # a module layout this version of transformers does not have
             return None
         return None
+
+    def linear(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+        """``layer(x)`` for an `nn.Linear`, or one wrapped by peft's LoRA (this decoder's adapter added)."""
+        base = _lora_base(layer)
+        if base is None:
+            return F.linear(x, layer.weight, layer.bias)
+        return F.linear(x, base.weight, base.bias) + self._lora_delta(x, layer)
+
+    def conv(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+        """``layer(x)`` ([N, in] -> [N, out]) for GPT-2's `Conv1D` (weight stored (in, out)), or one wrapped by LoRA."""
+        base = _lora_base(layer)
+        if base is None:
+            return torch.addmm(layer.bias, x, layer.weight)
+        return torch.addmm(base.bias, x, base.weight) + self._lora_delta(x, layer)
+
+    def _lora_delta(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+        """The adapter's term B A x * scaling (0 when this decoder's adapter does not wrap ``layer``)."""
+        if self.adapter not in layer.lora_A:
+            return torch.zeros((), dtype=x.dtype, device=x.device)
+        a, b = layer.lora_A[self.adapter], layer.lora_B[self.adapter]
+        return F.linear(F.linear(x, a.weight), b.weight) * layer.scaling[self.adapter]
 
     @property
     def graph_safe(self) -> bool:
@@ -259,10 +288,19 @@ class FastDecoder:
         )
 
     def extend(
-        self, ids: torch.Tensor, position: torch.Tensor, prefix: Prefix, cache: KVCache, keep: int
+        self,
+        ids: torch.Tensor,
+        position: torch.Tensor,
+        prefix: Prefix,
+        cache: KVCache,
+        keep: int,
+        needed: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final hidden states ([S, keep, d], after the last norm) at the last ``keep`` of T positions
-        ``ids`` ([S, T]) that follow ``prefix`` and the tokens already in ``cache`` (which gets the new ones)."""
+        ``ids`` ([S, T]) that follow ``prefix`` and the tokens already in ``cache`` (which gets the new ones).
+
+        ``needed`` ([S, T] bool, each row's needed positions first): the positions whose outputs are read;
+        the layers' matmuls then run on those alone (see `Packed`), and the others come out as 0."""
         S, T = ids.shape
         U, G = prefix.prompts, prefix.group
         if U * G != S:
@@ -300,7 +338,8 @@ class FastDecoder:
             out = out.view(U, H_kv, G, rep * T, D) + weights[..., P:] @ vc  # [U, H_kv, G, rep*T, D]
             return out.view(U, H_kv, G, rep, T, D).permute(0, 2, 4, 1, 3, 5).reshape(S, T, H_kv * rep * D)
 
-        return self.norm(self._hidden(ids, position, attend)[:, -keep:])
+        rows = Packed.of(needed) if needed is not None else ALL
+        return self.norm(self._hidden(ids, position, attend, rows=rows)[:, -keep:])
 
     def _attend_rows(self, q, kp, vp, kc, vc, prefix: Prefix, causal, scale) -> torch.Tensor:
         """`extend`'s attention with the prompt's keys/values copied to each of its rows and one sdpa
@@ -337,49 +376,96 @@ class FastDecoder:
             raise ValueError("this decoder runs a trunk without an LM head: it has hidden states, not logits")
         return F.linear(hidden, self.lm_head.weight, self.lm_head.bias)
 
-    def _hidden(self, ids: torch.Tensor, position: torch.Tensor, attend, last: torch.Tensor | None = None):
+    def _hidden(
+        self,
+        ids: torch.Tensor,
+        position: torch.Tensor,
+        attend,
+        last: torch.Tensor | None = None,
+        rows: Packed | None = None,
+    ):
         """Hidden states ([S, T, d]) before the final norm; ``attend(layer, q, k, v, scale)`` mixes positions.
 
         With ``last`` ([S] column per row), the last layer computes keys/values at every position but
-        its output at column ``last`` only ([S, 1, d]).
+        its output at column ``last`` only ([S, 1, d]). With ``rows`` (a `Packed`), the layers compute the
+        packed positions only (the others are 0).
         """
-        return self.arch.forward(self, ids, position, attend, last)
+        return self.arch.forward(self, ids, position, attend, last, rows or ALL)
+
+
+class Packed:
+    """The positions of an [S, T] batch that a pass computes: the matmuls and norms of every layer run
+    on these rows of the flattened batch ([N, ...]); attention sees them scattered back into [S, T, ...]
+    with zeros elsewhere. Exact for causal attention when each row's computed positions come first (a
+    position never attends to a later one). Scoring a batch of completions of different lengths thus
+    skips the padding after each row's last scored token, which can be half of its positions."""
+
+    PACK_BELOW = 0.9
+    """Pack only when fewer than this share of the positions are needed (else the gathers cost more)."""
+
+    def __init__(self, index: torch.Tensor | None, shape: tuple[int, int]) -> None:
+        self.index = index  # [N] positions of the flattened [S*T] batch; None = all
+        self.shape = shape
+
+    @classmethod
+    def of(cls, needed: torch.Tensor) -> Packed:
+        """The needed positions (``needed`` [S, T] bool), or all of them when most are needed."""
+        if needed.numel() == 0 or float(needed.float().mean()) >= cls.PACK_BELOW:
+            return ALL
+        return cls(needed.reshape(-1).nonzero().squeeze(1), tuple(needed.shape))
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """[S, T, ...] -> [N, ...] (unchanged when every position is computed)."""
+        return x if self.index is None else x.reshape(-1, *x.shape[2:]).index_select(0, self.index)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, ...] -> [S, T, ...], 0 at the positions not computed (unchanged when all are)."""
+        if self.index is None:
+            return x
+        S, T = self.shape
+        return x.new_zeros(S * T, *x.shape[1:]).index_copy(0, self.index, x).view(S, T, *x.shape[1:])
+
+
+ALL = Packed(None, (0, 0))
+"""Every position computed (no packing)."""
 
 
 # ------------------------------------------------------------------- architectures: one forward each
-def gpt2_forward(dec: FastDecoder, ids, position, attend, last=None) -> torch.Tensor:
+def gpt2_forward(dec: FastDecoder, ids, position, attend, last=None, rows: Packed = ALL) -> torch.Tensor:
     """GPT-2: learned positions, pre-LayerNorm blocks, fused qkv `Conv1D` (weights stored (in, out))."""
     body = dec.body
-    hidden = body.wte(ids) + body.wpe(position)  # [S, T, d] (the modules: padding_idx keeps a zero gradient)
+    hidden = rows.pack(body.wte(ids) + body.wpe(position))  # [S, T, d] or packed [N, d] (padding_idx: 0 grad)
     for i, block in enumerate(dec.layers):
-        S, T, d = hidden.shape
+        lead, d = hidden.shape[:-1], hidden.shape[-1]  # (S, T) or (N,)
         attn, mlp = block.attn, block.mlp
-        x = _layer_norm(hidden, block.ln_1).view(S * T, d)
-        qkv = torch.addmm(attn.c_attn.bias, x, attn.c_attn.weight).view(S, T, 3, dec.heads, -1)  # [S, T, 3, H, D]
-        q, k, v = qkv.unbind(2)  # 3 x [S, T, H, D]
+        x = _layer_norm(hidden, block.ln_1).reshape(-1, d)
+        qkv = dec.conv(x, attn.c_attn).view(*lead, 3, dec.heads, -1)  # [..., 3, H, D]
+        q, k, v = (rows.unpack(t) for t in qkv.unbind(-3))  # 3 x [S, T, H, D]
         if last is not None and i == len(dec.layers) - 1:
-            q, hidden, T = _at(q, last), _at(hidden, last), 1  # [S, 1, H, D], [S, 1, d]
-        out = attend(i, q, k, v, attn.scaling).reshape(S * T, d)
-        hidden = hidden + torch.addmm(attn.c_proj.bias, out, attn.c_proj.weight).view(S, T, d)
-        x = _layer_norm(hidden, block.ln_2).view(S * T, d)
-        x = mlp.act(torch.addmm(mlp.c_fc.bias, x, mlp.c_fc.weight))  # [S*T, 4d]
-        hidden = hidden + torch.addmm(mlp.c_proj.bias, x, mlp.c_proj.weight).view(S, T, d)
-    return hidden
+            q, hidden, lead = _at(q, last), _at(hidden, last), (hidden.shape[0], 1)  # [S, 1, H, D], [S, 1, d]
+        out = rows.pack(attend(i, q, k, v, attn.scaling)).reshape(-1, d)
+        hidden = hidden + dec.conv(out, attn.c_proj).view(*lead, d)
+        x = _layer_norm(hidden, block.ln_2).reshape(-1, d)
+        x = mlp.act(dec.conv(x, mlp.c_fc))  # [S*T, 4d]
+        hidden = hidden + dec.conv(x, mlp.c_proj).view(*lead, d)
+    return rows.unpack(hidden)
 
 
-def llama_forward(dec: FastDecoder, ids, position, attend, last=None, qk_norm: bool = False) -> torch.Tensor:
+def llama_forward(
+    dec: FastDecoder, ids, position, attend, last=None, rows: Packed = ALL, qk_norm: bool = False
+) -> torch.Tensor:
     """Llama / Qwen2 / Mistral: RoPE, RMSNorm, grouped-query attention, SwiGLU MLP (with ``qk_norm``,
     an RMSNorm on each head's queries and keys before RoPE)."""
     body = dec.body
     hidden = body.embed_tokens(ids)  # [S, T, d] (the module: padding_idx keeps a zero gradient)
     cos, sin = body.rotary_emb(hidden, position)  # [S, T, D] each
-    cos, sin = cos[:, :, None], sin[:, :, None]  # [S, T, 1, D]
+    hidden, cos, sin = rows.pack(hidden), rows.pack(cos)[..., None, :], rows.pack(sin)[..., None, :]  # [..., 1, D]
     for i, layer in enumerate(dec.layers):
-        S, T, _ = hidden.shape
+        lead = hidden.shape[:-1]  # (S, T) or, packed, (N,)
         attn, mlp = layer.self_attn, layer.mlp
         x = _rms_norm(hidden, layer.input_layernorm)
-        k = _linear(x, attn.k_proj).view(S, T, dec.kv_heads, -1)  # [S, T, H_kv, D]
-        v = _linear(x, attn.v_proj).view(S, T, dec.kv_heads, -1)
+        k = dec.linear(x, attn.k_proj).view(*lead, dec.kv_heads, -1)  # [..., H_kv, D]
+        v = dec.linear(x, attn.v_proj).view(*lead, dec.kv_heads, -1)
         if qk_norm:
             k = _rms_norm(k, attn.k_norm)
         k = k * cos + _rotate_half(k) * sin
@@ -387,19 +473,22 @@ def llama_forward(dec: FastDecoder, ids, position, attend, last=None, qk_norm: b
             x, hidden, q_cos, q_sin = _at(x, last), _at(hidden, last), _at(cos, last), _at(sin, last)
         else:
             q_cos, q_sin = cos, sin
-        q = _linear(x, attn.q_proj).view(S, x.shape[1], dec.heads, -1)  # [S, T', H, D]
+        q = dec.linear(x, attn.q_proj).view(*x.shape[:-1], dec.heads, -1)  # [..., T', H, D]
         if qk_norm:
             q = _rms_norm(q, attn.q_norm)
         q = q * q_cos + _rotate_half(q) * q_sin
-        hidden = hidden + _linear(attend(i, q, k, v, attn.scaling), attn.o_proj)
+        out = rows.pack(attend(i, rows.unpack(q), rows.unpack(k), rows.unpack(v), attn.scaling))
+        hidden = hidden + dec.linear(out, attn.o_proj)
         x = _rms_norm(hidden, layer.post_attention_layernorm)
-        hidden = hidden + _linear(mlp.act_fn(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj), mlp.down_proj)
-    return hidden
+        hidden = hidden + dec.linear(
+            mlp.act_fn(dec.linear(x, mlp.gate_proj)) * dec.linear(x, mlp.up_proj), mlp.down_proj
+        )
+    return rows.unpack(hidden)
 
 
-def qwen3_forward(dec: FastDecoder, ids, position, attend, last=None) -> torch.Tensor:
+def qwen3_forward(dec: FastDecoder, ids, position, attend, last=None, rows: Packed = ALL) -> torch.Tensor:
     """Qwen3: Llama's blocks with an RMSNorm on each head's queries and keys before RoPE."""
-    return llama_forward(dec, ids, position, attend, last, qk_norm=True)
+    return llama_forward(dec, ids, position, attend, last, rows, qk_norm=True)
 
 
 def _at(x: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
@@ -407,8 +496,20 @@ def _at(x: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
     return x[torch.arange(x.shape[0], device=x.device), column][:, None]
 
 
-def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    return F.linear(x, layer.weight, layer.bias)
+def _lora_base(layer: nn.Module) -> nn.Module | None:
+    """The wrapped layer when ``layer`` is peft's plain LoRA wrapper (unmerged, no DoRA or other variant),
+    else None."""
+    base = getattr(layer, "base_layer", None)
+    if base is None or not all(hasattr(layer, a) for a in ("lora_A", "lora_B", "scaling", "merged")):
+        return None
+    if layer.merged or getattr(layer, "lora_variant", None) or getattr(layer, "disable_adapters", False):
+        return None
+    return base
+
+
+def _plain(layer: nn.Module, kind: type) -> bool:
+    """``layer`` is a ``kind`` (`nn.Linear`, `Conv1D`), unwrapped or inside a plain LoRA wrapper."""
+    return type(layer) is kind or type(_lora_base(layer)) is kind
 
 
 def _layer_norm(x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
@@ -447,7 +548,7 @@ def gpt2_exact(body: nn.Module, head: nn.Module | None, config) -> bool:
     for block in body.h:
         convs = (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj)
         norms = (block.ln_1, block.ln_2)
-        if any(type(c) is not Conv1D for c in convs) or any(type(n) is not nn.LayerNorm for n in norms):
+        if not all(_plain(c, Conv1D) for c in convs) or any(type(n) is not nn.LayerNorm for n in norms):
             return False
     return type(body.ln_f) is nn.LayerNorm
 
@@ -458,7 +559,7 @@ def llama_exact(body: nn.Module, head: nn.Module | None, config, qk_norm: bool =
     for layer in body.layers:
         attn, mlp = layer.self_attn, layer.mlp
         linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        if any(type(m) is not nn.Linear for m in linears):
+        if not all(_plain(m, nn.Linear) for m in linears):
             return False
         if set(dict(layer.named_children())) != {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}:
             return False  # extra sub-layers (e.g. q/k norms) this forward does not apply
@@ -484,8 +585,9 @@ class Architecture:
     layers: str
     """The trunk's attribute that holds its blocks."""
     forward: Callable[..., torch.Tensor]
-    """``(decoder, ids [S, T], position [S, T], attend, last) -> hidden [S, T, d]`` before the final norm;
-    ``attend(layer, q, k, v, scale)`` mixes positions (see `FastDecoder._hidden`)."""
+    """``(decoder, ids [S, T], position [S, T], attend, last, rows) -> hidden [S, T, d]`` before the final
+    norm; ``attend(layer, q, k, v, scale)`` mixes positions, ``rows`` (a `Packed`) are the positions to
+    compute (see `FastDecoder._hidden`)."""
     final_norm: Callable[[nn.Module, torch.Tensor], torch.Tensor]
     """``(trunk, hidden) -> hidden`` after the trunk's final norm."""
     heads: Callable[[Any], tuple[int, int]]

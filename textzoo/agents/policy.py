@@ -360,8 +360,9 @@ class Policy:
             raise ValueError("score needs at least one prompt token per sample (generate adds BOS to empty prompts)")
         prompt_ids, prompt_mask = self._prepare_prompts(prompt_ids, prompt_mask)
         backend = self.backend() if completion_ids.shape[1] > 0 else self.backends().module
+        scored = completion_mask.bool()
         with autocast(device, self.autocast):
-            inputs = backend.score(prompt_ids, prompt_mask, completion_ids)
+            inputs = backend.score(prompt_ids, prompt_mask, completion_ids, scored)
             bias = self._allowed_bias(inputs.vocab_size)
             token_logp, entropy = sampling.selected_log_probs(
                 inputs,
@@ -370,8 +371,8 @@ class Policy:
                 bias,
                 return_entropy=return_entropy,
                 chunk=self.logits_chunk,
+                mask=scored,
             )
-        scored = completion_mask.bool()
         token_logp = token_logp.masked_fill(~scored, 0.0)
         if not return_entropy:
             return token_logp

@@ -369,25 +369,33 @@ def selected_log_probs(
     *,
     return_entropy: bool = False,
     chunk: int = LOGITS_CHUNK,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ([S, C]) of ``tokens`` ([S, C]) under the sampling distribution at each position, and
     with ``return_entropy`` that distribution's entropy ([S, C]; else None).
 
     The LM head runs on ``chunk // V`` positions at a time (``chunk`` = 0: all at once), so the
     [S, C, V] logits never exist together: with gradients on, each chunk is checkpointed (its logits
-    are recomputed in backward, one chunk at a time), which gives the same gradients exactly.
+    are recomputed in backward, one chunk at a time), which gives the same gradients exactly. With
+    ``mask`` ([S, C] bool), the head runs at the masked-in positions only (the others get 0): padding
+    and forced tokens cost no LM head.
     """
     S, C = tokens.shape
     hidden = inputs.hidden.reshape(S * C, -1)  # [S*C, d]
     flat = tokens.reshape(S * C)  # [S*C]
-    rows = max(1, chunk // max(inputs.vocab_size, 1)) if chunk > 0 else S * C
+    where = None
+    if mask is not None and not bool(mask.all()):
+        where = mask.reshape(S * C).nonzero().squeeze(1)  # [N] the positions that are scored
+        hidden, flat = hidden.index_select(0, where), flat.index_select(0, where)  # [N, d], [N]
+    n = flat.shape[0]
+    rows = max(1, chunk // max(inputs.vocab_size, 1)) if chunk > 0 else max(n, 1)
 
     def piece(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logp = log_probs(inputs.head(h), temperature, bias)  # [n, V]
         token_logp = logp.gather(1, t[:, None]).squeeze(1)  # [n]
         return token_logp, entropy_of(logp) if return_entropy else token_logp.new_zeros(0)
 
-    if rows >= S * C:
+    if rows >= n:
         token_logp, entropy = piece(hidden, flat)
     else:
         checkpointed = torch.is_grad_enabled()
@@ -395,6 +403,10 @@ def selected_log_probs(
             checkpoint(piece, h, t, use_reentrant=False) if checkpointed else piece(h, t)
             for h, t in zip(hidden.split(rows), flat.split(rows))
         ]
-        token_logp = torch.cat([p[0] for p in parts])  # [S*C]
+        token_logp = torch.cat([p[0] for p in parts])  # [N]
         entropy = torch.cat([p[1] for p in parts])
+    if where is not None:  # back to every position, 0 where nothing was scored
+        token_logp = token_logp.new_zeros(S * C).index_put((where,), token_logp)  # [S*C]
+        if return_entropy:
+            entropy = entropy.new_zeros(S * C).index_put((where,), entropy)
     return token_logp.view(S, C), entropy.view(S, C) if return_entropy else None

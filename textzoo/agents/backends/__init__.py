@@ -13,7 +13,7 @@ The interface (`Backend`):
   (left-padded); ``Decoding.logits`` ([S, V]) predict the first completion token.
 - ``Decoding.decode(tokens [S]) -> logits [S, V]``: append one token per row and predict the next.
   ``Decoding.retain(rows)`` lets finished rows go: later calls take and return the kept rows only.
-- ``score(prompt_ids, prompt_mask, completion_ids [S, C]) -> HeadInput``: what the logits predicting
+- ``score(prompt_ids, prompt_mask, completion_ids [S, C], scored) -> HeadInput``: what the logits predicting
   each completion token are made from (final hidden states and the LM head), so that the caller can
   compute the selected tokens' log-probs a chunk of positions at a time, with gradients.
 
@@ -85,8 +85,16 @@ class Backend(Protocol):
 
     def prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int) -> Decoding: ...
 
-    def score(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor) -> HeadInput:
-        """The head input predicting each completion token (``completion_ids`` [S, C], C >= 1)."""
+    def score(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        completion_ids: torch.Tensor,
+        scored: torch.Tensor | None = None,
+    ) -> HeadInput:
+        """The head input predicting each completion token (``completion_ids`` [S, C], C >= 1). ``scored``
+        ([S, C] bool): the tokens whose log-probs the caller reads; a backend may skip the positions no
+        scored token depends on (those after a row's last scored token), whose head inputs are then 0."""
         ...
 
     def prompt_cache(self) -> AbstractContextManager[None]:

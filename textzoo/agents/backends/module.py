@@ -86,9 +86,16 @@ class ModuleBackend:
         return ModuleDecoding(self, logits, cache, step_attention, position[:, -1:], P)
 
     # ----------------------------------------------------------------------------------- scoring
-    def score(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor) -> HeadInput:
+    def score(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        completion_ids: torch.Tensor,
+        scored: torch.Tensor | None = None,
+    ) -> HeadInput:
         """The final hidden states ([S, C, d]) predicting each completion token and the LM head; for
-        models whose head is not known to be plain (`head` None), the logits ([S, C, V]) themselves."""
+        models whose head is not known to be plain (`head` None), the logits ([S, C, V]) themselves.
+        The module runs every position (``scored`` is not used)."""
         with self._head_inputs() as head:
             out = self._score(prompt_ids, prompt_mask, completion_ids)  # [S, C, d] or [S, C, V]
         return HeadInput(out, head)

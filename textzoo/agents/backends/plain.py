@@ -100,11 +100,18 @@ class PlainBackend:
         return prefix, last, rows
 
     # ----------------------------------------------------------------------------------- scoring
-    def score(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor) -> HeadInput:
+    def score(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        completion_ids: torch.Tensor,
+        scored: torch.Tensor | None = None,
+    ) -> HeadInput:
         """Final hidden states ([S, C, d]) predicting each completion token, and the LM head.
 
         Each distinct prompt runs once; its samples' completions attend to its keys/values (with their
-        graph) in one grouped matmul, so the prompt's gradient is the sum over its samples.
+        graph) in one grouped matmul, so the prompt's gradient is the sum over its samples. With
+        ``scored``, the positions after each row's last scored token are not computed (`Packed`).
         """
         fast = self.decoder
         C = completion_ids.shape[1]
@@ -117,7 +124,12 @@ class PlainBackend:
         hidden = last[:, None]  # [S, 1, d]
         if C > 1:
             position = lengths[:, None] + torch.arange(C - 1, device=prompt_ids.device)  # [S, C-1]
-            rest = fast.extend(completion_ids[:, :-1], position, prefix, fast.new_cache(), C - 1)  # [S, C-1, d]
+            needed = None
+            if scored is not None:  # input t feeds the scored tokens after it: t < each row's last scored column
+                last = C - 1 - scored.flip(1).int().argmax(1)  # [S] (0 for a row with nothing scored)
+                last = torch.where(scored.any(1), last, torch.zeros_like(last))
+                needed = torch.arange(C - 1, device=last.device) < last[:, None]  # [S, C-1]
+            rest = fast.extend(completion_ids[:, :-1], position, prefix, fast.new_cache(), C - 1, needed)  # [S, C-1, d]
             hidden = torch.cat([hidden, rest], 1)  # [S, C, d]
         return HeadInput(hidden, fast.head)
 

@@ -1,0 +1,101 @@
+"""Pinned samples: fixed seeds give these exact tokens, masks, texts and log-probs (plain and scripted).
+
+The pins in ``tests/data/decode_pins.json`` were written by the decode loop as it stood before plain
+and scripted decoding became one loop, so a change to the loop that alters what a seed samples fails
+here. Regenerate them (``python tests/test_decode_pins.py``) only for a change that is meant to alter
+samples, and say so in its commit.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from textzoo.agents.joint import JointActor
+from textzoo.agents.policy import GenerationConfig, Policy
+from textzoo.agents.sampling import Segment
+from textzoo.agents.tokenizer import BYTE_OFFSET
+
+torch.set_num_threads(1)
+
+PINS = Path(__file__).parent / "data" / "decode_pins.json"
+PROMPTS = ["hi", "a longer prompt, with words", "", "x" * 9, "hi", "ab"]
+
+
+def ids(text: str) -> tuple[int, ...]:
+    return tuple(b + BYTE_OFFSET for b in text.encode())
+
+
+def _plain(arch: str, greedy: bool = False, **generation):
+    policy = Policy.tiny(arch, seed=5, generation=GenerationConfig(**{"max_new_tokens": 20, **generation}))
+    gen = policy.generate(PROMPTS, greedy=greedy, generator=torch.Generator().manual_seed(7))
+    return gen, None
+
+
+def _scripted():
+    # "a"/"b"/" " and EOS only: sections often end on the stop string "ab" or at EOS
+    policy = Policy.tiny("llama", seed=3, generation=GenerationConfig(max_new_tokens=16, allowed_tokens=ids("ab ")))
+    long = [Segment(forced=ids("<a>")), Segment(budget=6), Segment(forced=ids("</a><b>")), Segment(budget=5)]
+    stops = [
+        Segment(budget=7, stop_strings=("ab",)),
+        Segment(forced=ids("|full|"), after_stop=ids("|")),
+        Segment(budget=6, stop_strings=("ab", "ba")),
+        Segment(forced=ids("!"), after_stop=()),
+        Segment(budget=3),
+    ]
+    scripts = [long, stops, stops, long, stops, [Segment(budget=4)]]
+    prompt_ids, prompt_mask = policy.encode(PROMPTS)
+    return policy.generate_script(prompt_ids, prompt_mask, scripts, generator=torch.Generator().manual_seed(11))
+
+
+def _joint():
+    from textzoo.envs import make
+
+    policy = Policy.tiny(seed=0, generation=GenerationConfig(max_new_tokens=16, max_prompt_tokens=400))
+    joint = JointActor(["summary", "elaboration"], policy, section_tokens=6)
+    env = make("textzoo/Writing-v0")
+    observations, _ = env.reset(seed=0)
+    prompts = [joint.build_prompt(observations)] * 3
+    torch.manual_seed(0)
+    return joint.generate(prompts), None
+
+
+CASES = {
+    "gpt2_sampled": lambda: _plain("gpt2", allowed_tokens=tuple(range(60, 70)), temperature=0.9),
+    "llama_restricted_stops_top_p": lambda: _plain(
+        "llama", allowed_tokens=ids("ab c"), stop_strings=("ab", "c c"), top_p=0.9, temperature=0.8
+    ),
+    "qwen2_top_k_greedy": lambda: _plain("qwen2", greedy=True, top_k=3),
+    "scripted": _scripted,
+    "joint_structured": _joint,
+}
+
+
+def _record(case: str) -> dict:
+    gen, sections = CASES[case]()
+    return {
+        "completion_ids": gen.completion_ids.tolist(),
+        "completion_mask": gen.completion_mask.tolist(),
+        "logprobs": [[round(x, 5) for x in row] for row in gen.logprobs.tolist()],
+        "texts": gen.texts,
+        "sections": sections,
+    }
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fixed_seeds_give_the_pinned_samples(case):
+    pinned, now = json.loads(PINS.read_text())[case], _record(case)
+    assert now["completion_ids"] == pinned["completion_ids"]
+    assert now["completion_mask"] == pinned["completion_mask"]
+    assert now["texts"] == pinned["texts"] and now["sections"] == pinned["sections"]
+    torch.testing.assert_close(torch.tensor(now["logprobs"]), torch.tensor(pinned["logprobs"]), atol=2e-5, rtol=0)
+    if case != "qwen2_top_k_greedy":  # the sampled cases have rows that end early or forced tokens
+        assert any(0 in row for row in now["completion_mask"])
+
+
+if __name__ == "__main__":  # regenerate the pins (see the module docstring)
+    PINS.parent.mkdir(exist_ok=True)
+    PINS.write_text(json.dumps({case: _record(case) for case in CASES}) + "\n")
+    print(f"wrote {PINS}", file=sys.stderr)
