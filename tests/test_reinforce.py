@@ -183,13 +183,17 @@ def test_kl_shaping_pulls_towards_the_reference():
     assert start > 0.8 and float(actor.policy.probs()[0]) < 0.5  # back towards the reference's 0.2
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
-def test_per_sample_backward_runs_each_prompt_once_with_the_batched_gradient(arch, monkeypatch):
+@pytest.mark.parametrize("arch, lora", [("gpt2", False), ("llama", False), ("llama", True)])
+def test_per_sample_backward_runs_each_prompt_once_with_the_batched_gradient(arch, lora, monkeypatch):
+    """Also with a LoRA adapter on q/v only (peft's llama default), where layer 0's prompt keys are constants."""
     from textzoo.agents.batch import Job
+    from textzoo.agents.lora import SharedBase
     from textzoo.agents.policy import GenerationConfig, Policy
     from textzoo.agents.reinforce import reinforce_loss
 
     policy = Policy.tiny(arch, seed=1, generation=GenerationConfig(max_new_tokens=6))
+    if lora:
+        policy = SharedBase(policy).add("a", 4, seed=2)
     prompts = [p for p in ("first prompt", "a second, longer prompt", "x") for _ in range(4)]  # B=3, G=4
     gen = policy.generate(prompts, generator=torch.Generator().manual_seed(0))
     batch = SampleBatch(gen, torch.linspace(-1, 1, len(prompts)))
@@ -204,7 +208,7 @@ def test_per_sample_backward_runs_each_prompt_once_with_the_batched_gradient(arc
         ("per-sample", True, None),
         ("per-sample, shared prompts", True, policy.prompt_cache),
     ):
-        learner = _learner(policy.model)
+        learner = Learner(policy.model, torch.optim.AdamW([p for p in policy.model.parameters() if p.requires_grad]))
         learner.optimizer.step = lambda: None  # keep weights: compare the gradients only
         calls.clear()
         job = Job("a", batch, lambda b, n: reinforce_loss(policy, cfg, b, n), max_new_tokens=6, prompt_cache=cache)

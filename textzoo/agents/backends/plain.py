@@ -206,7 +206,8 @@ class _PromptCache:
             self.flush()
             prefix, hidden = fast.prefill(*first_tokens_first(ids[:1], mask[:1]))  # [1, d]
             self.outputs = [*prefix.keys, *prefix.values, hidden]
-            self.leaves = [t.detach().requires_grad_() for t in self.outputs]
+            # an output no trainable weight reaches (layer 0's keys when LoRA skips k_proj) stays a constant
+            self.leaves = [t.detach().requires_grad_(t.requires_grad) for t in self.outputs]
             self.key, self.bias, self.lengths = key, prefix.bias, prefix.lengths
         layers = (len(self.leaves) - 1) // 2
         S = ids.shape[0]
