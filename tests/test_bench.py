@@ -205,3 +205,79 @@ def test_a_stopped_cell_stops_the_grid_and_the_next_run_resumes_it(tmp_path, mon
     marker = json.loads((first.run_dir / bench.MARKER).read_text())
     assert marker["resumed"] and marker["steps"] == 2
     assert (second.run_dir / bench.MARKER).exists()
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is `pid` (from /proc)."""
+    from pathlib import Path
+
+    kids = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+        except OSError:
+            continue
+        if fields.get("PPid", "").strip() == str(pid):
+            kids.append(int(status.parent.name))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    from pathlib import Path
+
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc")
+def test_a_parallel_grid_stops_on_sigterm_and_its_workers_die_with_it(tmp_path):
+    """--workers 2: SIGTERM to the grid stops the running cells (checkpointed) and starts no queued one;
+    a SIGKILLed grid leaves no worker running (they get SIGTERM); the next run finishes every cell."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = write(tmp_path, TINY.replace("steps = 2", "steps = 30"))
+    out = tmp_path / "out"
+    grid = load_grid(path, out_dir=str(out))
+    command = [sys.executable, "-c", "import sys; from textzoo.runners.cli import main; sys.exit(main(sys.argv[1:]))"]
+    command += ["bench", str(path), "--out-dir", str(out), "--workers", "2"]
+
+    def start_and_wait_for_training():
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            rows = [c.run_dir / "metrics.jsonl" for c in grid.cells]
+            if any(r.is_file() and len(r.read_text().splitlines()) >= 2 for r in rows):
+                return proc, _children(proc.pid)
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.1)
+        proc.kill()
+        raise AssertionError("no cell trained a step in 240 s")
+
+    proc, workers = start_and_wait_for_training()
+    assert len(workers) >= 2  # the pool's processes (and the resource tracker)
+    proc.send_signal(signal.SIGTERM)
+    printed = proc.communicate(timeout=240)[0]
+    assert proc.returncode == 0, printed
+    assert "stopped by SIGTERM" in printed and "the same command continues the grid" in printed
+    assert not [pid for pid in workers if _alive(pid)]
+    started = [c for c in grid.cells if (c.run_dir / "config.json").is_file()]
+    assert len(started) <= 2  # the queued cells never started
+    for cell in started:
+        assert (cell.run_dir / bench.MARKER).is_file() or list((cell.run_dir / "checkpoints").iterdir())
+
+    proc, workers = start_and_wait_for_training()
+    proc.kill()  # SIGKILL: no chance to forward anything; the workers get SIGTERM from the kernel
+    proc.wait()
+    deadline = time.monotonic() + 120
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in workers if _alive(pid)]
+
+    assert cli_main(["bench", str(path), "--out-dir", str(out), "--workers", "2"]) == 0
+    markers = [json.loads((c.run_dir / bench.MARKER).read_text()) for c in grid.cells]
+    assert all(m["steps"] == 30 for m in markers) and any(m["resumed"] for m in markers)

@@ -38,6 +38,9 @@ computed from the cells' metrics.jsonl at report time, so a changed `metric` nee
 
 `--workers N` trains N cells at once in separate processes (set `threads` in `base` so that
 N x threads fits the cores); those processes see only the tasks registered on import of textzoo.
+SIGTERM or Ctrl-C stops the grid: running cells finish their step and checkpoint, queued cells never
+start, and the same command continues; a grid process that is killed outright takes its workers with
+it (Linux: they get SIGTERM and checkpoint too).
 """
 
 from __future__ import annotations
@@ -46,14 +49,16 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import statistics
+import sys
 import time
 import tomllib
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import get_context
+from multiprocessing import active_children, get_context
 from pathlib import Path
 from typing import Any
 
@@ -259,10 +264,30 @@ class Stopped(Exception):
     """A cell stopped early on SIGTERM / Ctrl-C (checkpointed); the grid stops with it."""
 
 
+_GRID_STOP = None  # in a pool worker: the grid's stop event (set: start no further cell)
+
+
+def _worker_init(parent: int, stop) -> None:
+    """A pool worker: no signal while idle ends it (a cell's Trainer handles them while it trains), and
+    it is sent SIGTERM when the grid's process dies (Linux), so a running cell checkpoints and stops."""
+    global _GRID_STOP
+    _GRID_STOP = stop
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):  # prctl(PR_SET_PDEATHSIG, SIGTERM)
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    if os.getppid() != parent:  # the grid died before prctl took effect
+        stop.set()
+
+
 def run_cell(config: dict[str, Any], metric: str) -> dict[str, Any]:
     """Train one cell (resuming when its run dir holds a run) and write its completed marker."""
     from textzoo.runners.trainer import Trainer
 
+    if _GRID_STOP is not None and _GRID_STOP.is_set():
+        raise Stopped(f"the grid is stopping: {Path(config['run_dir']).name} not started")
     cfg = from_dict(TrainConfig, config)
     run_dir = Path(cfg.run_dir)
     resume = run_dir if (run_dir / "config.json").is_file() else None
@@ -348,17 +373,47 @@ def run_grid(grid: Grid, workers: int = 1, log: Callable[[str], None] | None = N
         for cell, config in jobs:
             report(cell, _run_or_fail(config, grid.metric))
     elif jobs:
-        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(_run_or_fail, config, grid.metric): cell for cell, config in jobs}
-            pending = set(futures)
-            while pending:
-                finished = {f for f in pending if f.done()}
-                for future in finished:
-                    report(futures[future], future.result())
-                pending -= finished
-                if pending:
-                    time.sleep(0.2)
+        _run_parallel(jobs, grid.metric, workers, report)
     return results
+
+
+def _run_parallel(jobs: list[tuple[Cell, dict[str, Any]]], metric: str, workers: int, report) -> None:
+    """Cells in `workers` processes. SIGTERM / Ctrl-C to the grid, or a cell stopped by one, stops the
+    grid: running cells get SIGTERM (each checkpoints after its step), queued ones never start, and
+    `Stopped` is raised once every worker is done."""
+    from textzoo.runners.preemption import GracefulStop
+
+    context = get_context("spawn")
+    halt = context.Event()
+    stopped: Stopped | None = None
+    with (
+        GracefulStop() as signalled,
+        ProcessPoolExecutor(workers, context, initializer=_worker_init, initargs=(os.getpid(), halt)) as pool,
+    ):
+        futures = {pool.submit(_run_or_fail, config, metric): cell for cell, config in jobs}
+        pending = set(futures)
+        while pending:
+            if signalled.requested and stopped is None:
+                stopped = Stopped(f"stopped by {signalled.name}")
+            if stopped is not None and not halt.is_set():
+                halt.set()
+                for future in pending:
+                    future.cancel()
+                for child in active_children():  # the pool's workers; a repeat of the user's Ctrl-C counts once
+                    os.kill(child.pid, signal.SIGTERM)
+            finished = {f for f in pending if f.done()}
+            for future in finished:
+                if future.cancelled():
+                    continue
+                try:
+                    report(futures[future], future.result())
+                except Stopped as e:
+                    stopped = stopped or e
+            pending -= finished
+            if pending:
+                time.sleep(0.2)
+    if stopped is not None:
+        raise stopped
 
 
 # ---- reporting -------------------------------------------------------------------------------------
