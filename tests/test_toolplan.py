@@ -119,7 +119,8 @@ def test_a_failed_program_still_shows_and_scores_what_it_printed():
 @pytest.mark.parametrize(
     "code, note",
     [
-        ("while True:\n    pass", "stopped before its end"),  # the CPU limit kills it
+        # the CPU limit kills it, or on a loaded machine the wall-clock limit comes first
+        ("while True:\n    pass", ("stopped before its end", "ran out of time")),
         ("", "no program"),
         ("x = 1", None),  # runs, prints nothing
     ],
@@ -132,7 +133,11 @@ def test_programs_that_give_no_answer(code, note):
     assert t["tool_valid"] == 0.0 and t["tool_progress"] == 0.0
     assert t["tool_ran"] == float(note is None)
     assert rewards["tool"] == pytest.approx(0.1 * (note is None))
-    assert any(note in n for n in infos["tool"]["notes"]) if note else "the program printed nothing" in str(infos)
+    notes = (note,) if isinstance(note, str) else note
+    if note:
+        assert any(text in n for n in infos["tool"]["notes"] for text in notes), infos["tool"]["notes"]
+    else:
+        assert "the program printed nothing" in str(infos)
 
 
 def test_unsolved_episodes_last_all_turns_and_return_the_last_score():
