@@ -14,6 +14,7 @@ from textzoo.agents.critic import Critic  # noqa: E402
 from textzoo.agents.policy import Policy  # noqa: E402
 from textzoo.agents.preference import PairBatch  # noqa: E402
 from textzoo.agents.reward_model import (  # noqa: E402
+    RewardModel,
     encode_texts,
     joint_texts,
     pair_accuracy,
@@ -45,7 +46,7 @@ def separable_pairs(model: Critic, n: int, seed: int) -> PairBatch:
 
 
 def test_reward_model_learns_a_separable_preference():
-    model = Critic.from_policy(Policy.tiny(n_layer=1, n_embd=32, seed=0), max_tokens=64, seed=0)
+    model = RewardModel([Critic.from_policy(Policy.tiny(n_layer=1, n_embd=32, seed=0), max_tokens=64, seed=0)], "last")
     train, held = separable_pairs(model, 48, seed=0), separable_pairs(model, 32, seed=1)
     assert pair_accuracy(model, held) == 0.5  # a zero-initialised head ties every pair
     learner = Learner(model, torch.optim.AdamW(model.parameters(), lr=3e-3))
