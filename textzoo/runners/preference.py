@@ -52,7 +52,7 @@ from textzoo.errors import CheckpointError, ConfigError
 from textzoo.runners.build import build_actors, build_learner, build_policy
 from textzoo.runners.hooks import Run
 from textzoo.runners.rollout import Collector
-from textzoo.runners.update import run_job
+from textzoo.runners.update import Learner, UpdateConfig, run_job
 
 if TYPE_CHECKING:
     from textzoo.runners.config import AgentConfig, TrainConfig
@@ -102,6 +102,36 @@ def _seed(*parts: int) -> int:
 
 def _copy_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def fit_reward_model(
+    rm: RewardModel,
+    learner: Learner,
+    train: PairBatch,
+    holdout: PairBatch,
+    epochs: int,
+    minibatches: int,
+    early_stopping: bool,
+    update: UpdateConfig,
+) -> tuple[int, list[float]]:
+    """Fit Bradley–Terry for up to `epochs` passes over `train`; return the epoch kept and each pass's loss.
+
+    With `early_stopping` (and held-out pairs) the weights of the epoch with the best held-out pair
+    accuracy are kept, epoch 0 being the model as it came (ties keep the earlier epoch); else the last.
+    """
+    early = early_stopping and len(holdout) > 0
+    best = (pair_accuracy(rm, holdout), 0, _copy_state(rm)) if early else None
+    losses: list[float] = []
+    for epoch in range(epochs if len(train) else 0):
+        job = Job("reward_model", train, partial(reward_model_loss, rm), minibatches=minibatches)
+        losses.append(run_job(job, learner, update)["loss"])
+        if early and (accuracy := pair_accuracy(rm, holdout)) > best[0]:
+            best = (accuracy, epoch + 1, _copy_state(rm))
+    if not early:
+        return len(losses), losses
+    with torch.no_grad():
+        rm.load_state_dict(best[2])
+    return best[1], losses
 
 
 def _cat_pairs(batches: list[PairBatch], pad_id: int) -> PairBatch:
@@ -249,25 +279,17 @@ class PreferenceRounds:
         if len(rm.members) > 1:  # each member fits its own bootstrap resample (Poisson(1) counts per pair)
             train.extra["bootstrap"] = torch.poisson(torch.ones(len(train), len(rm.members)))
         before = pair_accuracy(rm, holdout)
-        early = pc.rm_early_stopping and len(holdout) > 0
-        best = (before, 0, _copy_state(rm)) if early else None
-        losses = []
-        for epoch in range(pc.rm_epochs if len(train) else 0):
-            job = Job("reward_model", train, partial(reward_model_loss, rm), minibatches=pc.rm_minibatches)
-            losses.append(run_job(job, self.rm_learner, cfg.update)["loss"])
-            if early and (accuracy := pair_accuracy(rm, holdout)) > best[0]:
-                best = (accuracy, epoch + 1, _copy_state(rm))
-        if early:
-            with torch.no_grad():
-                rm.load_state_dict(best[2])
+        epoch, losses = fit_reward_model(
+            rm, self.rm_learner, train, holdout, pc.rm_epochs, pc.rm_minibatches, pc.rm_early_stopping, cfg.update
+        )
         self.round_stats = {
             "rm/pairs": float(len(train)),
             "rm/heldout_pairs": float(len(holdout)),
             "rm/heldout_accuracy_before": before,
             "rm/heldout_accuracy": pair_accuracy(rm, holdout),
             "rm/train_accuracy": pair_accuracy(rm, train),
-            "rm/epochs": float(best[1] if early else len(losses)),
-            "rm/loss": float(losses[best[1] - 1] if early and best[1] else losses[-1] if losses else float("nan")),
+            "rm/epochs": float(epoch),
+            "rm/loss": float(losses[epoch - 1] if epoch else float("nan")),
             "rm/task_reward": float(torch.stack([p.team_rewards.sum(-1).mean() for p in pools]).mean()),
         }
 
