@@ -7,7 +7,7 @@
 80 steps of 8 prompts x 4 samples); `writing` is textzoo/Writing-v0 with all four reward terms.
 Every variant is a `TrainConfig` of that task plus the overrides in VARIANTS (name -> JSON-like
 dict, the same fields as the command line). A variant named "magrpo..." is run for as many steps as
-the mean number of environment steps of the marlhf variants of that seed, divided by the episodes of
+the environment steps of the first marlhf variant listed of that seed, divided by the episodes of
 one step, so both spend the same environment steps: a marlhf run's environment steps are its online
 episodes (steps x batch_prompts x group_size) plus the episodes it played to train its reward model
 (`rm/episodes`).
@@ -43,11 +43,10 @@ TASKS: dict[str, dict[str, Any]] = {
 VARIANTS: dict[str, dict[str, Any]] = {
     "magrpo": {"algo": "magrpo"},
     "marlhf": {"algo": "marlhf"},  # today's defaults
-    # the defaults before issue 18: one round, a few gap pairs, a trained last-token model, no early stop
+    # the reward model before issue 18: a few gap pairs of 2 batches, a trained last-token model over
+    # 512 tokens, 4 x 4 updates, no early stopping
     "marlhf-before": {
         "algo": "marlhf",
-        "iterations": 1,
-        "reinforce": {"kl_coef": 0.0},
         "preference": {
             "rm_pooling": "last",
             "rm_train_trunk": True,
@@ -55,8 +54,18 @@ VARIANTS: dict[str, dict[str, Any]] = {
             "rm_pairs_per_prompt": 4,
             "rm_early_stopping": False,
             "rm_batches": 2,
+            "rm_epochs": 4,
+            "rm_minibatches": 4,
+            "rm_max_tokens": 512,
         },
     },
+    # one change from the defaults each
+    "marlhf-frozen": {"algo": "marlhf", "preference": {"rm_train_trunk": False, "rm_lr": 3e-3}},
+    "marlhf-last": {"algo": "marlhf", "preference": {"rm_pooling": "last"}},
+    "marlhf-512": {"algo": "marlhf", "preference": {"rm_max_tokens": 512}},
+    "marlhf-noes": {"algo": "marlhf", "preference": {"rm_early_stopping": False}},
+    "marlhf-kl": {"algo": "marlhf", "reinforce": {"kl_coef": 0.02}},
+    "marlhf-ens": {"algo": "marlhf", "preference": {"rm_ensemble": 4, "rm_disagreement_penalty": 1.0}},
 }
 
 
@@ -153,7 +162,7 @@ def main() -> None:
             print(line(name, seed, r), flush=True)
         per_step = TrainConfig().batch_prompts * TrainConfig().group_size
         for name in online:
-            steps = round(sum(marlhf_steps) / len(marlhf_steps) / per_step) if marlhf_steps else args.steps
+            steps = round(marlhf_steps[0] / per_step) if marlhf_steps else args.steps  # the first marlhf variant's
             cfg = build(args.task, variants[name], seed, args, steps)
             r = run(cfg, Path(args.out) / args.task / f"{name}-s{seed}")
             results[name].append(r)

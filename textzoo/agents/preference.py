@@ -72,7 +72,7 @@ class PreferenceConfig:
     reward_model: str = "tiny"
     """MARLHF reward-model trunk: "tiny" (a tiny model built like the agents'), "actor" (a copy of the first
     actor's model at the start of the run), or a model id / folder."""
-    rm_train_trunk: bool = False
+    rm_train_trunk: bool = True
     """Train the reward model's trunk with its head; False freezes the trunk and trains the head only."""
     rm_pooling: str = "mean"
     """How a reward-model member reads a joint text: "mean" (its head averaged over every token) or
@@ -84,11 +84,11 @@ class PreferenceConfig:
     """λ of the ensemble reward mean − λ·std (needs rm_ensemble >= 2 to have an effect)."""
     rm_lr: float = 1e-3
     """AdamW learning rate of the reward model."""
-    rm_epochs: int = 4
+    rm_epochs: int = 6
     """Bradley–Terry passes over each round's reward-model pairs (at most, with early stopping)."""
-    rm_minibatches: int = 4
+    rm_minibatches: int = 8
     """Optimizer steps per reward-model pass."""
-    rm_batches: int = 2
+    rm_batches: int = 16
     """Batches of batch_prompts x group_size samples collected per round for the reward model."""
     rm_pair_selection: str = "all"
     """Pairs of each reward-model prompt: all (every pair r_w > r_l) | gap (largest reward gap first) | random."""
@@ -98,7 +98,7 @@ class PreferenceConfig:
     """Fraction of each round's reward-model prompts held out (all their pairs) to measure pair accuracy."""
     rm_early_stopping: bool = True
     """Keep the reward model of the epoch with the best held-out pair accuracy (needs rm_holdout > 0)."""
-    rm_max_tokens: int = 512
+    rm_max_tokens: int = 128
     """Longest joint text the reward model reads (keeps the last tokens)."""
     hacking_window: int = 20
     """Steps over which a rising reward-model score and a falling task reward are flagged as reward

@@ -20,6 +20,26 @@ before `family.jobs`:
 Everything a resume needs (round, snapshots, reward model and its optimizer, pair store, monitor) is
 in `state_dict`, which the trainer checkpoints beside the family's. `rm/episodes` counts the episodes
 played to train the reward model (environment steps beside the online ones).
+
+MARLHF's settings that matter (`PreferenceConfig`; held-out task-reward gain on the embedded
+default, two tiny GPT-2s on WritingRatio-v0, 80 steps, seed 0, `benchmarks/preference_run.py`;
+these defaults: +0.215, MAGRPO at the same environment steps +0.288):
+
+- pairs: `rm_batches=16` batches a round and every pair of each group (`rm_pair_selection="all"`),
+  `rm_holdout` of the prompts held out. The old 2 batches of 4 gap pairs a prompt: +0.060 (held-out
+  pair accuracy 0.50).
+- `rm_early_stopping` keeps the epoch (of `rm_epochs`) with the best held-out pair accuracy; off: +0.072.
+- `rm_pooling="mean"` (the head averaged over the tokens: an additive per-token reward, which can
+  express lengths) over the last `rm_max_tokens=128` tokens of the joint text; "last": +0.095; 512
+  tokens (the prompt's tokens dilute the mean): −0.073. Raise it for a task whose preference depends
+  on the whole prompt.
+- `rm_train_trunk=True` trains the trunk with the head; frozen: +0.096. `reward_model="actor"` starts
+  from the first actor's weights, a model id from a pretrained model (the usual choice on real models).
+- off by default because they did not help here: `reinforce.kl_coef` (0.02: +0.075) and
+  `rm_ensemble` with `rm_disagreement_penalty`.
+- `rm/heldout_accuracy`, `rm/pearson`, `rm/spearman`, `rm/group_accuracy` (each step, on its fresh
+  episodes) and `rm/hacking` (over `hacking_window` steps, with a logged warning) say whether the
+  reward model still tracks the task.
 """
 
 from __future__ import annotations
