@@ -36,7 +36,7 @@ these defaults: +0.215, MAGRPO at the same environment steps +0.288):
 - `rm_train_trunk=True` trains the trunk with the head; frozen: +0.096. `reward_model="actor"` starts
   from the first actor's weights, a model id from a pretrained model (the usual choice on real models).
 - off by default because they did not help here: `reinforce.kl_coef` (0.02: +0.075) and
-  `rm_ensemble` with `rm_disagreement_penalty`.
+  `rm_ensemble` with `rm_disagreement_penalty` (4 members, λ = 1: +0.093).
 - `rm/heldout_accuracy`, `rm/pearson`, `rm/spearman`, `rm/group_accuracy` (each step, on its fresh
   episodes) and `rm/hacking` (over `hacking_window` steps, with a logged warning) say whether the
   reward model still tracks the task.
