@@ -275,3 +275,36 @@ def test_hacking_monitor_state_round_trips():
     other = HackingMonitor(window=3, threshold=0.5)
     other.load_state_dict(monitor.state_dict())
     assert other.update(3, 3.0, -0.5) == monitor.update(3, 3.0, -0.5)
+
+
+def test_held_out_pairs_come_from_prompts_the_model_never_trains_on(monkeypatch):
+    import re
+    from types import SimpleNamespace
+
+    import textzoo.runners.preference as pipeline
+
+    cfg = TrainConfig(algo="marlhf", batch_prompts=5, group_size=4, steps=2)
+    cfg.preference.rm_batches, cfg.preference.rm_holdout = 2, 0.3
+    rounds = pipeline.PreferenceRounds(cfg, marlhf=True)
+    rounds.reward_model, rounds.rm_learner = RewardModel([tiny_member(0)], "mean"), None  # fit is captured
+    targets = {"p0": "alpha", "p1": "beta"}
+    actors = [AgentActor(r, CategoricalPolicy(["alpha", "beta"])) for r in targets]
+    collector = Collector(lambda: TargetWordEnv(targets, items=10), actors)
+    monkeypatch.setattr(rounds, "candidates", lambda run, items, seeds: collector.collect(items, seeds, 4))
+    items = iter(range(10))
+    run = SimpleNamespace(sampler=SimpleNamespace(next=lambda n: [next(items) for _ in range(n)]))
+    seen = {}
+    monkeypatch.setattr(
+        pipeline,
+        "fit_reward_model",
+        lambda rm, learner, train, holdout, *a: seen.update(train=train, holdout=holdout) or (0, []),
+    )
+    torch.manual_seed(0)
+    rounds.train_reward_model(run, 0)
+
+    def prompts(pairs):
+        return {int(re.search(r"\((\d+)\)", t).group(1)) for t in pairs.chosen.texts + pairs.rejected.texts}
+
+    held, train = prompts(seen["holdout"]), prompts(seen["train"])
+    assert len(held) == 3 and held.isdisjoint(train)  # round(10 prompts x 0.3), every pair of each
+    assert rounds.round_stats["rm/heldout_pairs"] == len(seen["holdout"]) > 0

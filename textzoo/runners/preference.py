@@ -124,6 +124,14 @@ def _copy_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def held_out_prompts(prompts: int, fraction: float) -> torch.Tensor:
+    """[P] True for round(P x fraction) prompts drawn at random (torch's generator): every pair of a
+    held-out prompt is held out, so held-out accuracy measures prompts the model never trained on."""
+    held = torch.zeros(prompts, dtype=torch.bool)
+    held[torch.randperm(prompts)[: int(round(prompts * fraction))]] = True
+    return held
+
+
 def fit_reward_model(
     rm: RewardModel,
     learner: Learner,
@@ -277,9 +285,7 @@ class PreferenceRounds:
             seeds = [_seed(cfg.seed, 2, r, k, b) for b in range(cfg.batch_prompts)]
             pools.append(self.candidates(run, items, seeds))
         self.rm_episodes += sum(p.num_envs for p in pools)
-        prompts = sum(p.num_prompts for p in pools)
-        held_out = torch.zeros(prompts, dtype=torch.bool)
-        held_out[torch.randperm(prompts)[: int(round(prompts * pc.rm_holdout))]] = True
+        held_out = held_out_prompts(sum(p.num_prompts for p in pools), pc.rm_holdout)  # [P]
         sides: dict[bool, list[PairBatch]] = {True: [], False: []}
         offset = 0
         for pool in pools:
