@@ -274,6 +274,11 @@ def small(tmp_path, **kw) -> TrainConfig:
         ("madpo", PreferenceConfig(comparator="copy", replay_pairs=2)),
         ("madpo", PreferenceConfig(comparator="history", history_k=1, replay_pairs=2, pair_selection="random")),
         ("marlhf", PreferenceConfig(comparator="copy", replay_pairs=3, rm_batches=1, rm_epochs=1)),
+        # an ensemble with bootstrap weights, early stopping over 3 epochs and a running hacking monitor
+        (
+            "marlhf",
+            PreferenceConfig(rm_batches=1, rm_epochs=3, rm_ensemble=2, rm_disagreement_penalty=0.5, hacking_window=2),
+        ),
     ],
 )
 def test_resume_mid_round_is_exact(tmp_path, algo, pref):
@@ -295,6 +300,7 @@ def test_resume_mid_round_is_exact(tmp_path, algo, pref):
     if algo == "marlhf":
         for key, value in hook_a["reward_model"].items():
             assert torch.equal(value, hook_b["reward_model"][key])
+        assert hook_a["monitor"] == hook_b["monitor"] and hook_a["rm_episodes"] == hook_b["rm_episodes"]
     else:
         store_a, store_b = a.state["replicas"][0]["family"]["store"], b.state["replicas"][0]["family"]["store"]
         assert store_a and torch.equal(

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from textzoo.agents.actor_critic import ActorCriticConfig
 from textzoo.agents.fastlm import FastDecoder, first_tokens_first
 from textzoo.agents.policy import GenerationConfig, Policy
+from textzoo.agents.preference import PreferenceConfig
 from textzoo.agents.prompting import PromptFormat
 from textzoo.agents.team import AgentActor
 from textzoo.envs import make
@@ -162,6 +163,26 @@ def test_one_training_step_on_the_real_model_changes_its_weights(smollm2, tmp_pa
     for name in before:
         changed = [n for n in before[name] if not torch.equal(before[name][n], after[name][n])]
         assert changed, f"{algo}/{collaboration}: no weight of {name!r} changed (row: {row})"
+
+
+def test_marlhf_reward_model_on_the_real_trunk_trains_its_head_and_scores_fresh_episodes(smollm2, tmp_path):
+    """A head on a frozen copy of the real model (reward_model="actor"): round 0 fits it, step 1 trains on it."""
+    pref = PreferenceConfig(reward_model="actor", rm_train_trunk=False, rm_batches=1, rm_epochs=1, rm_minibatches=1)
+    cfg = _config(
+        smollm2,
+        tmp_path,
+        algo="marlhf",
+        group_size=3,
+        preference=pref,
+        agent_overrides={"elaboration": {"trainable": False}},
+    )
+    trainer = Trainer(cfg)
+    rm = trainer.hooks[0].reward_model
+    assert list(rm.state_dict()) == ["members.0.head.0.weight", "members.0.head.0.bias"]  # the trunk is not trained
+    row = trainer.train_step()
+    assert rm.members[0].head[0].weight.abs().sum() > 0  # zero-initialised, fitted on the round's pairs
+    assert {"reward/rm", "reward/task/mean", "rm/pearson", "rm/group_accuracy", "rm/episodes"} <= set(row)
+    assert row["reward/mean"] == pytest.approx(row["reward/rm"], abs=1e-5)
 
 
 def test_lora_agents_on_the_real_base_train_and_resume_bit_identically(smollm2, tmp_path):

@@ -1,7 +1,8 @@
 """`textzoo.agents.rlmath` against hand-computed values: every row of the README's algorithm table.
 
 Returns and credit, the four baselines and their scaling, the reference-KL estimators, GAE, the
-policy-gradient / PPO-clip / value-clip losses, DPO and Bradley–Terry.
+policy-gradient / PPO-clip / value-clip losses, DPO and Bradley–Terry (single and ensemble), and the
+reward-model diagnostics (correlations, within-group pair accuracy).
 """
 
 import math
@@ -15,21 +16,26 @@ from textzoo.agents.rlmath import (  # noqa: E402
     AGGREGATIONS,
     BatchNorm,
     advantages,
+    average_ranks,
     bradley_terry_loss,
     credited_rewards,
     critic_loss,
     cross_returns,
     discounted_returns,
     dpo_loss,
+    ensemble_reward,
     entropy_bonus,
     gae,
+    group_pair_accuracy,
     k1_log_ratio,
     k3_kl,
     k3_per_token,
     kl_loss,
     kl_shaped_rewards,
+    pearson,
     policy_gradient_loss,
     running_mean_update,
+    spearman,
     standardize,
 )
 
@@ -422,3 +428,53 @@ def test_bradley_terry_loss_and_gradient_by_hand():
     expected = [-1 / (1 + math.exp(0.5)) / 2, -1 / (1 + math.exp(-1.0)) / 2]
     assert s_w.grad.tolist() == pytest.approx(expected, abs=1e-6)
     assert s_l.grad.tolist() == pytest.approx([-g for g in expected], abs=1e-6)
+
+
+def test_bradley_terry_ensemble_is_the_weighted_mean_over_members():
+    # two members, two pairs; member 0 counts pair 0 twice and drops pair 1 (its bootstrap weights)
+    s_w = torch.tensor([[1.0, -0.5], [0.0, 2.0]], requires_grad=True)  # [K=2, S=2]
+    s_l = torch.tensor([[0.5, 0.5], [1.0, 0.0]])
+    weights = torch.tensor([[2.0, 0.0], [1.0, 1.0]])  # [K, S]
+    contrib, stats = bradley_terry_loss(s_w, s_l, BatchNorm(2, 1, 1), weights)
+    pair0 = (2 * nll_sigmoid(0.5) + 1 * nll_sigmoid(-1.0)) / 2 / 2  # mean over members, / 2 pairs
+    pair1 = (0 * nll_sigmoid(-1.0) + 1 * nll_sigmoid(2.0)) / 2 / 2
+    assert contrib.tolist() == pytest.approx([pair0, pair1], abs=1e-6)
+    assert stats["rm_accuracy"].item() == 0.5  # margins 0.5, -1, -1, 2
+    contrib.sum().backward()
+    # d/ds_w of w·(−log σ(m)) / (K·S) = −w·σ(−m) / 4; member 0's second pair has weight 0
+    assert s_w.grad[0, 0].item() == pytest.approx(-2 / (1 + math.exp(0.5)) / 4, abs=1e-6)
+    assert s_w.grad[0, 1].item() == 0.0
+    assert s_w.grad[1, 1].item() == pytest.approx(-1 / (1 + math.exp(2.0)) / 4, abs=1e-6)
+    one, _ = bradley_terry_loss(s_w[:1].detach(), s_l[:1], BatchNorm(2, 1, 1))
+    single, _ = bradley_terry_loss(s_w[0].detach(), s_l[0], BatchNorm(2, 1, 1))
+    assert torch.allclose(one, single)  # one member = the plain loss
+
+
+def test_ensemble_reward_is_mean_less_lambda_std():
+    scores = torch.tensor([[1.0, 0.0, 2.0], [3.0, 0.0, 2.0]])  # [K=2, S=3]
+    assert ensemble_reward(scores).tolist() == [2.0, 0.0, 2.0]
+    # population std over two members = |a − b| / 2: 1, 0, 0
+    assert ensemble_reward(scores, 0.5).tolist() == [1.5, 0.0, 2.0]
+    assert ensemble_reward(scores[:1], 3.0).tolist() == [1.0, 0.0, 2.0]  # one member: no spread
+
+
+def test_pearson_and_spearman_by_hand():
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    y = torch.tensor([1.0, 3.0, 2.0, 4.0])
+    # x − x̄ = (−1.5, −0.5, 0.5, 1.5), y − ȳ = (−1.5, 0.5, −0.5, 1.5): Σ = 2.25 − 0.25 − 0.25 + 2.25 = 4, each Σ² = 5
+    assert pearson(x, y).item() == pytest.approx(0.8, abs=1e-12)
+    assert pearson(x, -y).item() == pytest.approx(-0.8, abs=1e-12)
+    assert spearman(x, torch.exp(y)).item() == pytest.approx(0.8, abs=1e-12)  # ranks only
+    assert average_ranks(torch.tensor([3.0, 1.0, 3.0, 2.0])).tolist() == [3.5, 1.0, 3.5, 2.0]
+    # ties: ranks (1, 2.5, 2.5, 4) against (1, 2, 3, 4): Σ(dx dy) = 4.5, Σdx² = 4.5, Σdy² = 5
+    assert spearman(torch.tensor([0.0, 1.0, 1.0, 2.0]), x).item() == pytest.approx(4.5 / math.sqrt(4.5 * 5), abs=1e-12)
+    assert math.isnan(pearson(torch.ones(3), x[:3]).item()) and math.isnan(spearman(x[:1], x[:1]).item())
+
+
+def test_group_pair_accuracy_by_hand():
+    rewards = torch.tensor([[1.0, 0.0, 0.5], [2.0, 2.0, 2.0]])  # group 1 ties: no pairs
+    scores = torch.tensor([[0.3, 0.1, 0.3], [5.0, 0.0, 1.0]])
+    # pairs of group 0 with r_w > r_l: (0,1) right, (0,2) tie in score = 1/2, (2,1) right -> 2.5 / 3
+    assert group_pair_accuracy(scores, rewards).item() == pytest.approx(2.5 / 3)
+    assert group_pair_accuracy(-scores, rewards).item() == pytest.approx(0.5 / 3)
+    assert math.isnan(group_pair_accuracy(scores[1:], rewards[1:]).item())

@@ -38,6 +38,7 @@ from textzoo.errors import ConfigError
 SELECTIONS = ("gap", "random", "all")
 REFERENCES = ("initial", "none")
 COMPARATORS = ("current", "copy", "history", "model")
+POOLINGS = ("mean", "last")
 
 
 @dataclass
@@ -69,19 +70,41 @@ class PreferenceConfig:
     comparator_model: str = ""
     """Model of the `model` comparator (a hub id or local folder; "tiny" builds one locally)."""
     reward_model: str = "tiny"
-    """MARLHF reward model trunk: "tiny" (built like the agents' tiny model) or a model id / folder."""
+    """MARLHF reward-model trunk: "tiny" (a tiny model built like the agents'), "actor" (a copy of the first
+    actor's model at the start of the run), or a model id / folder."""
+    rm_train_trunk: bool = True
+    """Train the reward model's trunk with its head; False freezes the trunk and trains the head only."""
+    rm_pooling: str = "mean"
+    """How a reward-model member reads a joint text: "mean" (its head averaged over every token) or
+    "last" (its head at the last token)."""
+    rm_ensemble: int = 1
+    """Reward-model members (each on its own bootstrap weights of the pairs; "tiny" members on their own
+    random trunks); the reward is their mean less `rm_disagreement_penalty` x their std."""
+    rm_disagreement_penalty: float = 0.0
+    """λ of the ensemble reward mean − λ·std (needs rm_ensemble >= 2 to have an effect)."""
     rm_lr: float = 1e-3
     """AdamW learning rate of the reward model."""
-    rm_epochs: int = 4
-    """Bradley–Terry passes over each round's reward-model pairs."""
-    rm_minibatches: int = 4
+    rm_epochs: int = 6
+    """Bradley–Terry passes over each round's reward-model pairs (at most, with early stopping)."""
+    rm_minibatches: int = 8
     """Optimizer steps per reward-model pass."""
-    rm_batches: int = 2
+    rm_batches: int = 16
     """Batches of batch_prompts x group_size samples collected per round for the reward model."""
+    rm_pair_selection: str = "all"
+    """Pairs of each reward-model prompt: all (every pair r_w > r_l) | gap (largest reward gap first) | random."""
+    rm_pairs_per_prompt: int = 0
+    """At most this many reward-model pairs per prompt (0 = no cap)."""
     rm_holdout: float = 0.2
-    """Fraction of each round's new reward-model pairs held out to report pair accuracy."""
-    rm_max_tokens: int = 512
+    """Fraction of each round's reward-model prompts held out (all their pairs) to measure pair accuracy."""
+    rm_early_stopping: bool = True
+    """Keep the reward model of the epoch with the best held-out pair accuracy (needs rm_holdout > 0)."""
+    rm_max_tokens: int = 128
     """Longest joint text the reward model reads (keeps the last tokens)."""
+    hacking_window: int = 20
+    """Steps over which a rising reward-model score and a falling task reward are flagged as reward
+    hacking (a logged warning and `rm/hacking`); 0 turns the check off."""
+    hacking_threshold: float = 0.5
+    """How clear both trends must be: |Pearson r| between step and per-step mean, in (0, 1]."""
 
     def __post_init__(self) -> None:
         if self.beta <= 0:
@@ -94,7 +117,13 @@ class PreferenceConfig:
             raise ConfigError(f"preference.comparator must be one of {COMPARATORS}, got {self.comparator!r}")
         if self.comparator == "model" and not self.comparator_model:
             raise ConfigError("preference.comparator='model' needs preference.comparator_model (a model id or folder)")
-        for name in ("pairs_per_prompt", "replay_pairs", "replay_capacity"):
+        if self.rm_pair_selection not in SELECTIONS:
+            raise ConfigError(
+                f"preference.rm_pair_selection must be one of {SELECTIONS}, got {self.rm_pair_selection!r}"
+            )
+        if self.rm_pooling not in POOLINGS:
+            raise ConfigError(f"preference.rm_pooling must be one of {POOLINGS}, got {self.rm_pooling!r}")
+        for name in ("pairs_per_prompt", "replay_pairs", "replay_capacity", "rm_pairs_per_prompt", "hacking_window"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"preference.{name} must be >= 0, got {getattr(self, name)}")
         for name in (
@@ -105,6 +134,7 @@ class PreferenceConfig:
             "rm_minibatches",
             "rm_batches",
             "rm_max_tokens",
+            "rm_ensemble",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"preference.{name} must be >= 1, got {getattr(self, name)}")
@@ -114,6 +144,10 @@ class PreferenceConfig:
             raise ConfigError(f"preference.rm_lr must be > 0, got {self.rm_lr}")
         if not 0 <= self.rm_holdout < 1:
             raise ConfigError(f"preference.rm_holdout must be in [0, 1), got {self.rm_holdout}")
+        if self.rm_disagreement_penalty < 0:
+            raise ConfigError(f"preference.rm_disagreement_penalty must be >= 0, got {self.rm_disagreement_penalty}")
+        if not 0 < self.hacking_threshold <= 1:
+            raise ConfigError(f"preference.hacking_threshold must be in (0, 1], got {self.hacking_threshold}")
 
 
 # ---- pairs -------------------------------------------------------------------------------------

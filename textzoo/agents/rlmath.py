@@ -373,10 +373,63 @@ def dpo_loss(
 
 
 def bradley_terry_loss(
-    score_chosen: torch.Tensor, score_rejected: torch.Tensor, norm: BatchNorm
+    score_chosen: torch.Tensor, score_rejected: torch.Tensor, norm: BatchNorm, weights: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-pair contributions of −log σ(s_w − s_l) / (pairs in the batch) (Bradley & Terry 1952; the reward
-    model of Ouyang et al. 2022, eq. 1), and statistics. Shapes [S] -> [S]."""
-    margin = score_chosen - score_rejected  # [S]
-    contrib = -F.logsigmoid(margin) / norm.num_samples  # [S]
+    model of Ouyang et al. 2022, eq. 1), and statistics.
+
+    Shapes [S] -> [S], or for an ensemble of K members [K, S] -> [S]: the mean over members of each
+    member's loss, member k's term on pair s weighted by `weights[k, s]` (its bootstrap count; None = 1).
+    """
+    margin = score_chosen - score_rejected  # [S] or [K, S]
+    nll = -F.logsigmoid(margin)
+    if weights is not None:
+        nll = nll * weights.to(nll.dtype)
+    if nll.dim() == 2:
+        nll = nll.mean(0)  # [S] mean over members
+    contrib = nll / norm.num_samples  # [S]
     return contrib, {"rm_accuracy": (margin > 0).float().mean().detach(), "rm_margin": margin.mean().detach()}
+
+
+def ensemble_reward(member_scores: torch.Tensor, disagreement_penalty: float = 0.0) -> torch.Tensor:
+    """r = mean_k s_k − λ·std_k s_k over an ensemble's members (population std; 0 for one member): the
+    uncertainty-penalised reward of Coste et al. 2023, with the std in place of the variance so that λ is in
+    reward units. Shapes [K, S] -> [S]."""
+    mean = member_scores.mean(0)
+    if disagreement_penalty == 0 or member_scores.shape[0] < 2:
+        return mean
+    return mean - disagreement_penalty * member_scores.std(0, unbiased=False)
+
+
+# ---- reward-model diagnostics -------------------------------------------------------------------
+def pearson(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Pearson's r = Σ(x−x̄)(y−ȳ) / √(Σ(x−x̄)² Σ(y−ȳ)²); NaN when either is constant or n < 2. Shapes [n] -> []."""
+    x, y = x.double().flatten(), y.double().flatten()
+    dx, dy = x - x.mean(), y - y.mean()
+    denom = (dx.square().sum() * dy.square().sum()).sqrt()
+    if len(x) < 2 or denom == 0:
+        return torch.tensor(float("nan"))
+    return (dx * dy).sum() / denom
+
+
+def average_ranks(x: torch.Tensor) -> torch.Tensor:
+    """1-based ranks of `x`, ties given the mean of the ranks they span ([3, 1, 3] -> [2.5, 1, 2.5]). [n] -> [n]."""
+    x = x.double().flatten()
+    less = (x[None, :] < x[:, None]).sum(1)  # [n] how many are smaller
+    equal = (x[None, :] == x[:, None]).sum(1)  # [n] itself included
+    return less + (equal + 1) / 2
+
+
+def spearman(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Spearman's ρ: Pearson's r of the average ranks (ties handled); NaN when either is constant. [n] -> []."""
+    return pearson(average_ranks(x), average_ranks(y))
+
+
+def group_pair_accuracy(scores: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+    """Share of the pairs (w, l) of a group with r_w > r_l that the scores order alike (s_w > s_l; a
+    score tie counts half), pooled over groups; NaN when every group's rewards tie. Shapes [B, G] -> []."""
+    better = rewards[:, :, None] > rewards[:, None, :]  # [B, G, G] w beats l
+    margin = scores[:, :, None] - scores[:, None, :]  # [B, G, G]
+    right = (margin > 0).double() + 0.5 * (margin == 0).double()
+    n = better.sum()
+    return (right * better).sum() / n if n else torch.tensor(float("nan"))

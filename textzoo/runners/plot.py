@@ -8,8 +8,12 @@ from typing import Any
 from textzoo.errors import TextzooError
 from textzoo.jsonl import read_jsonl
 
+RM_KEYS = ("rm/heldout_accuracy", "rm/pearson", "rm/spearman", "rm/group_accuracy", "rm/hacking")
 PANELS = (
     ("reward", lambda k: k in ("reward/mean", "eval/sampled/reward/mean", "eval/greedy/reward/mean")),
+    # MARLHF: the task reward beside the reward model's score, and how well the two agree
+    ("reward model vs task", lambda k: k in ("reward/rm", "reward/task/mean")),
+    ("reward model", lambda k: k in RM_KEYS),
     ("loss", lambda k: k.startswith("agent/") and k.endswith("/loss")),
     ("KL", lambda k: k.startswith("agent/") and k.endswith("/kl")),
     ("completion tokens", lambda k: k.endswith("/completion_len")),
