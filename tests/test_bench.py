@@ -246,6 +246,12 @@ def test_a_parallel_grid_stops_on_sigterm_and_its_workers_die_with_it(tmp_path):
     command = [sys.executable, "-c", "import sys; from textzoo.runners.cli import main; sys.exit(main(sys.argv[1:]))"]
     command += ["bench", str(path), "--out-dir", str(out), "--workers", "2"]
 
+    def wait_for_exit(pids, seconds):
+        deadline = time.monotonic() + seconds
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in pids if _alive(pid)]
+
     def start_and_wait_for_training():
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 240
@@ -264,7 +270,7 @@ def test_a_parallel_grid_stops_on_sigterm_and_its_workers_die_with_it(tmp_path):
     printed = proc.communicate(timeout=240)[0]
     assert proc.returncode == 0, printed
     assert "stopped by SIGTERM" in printed and "the same command continues the grid" in printed
-    assert not [pid for pid in workers if _alive(pid)]
+    wait_for_exit(workers, 30)  # the resource tracker may outlive the grid by a moment
     started = [c for c in grid.cells if (c.run_dir / "config.json").is_file()]
     assert len(started) <= 2  # the queued cells never started
     for cell in started:
@@ -273,10 +279,7 @@ def test_a_parallel_grid_stops_on_sigterm_and_its_workers_die_with_it(tmp_path):
     proc, workers = start_and_wait_for_training()
     proc.kill()  # SIGKILL: no chance to forward anything; the workers get SIGTERM from the kernel
     proc.wait()
-    deadline = time.monotonic() + 120
-    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not [pid for pid in workers if _alive(pid)]
+    wait_for_exit(workers, 120)  # each finishes its step and checkpoints first
 
     assert cli_main(["bench", str(path), "--out-dir", str(out), "--workers", "2"]) == 0
     markers = [json.loads((c.run_dir / bench.MARKER).read_text()) for c in grid.cells]
