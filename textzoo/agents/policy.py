@@ -277,30 +277,9 @@ class Policy:
         ``generator`` (on the policy's device) makes sampling reproducible without touching the
         global RNG; without it, the global RNG is used (runners checkpoint it).
         """
-        cfg = self.generation
-        prompt_ids, prompt_mask = self._prepare_prompts(prompt_ids, prompt_mask)
-        S = prompt_ids.shape[0]
-        if S == 0:
-            empty = torch.zeros((0, 0), dtype=torch.long, device=prompt_ids.device)
-            return Generation(empty, empty, empty, empty, empty.float(), [])
-        with eval_mode(self.model), autocast(prompt_ids.device, self.autocast):
-            decoding = self.backend().prefill(prompt_ids, prompt_mask, cfg.max_new_tokens)
-            bias = self._allowed_bias(decoding.logits.shape[-1])
-            choose = sampling.token_choice(cfg, S, greedy, generator)
-            out = sampling.decode(
-                decoding,
-                choose,
-                cfg,
-                eos_ids=self.eos_ids,
-                pad_id=self.pad_id,
-                bias=bias,
-                tokenizer=self.tokenizer,
-                compact=self.compact_finished,
-            )
-        texts = sampling.completion_texts(self.tokenizer, out, self.eos_ids, cfg.stop_strings)
-        return Generation(
-            prompt_ids, prompt_mask, out.completion_ids, out.completion_mask, out.logprobs, texts, decoding.features
-        )
+        gen, out = self._decode(prompt_ids, prompt_mask, None, greedy, generator)
+        gen.texts = sampling.completion_texts(self.tokenizer, out, self.eos_ids, self.generation.stop_strings)
+        return gen
 
     @torch.no_grad()
     def generate_script(
@@ -313,28 +292,45 @@ class Policy:
         generator: torch.Generator | None = None,
     ) -> tuple[Generation, list[list[str]]]:
         """Complete each prompt ([S, P] ids and mask) through its script of forced and sampled segments
-        (`sampling.decode_script`); return the `Generation` (forced tokens: mask 0, log-prob 0; texts:
-        the whole completions decoded) and each row's section texts. Sampling settings other than the
-        budget and stop strings (each segment has its own) are ``generation``'s."""
-        cfg = self.generation
-        prompt_ids, prompt_mask = self._prepare_prompts(prompt_ids, prompt_mask)
+        (`sampling.decode`); return the `Generation` (forced tokens: mask 0, log-prob 0; texts: the whole
+        completions decoded) and each row's section texts. Sampling settings other than the budget and
+        stop strings (each segment has its own) are ``generation``'s."""
         if prompt_ids.shape[0] != len(scripts):
             raise ValueError(f"{len(scripts)} scripts for {prompt_ids.shape[0]} prompts")
-        length = max((sum(map(len, script)) for script in scripts), default=0)
-        with eval_mode(self.model):
+        gen, out = self._decode(prompt_ids, prompt_mask, scripts, greedy, generator)
+        rows = [row[:n] for row, n in zip(out.completion_ids.tolist(), out.lengths.tolist())]
+        gen.texts = self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+        return gen, sampling.section_texts(self.tokenizer, out, scripts, self.eos_ids)
+
+    def _decode(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        scripts: Sequence[sampling.Script] | None,
+        greedy: bool,
+        generator: torch.Generator | None,
+    ) -> tuple[Generation, sampling.Decoded]:
+        """Prefill the prompts and run `sampling.decode` (``scripts`` None: plain samples); no texts yet."""
+        cfg = self.generation
+        prompt_ids, prompt_mask = self._prepare_prompts(prompt_ids, prompt_mask)
+        S = prompt_ids.shape[0]
+        if S == 0:
+            empty = torch.zeros((0, 0), dtype=torch.long, device=prompt_ids.device)
+            none = sampling.Decoded.empty(sampling.Plan([], self.pad_id, prompt_ids.device))
+            return Generation(empty, empty, empty, empty, empty.float(), []), none
+        length = cfg.max_new_tokens if scripts is None else max((sum(map(len, s)) for s in scripts), default=0)
+        with eval_mode(self.model), autocast(prompt_ids.device, self.autocast):
             decoding = self.backend().prefill(prompt_ids, prompt_mask, max(length, 1))
             bias = self._allowed_bias(decoding.logits.shape[-1])
-            choose = sampling.token_choice(cfg, len(scripts), greedy, generator)
-            out = sampling.decode_script(
-                decoding, choose, scripts, temperature=cfg.temperature, eos_ids=self.eos_ids, pad_id=self.pad_id,
-                bias=bias, tokenizer=self.tokenizer,
+            choose = sampling.token_choice(cfg, S, greedy, generator)
+            out = sampling.decode(
+                decoding, choose, cfg, eos_ids=self.eos_ids, pad_id=self.pad_id, bias=bias,
+                tokenizer=self.tokenizer, compact=self.compact_finished, scripts=scripts,
             )  # fmt: skip
-        rows = [row[:n] for row, n in zip(out.completion_ids.tolist(), out.lengths)]
-        texts = self.tokenizer.batch_decode(rows, skip_special_tokens=True)
         gen = Generation(
-            prompt_ids, prompt_mask, out.completion_ids, out.completion_mask, out.logprobs, texts, decoding.features
+            prompt_ids, prompt_mask, out.completion_ids, out.completion_mask, out.logprobs, [], decoding.features
         )
-        return gen, sampling.section_texts(self.tokenizer, out, scripts, self.eos_ids)
+        return gen, out
 
     # ----------------------------------------------------------------------------------- scoring
     def score(

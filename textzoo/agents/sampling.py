@@ -7,9 +7,11 @@ sample is 1 and the scored sequence is the sampled one.
 
 `decode` is the token loop: the backend's ``Decoding.decode(tokens) -> logits`` advances the model,
 and a ``choose(logp, rows, step) -> tokens`` function picks each step's tokens (a draw or the argmax).
-`decode_script` runs each row through a script of `Segment`s: forced tokens (written into the context,
-never sampled or scored; mask 0) and sampled sections (each with its own budget and stop strings),
-what the joint actor's structured mode uses to write every role's markers itself.
+It runs each row through a script of `Segment`s: forced tokens (written into the context, never
+sampled or scored; mask 0) and sampled sections (each with its own budget and stop strings). A plain
+sample is a script of one sampled section; the joint actor's structured mode writes every role's
+markers itself with forced segments. The scripts become tables (`Plan`), so the loop's state is a
+few tensors (each row's cell and offset in its script) whatever the scripts are.
 """
 
 from __future__ import annotations
@@ -91,81 +93,11 @@ def token_choice(
     return choose
 
 
-@dataclass
-class Decoded:
-    """The completions of one `decode` call, all [S, C]."""
-
-    completion_ids: torch.Tensor  # [S, C] right-padded with the pad id
-    completion_mask: torch.Tensor  # [S, C] 1 on every token up to and including the one that ended the row
-    logprobs: torch.Tensor  # [S, C] sampling log-probs, 0 where the mask is 0
-    by_stop: torch.Tensor  # [S] the row ended on a stop string
-
-
-def decode(
-    decoding: Decoding,
-    choose: Choose,
-    cfg: GenerationConfig,
-    *,
-    eos_ids: Sequence[int],
-    pad_id: int,
-    bias: torch.Tensor | None,
-    tokenizer: PreTrainedTokenizerBase | None = None,
-    compact: bool = True,
-) -> Decoded:
-    """Sample up to ``cfg.max_new_tokens`` tokens per row: a row ends at EOS, on a stop string
-    (``tokenizer`` decodes its recent tokens) or at the budget; finished rows emit padding.
-
-    With ``compact``, once at most half of the rows the model still runs are live, finished rows are
-    let go (`Decoding.retain`), so they stop costing work; results are the same either way.
-    """
-    logits = decoding.logits  # [S, V]
-    S, device = logits.shape[0], logits.device
-    eos = torch.tensor(list(eos_ids), device=device)  # [E]
-    done = torch.zeros(S, dtype=torch.bool, device=device)  # [S]
-    by_stop = torch.zeros(S, dtype=torch.bool, device=device)  # [S]
-    stop_window = 4 * max((len(s) for s in cfg.stop_strings), default=0) + 4
-    active = torch.arange(S, device=device)  # [n] the rows the model runs (all S until a compaction)
-    # Per-step results go to lists and are stacked once: indexed writes cost more per step.
-    tokens, token_logps, done_after = [], [], []  # each C x [S]
-    N = cfg.max_new_tokens
-    for t in range(N):
-        logp = log_probs(logits, cfg.temperature, bias)  # [n, V]
-        if len(active) == S:
-            token = choose(logp, active, t).masked_fill(done, pad_id)  # [S] finished rows emit padding
-            token_logp = logp.gather(1, token[:, None]).squeeze(1)  # [S]
-        else:
-            chosen = choose(logp, active, t).masked_fill(done[active], pad_id)  # [n]
-            token = torch.full((S,), pad_id, dtype=chosen.dtype, device=device).index_copy_(0, active, chosen)
-            token_logp = logp.new_zeros(S).index_copy_(0, active, logp.gather(1, chosen[:, None]).squeeze(1))
-        tokens.append(token)
-        token_logps.append(token_logp)
-        done = done | (token == eos[0] if len(eos) == 1 else torch.isin(token, eos))
-        if cfg.stop_strings:
-            tail = torch.stack(tokens[-stop_window:], 1)  # [S, W]
-            hit = stop_hits(tokenizer, cfg.stop_strings, tail, ~done)  # [S]
-            by_stop |= hit
-            done = done | hit
-        done_after.append(done)
-        if bool(done.all()) or t + 1 == N:
-            break
-        if compact and len(active) > 1:
-            live = (~done[active]).nonzero().squeeze(1)  # [n'] positions in `active` still running
-            if 2 * len(live) <= len(active):
-                active = active[decoding.retain(live)]
-        logits = decoding.decode(token if len(active) == S else token[active])  # [n, V]
-    completion = torch.stack(tokens, 1)  # [S, C]
-    # A token is scored iff its row was not done before it: every sampled token up to and
-    # including the one that ended the sample.
-    done_before = torch.stack([torch.zeros_like(done), *done_after[:-1]], 1)  # [S, C]
-    logprobs = torch.stack(token_logps, 1).masked_fill(done_before, 0.0)  # [S, C]
-    return Decoded(completion, (~done_before).long(), logprobs, by_stop)
-
-
 @dataclass(frozen=True)
 class Segment:
-    """One part of a scripted completion: ``forced`` token ids (written into the context by the caller,
-    never sampled or scored) or a sampled section of at most ``budget`` tokens that also ends at an
-    EOS id or once its text contains one of ``stop_strings``."""
+    """One part of a scripted completion: ``forced`` token ids (written into the context, never sampled
+    or scored) or a sampled section of at most ``budget`` tokens that also ends at an EOS id or once its
+    text contains one of ``stop_strings``."""
 
     forced: tuple[int, ...] = ()
     budget: int = 0
@@ -190,119 +122,232 @@ Script = Sequence[Segment]
 """A row's completion plan: its segments in order (the row ends after the last one)."""
 
 
+def sampled_script(cfg: GenerationConfig) -> list[Segment]:
+    """The script of a plain sample: one sampled section of ``cfg``'s budget and stop strings."""
+    return [Segment(budget=cfg.max_new_tokens, stop_strings=cfg.stop_strings)]
+
+
+_NEVER = 1 << 62  # the length of a row's end cell: a finished row stays there, emitting padding
+
+
+class Plan:
+    """A batch's scripts as tables the decode loop indexes with each row's current *cell*.
+
+    A cell is (script, segment, variant): variant 1 holds the segment's ``after_stop`` tokens (a forced
+    segment written after a section that ended on a stop string), variant 0 the others. After a script's
+    segments come its two end cells (a finished row: padding, mask 0, never left). Tables per cell:
+    ``sampled``, ``length`` (forced tokens written, or the sampling budget), ``tokens`` (the forced ids),
+    ``stop`` (index into ``stop_sets``, -1 for none), ``variant``, ``end`` and ``next`` ([cells, 2]: the
+    cell a row moves to when this one is done, by the variant it moves with; empty segments skipped).
+    """
+
+    def __init__(self, scripts: Sequence[Script], pad_id: int, device: torch.device) -> None:
+        index: dict[int, int] = {}  # id(script) -> its position in `unique`: rows that share a script share cells
+        unique: list[Script] = []
+        for script in scripts:
+            if id(script) not in index:
+                index[id(script)] = len(unique)
+                unique.append(script)
+        self.stop_sets = list(dict.fromkeys(seg.stop_strings for s in unique for seg in s if seg.stop_strings))
+        width = max((len(seg.tokens(v)) for s in unique for seg in s for v in (False, True)), default=0)
+        cells: list[tuple] = []
+        first = []  # each unique script's first cell
+        for script in unique:
+            more, start = _script_cells(script, len(cells), width, pad_id, self.stop_sets)
+            cells += more
+            first.append(start)
+        sampled, length, tokens, stop, variant, end, follow = zip(*cells) if cells else [()] * 7
+        long = dict(dtype=torch.long, device=device)
+        self.sampled = torch.tensor(sampled, dtype=torch.bool, device=device)  # [cells]
+        self.length = torch.tensor(length, **long)  # [cells]
+        self.tokens = torch.tensor(tokens, **long).view(len(cells), width + 1)  # [cells, width + 1]
+        self.stop = torch.tensor(stop, **long)  # [cells]
+        self.variant = torch.tensor(variant, **long)  # [cells]
+        self.end = torch.tensor(end, dtype=torch.bool, device=device)  # [cells]
+        self.next = torch.tensor(follow, **long).view(len(cells), 2)  # [cells, 2]
+        self.first = torch.tensor([first[index[id(s)]] for s in scripts], **long)  # [S] each row's first cell
+        self.columns = max((sum(map(len, s)) for s in unique), default=0)
+        """The most columns a row writes (forced and sampled)."""
+
+
+def _script_cells(
+    script: Script, base: int, width: int, pad_id: int, stop_sets: list[tuple[str, ...]]
+) -> tuple[list[tuple], int]:
+    """The cells of one script, numbered from ``base`` (two per segment, then the two end cells; see
+    `Plan`), and the cell its rows start in."""
+    K = len(script)
+
+    def after(k: int, v: int) -> int:
+        """The first cell from segment k on, with variant v, that writes anything (an end cell if none)."""
+        while k < K and not (script[k].budget or script[k].tokens(bool(v))):
+            k += 1
+        return base + 2 * k + v
+
+    cells = []
+    for k, seg in enumerate(script):
+        for v in (0, 1):
+            ids = seg.tokens(bool(v))
+            stop = stop_sets.index(seg.stop_strings) if seg.stop_strings else -1
+            padded = [*ids, *[pad_id] * (width + 1 - len(ids))]
+            cells.append(
+                (not seg.forced, seg.budget or len(ids), padded, stop, v, False, (after(k + 1, 0), after(k + 1, 1)))
+            )
+    for v in (0, 1):  # end cells: padding, never left
+        cells.append((False, _NEVER, [pad_id] * (width + 1), -1, v, True, (base + 2 * K + v,) * 2))
+    return cells, after(0, 0)
+
+
 @dataclass
-class ScriptDecoded:
-    """The completions of one `decode_script` call: forced tokens sit in ``completion_ids`` with mask 0."""
+class Decoded:
+    """The completions of one `decode` call, all [S, C]: sampled tokens and, for scripts, forced ones."""
 
     completion_ids: torch.Tensor  # [S, C] right-padded with the pad id
-    completion_mask: torch.Tensor  # [S, C] 1 on sampled tokens only
+    completion_mask: torch.Tensor  # [S, C] 1 on sampled tokens (up to and including each section's last)
     logprobs: torch.Tensor  # [S, C] sampling log-probs, 0 where the mask is 0
-    lengths: list[int]  # per row, the columns its script wrote (forced and sampled)
-    sections: list[list[tuple[int, int, bool]]]  # per row, per sampled segment: [start, end) columns, ended by stop
+    by_stop: torch.Tensor  # [S] the row's last sampled section ended on a stop string
+    cells: torch.Tensor  # [S, C + 1] the `Plan` cell each column was written in, then the row's final cell
+    plan: Plan
+
+    @staticmethod
+    def empty(plan: Plan) -> Decoded:
+        """No columns: each row of ``plan`` stays at its first cell."""
+        empty = plan.first.new_zeros((len(plan.first), 0))
+        return Decoded(empty, empty, empty.float(), empty.bool().any(1), plan.first[:, None], plan)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[S] the columns each row wrote (forced and sampled)."""
+        return (~self.plan.end[self.cells[:, :-1]]).sum(1)
+
+    def sections(self) -> list[list[tuple[int, int, bool]]]:
+        """Per row, per sampled section: its [start, end) columns and whether a stop string ended it."""
+        cells, plan = self.cells, self.plan
+        row, column = (cells[:, 1:] != cells[:, :-1]).nonzero().unbind(1)  # [M] where segments ended, row-major
+        after = column.roll(1) + 1  # [M] the column after the previous end
+        same_row = row == row.roll(1)  # [M] that end is in the same row
+        same_row[:1] = False
+        start = torch.where(same_row, after, 0)  # [M] where each ended segment began
+        closed = plan.sampled[cells[row, column]]  # [M] a sampled section ended there
+        by_stop = plan.variant[cells[row, column + 1]]  # [M] it moved on with variant 1: ended by a stop string
+        out: list[list[tuple[int, int, bool]]] = [[] for _ in range(cells.shape[0])]
+        picked = torch.stack([row, start, column + 1, by_stop], 1)[closed].tolist()
+        for r, a, b, stop in picked:
+            out[r].append((a, b, bool(stop)))
+        return out
 
 
-def decode_script(
+def decode(
     decoding: Decoding,
     choose: Choose,
-    scripts: Sequence[Script],
+    cfg: GenerationConfig,
     *,
-    temperature: float,
     eos_ids: Sequence[int],
     pad_id: int,
     bias: torch.Tensor | None,
     tokenizer: PreTrainedTokenizerBase | None = None,
-) -> ScriptDecoded:
-    """Decode every row through its script: forced segments feed their tokens to the model (its logits
-    there are not used), sampled segments draw with ``choose`` until EOS, a stop string (``tokenizer``
-    decodes the section's recent tokens) or their budget; a row whose script is done emits padding.
+    compact: bool = True,
+    scripts: Sequence[Script] | None = None,
+) -> Decoded:
+    """Decode every row through its script (default: `sampled_script`): ``choose`` picks a token for each
+    row at every step; a row in a forced segment writes the segment's next token instead (in the context,
+    mask 0, its log-prob unused), a row in a sampled section keeps the chosen one. A section ends at EOS,
+    on a stop string (``tokenizer`` decodes its recent tokens) or at its budget; a row whose script is
+    done emits padding. Sampling settings other than budgets and stop strings are ``cfg``'s.
 
-    The backend's decode step takes the tokens either way, so forced tokens are context exactly like
-    sampled ones; only sampled tokens have mask 1 and a log-prob, so scoring treats forced ones as
-    context too.
+    The script state lives in tensors (each row's `Plan` cell and offset within it). With ``compact``,
+    once at most half of the rows the model still runs are live, finished rows are let go
+    (`Decoding.retain`), so they stop costing work; results are the same either way.
     """
-    S = len(scripts)
-    device = decoding.logits.device
-    eos = set(eos_ids)
-    every = torch.arange(S, device=device)  # [S]
-    window = 4 * max((len(x) for sc in scripts for seg in sc for x in seg.stop_strings), default=0) + 4
-    segment = [0] * S  # index of each row's current segment
-    offset = [0] * S  # tokens written into it so far
-    start = [0] * S  # column where it began
-    written: list[list[int]] = [[] for _ in range(S)]
-    sections: list[list[tuple[int, int, bool]]] = [[] for _ in range(S)]
-    stopped = [False] * S  # the row's last sampled section ended on a stop string
-    done = [False] * S
-
-    def advance(r: int) -> None:  # to the row's next segment that writes anything (after_stop may be empty)
-        segment[r] += 1
-        script = scripts[r]
-        while segment[r] < len(script) and script[segment[r]].forced and not script[segment[r]].tokens(stopped[r]):
-            segment[r] += 1
-        done[r] = segment[r] == len(script)
-
-    for r in range(S):
-        segment[r] = -1
-        advance(r)
-    tokens, masks, token_logps = [], [], []  # each C x [S]
     logits = decoding.logits  # [S, V]
-    for t in range(max((sum(map(len, sc)) for sc in scripts), default=0)):
-        logp = log_probs(logits, temperature, bias)  # [S, V]
-        drawn = choose(logp, every, t).tolist()  # [S]
-        now = [None if done[r] else scripts[r][segment[r]] for r in range(S)]  # each row's segment
-        sampled = [seg is not None and not seg.forced for seg in now]
-        token = [
-            drawn[r] if sampled[r] else pad_id if seg is None else seg.tokens(stopped[r])[offset[r]]
-            for r, seg in enumerate(now)
-        ]
-        for r, seg in enumerate(now):
-            if seg is not None:
-                written[r].append(token[r])
-                offset[r] += 1
-        token_t = torch.tensor(token, device=device)  # [S]
-        mask_t = torch.tensor(sampled, device=device)  # [S]
-        tokens.append(token_t)
-        masks.append(mask_t)
-        token_logps.append(logp.gather(1, token_t[:, None]).squeeze(1).masked_fill(~mask_t, 0.0))
-        checks = [r for r, seg in enumerate(now) if sampled[r] and seg.stop_strings and token[r] not in eos]
-        tails = tokenizer.batch_decode([written[r][start[r] :][-window:] for r in checks]) if checks else []
-        hits = {r for r, text in zip(checks, tails) if any(x in text for x in now[r].stop_strings)}
-        for r, seg in enumerate(now):
-            if seg is None:
-                continue
-            if seg.forced:
-                finished = offset[r] == len(seg.tokens(stopped[r]))
-            else:
-                finished = token[r] in eos or offset[r] == seg.budget or r in hits
-                if finished:
-                    sections[r].append((start[r], t + 1, r in hits))
-                    stopped[r] = r in hits
-            if finished:
-                offset[r], start[r] = 0, t + 1
-                advance(r)
-        if all(done):
+    S, device = logits.shape[0], logits.device
+    plan = Plan([sampled_script(cfg)] * S if scripts is None else scripts, pad_id, device)
+    eos = torch.tensor(list(eos_ids), device=device)  # [E]
+    window = 4 * max((len(x) for stops in plan.stop_sets for x in stops), default=0) + 4
+    last = plan.tokens.shape[1] - 1
+    cell, offset = plan.first, torch.zeros(S, dtype=torch.long, device=device)  # [S] each row's place in its script
+    start = offset  # [S] the column where each row's current segment began
+    active = torch.arange(S, device=device)  # [n] the rows the model runs (all S until a compaction)
+    # Per-step results go to lists and are stacked once: indexed writes cost more per step.
+    tokens, token_logps, cells = [], [], [cell]  # C x [S] each; cells: C + 1
+    for t in range(plan.columns):
+        logp = log_probs(logits, temperature=cfg.temperature, bias=bias)  # [n, V]
+        chosen = choose(logp, active, t)  # [n]
+        if len(active) == S:
+            token_logp = logp.gather(1, chosen[:, None]).squeeze(1)  # [S]
+        else:
+            token_logp = logp.new_zeros(S).index_copy_(0, active, logp.gather(1, chosen[:, None]).squeeze(1))
+            chosen = torch.full((S,), pad_id, dtype=chosen.dtype, device=device).index_copy_(0, active, chosen)
+        sampled = plan.sampled[cell]  # [S]
+        token = torch.where(sampled, chosen, plan.tokens[cell, offset.clamp(max=last)])  # [S] forced / padding
+        tokens.append(token)
+        token_logps.append(token_logp)
+        offset = offset + 1
+        ended = offset == plan.length[cell]  # [S] the row's segment is done
+        at_eos = sampled & (token == eos[0] if len(eos) == 1 else torch.isin(token, eos))  # [S]
+        ended = ended | at_eos
+        variant = plan.variant[cell]  # [S]
+        if plan.stop_sets:  # a section's stop string ends it and picks the next forced segment's variant 1
+            sets = plan.stop[cell]  # [S]
+            recent = tokens[-window:]
+            skip = start - (t + 1 - len(recent))  # [S] recent columns before the section
+            hit = stop_hits(tokenizer, plan.stop_sets, sets, recent, skip, sampled & ~at_eos & (sets >= 0))
+            ended = ended | hit
+            variant = torch.where(sampled, hit.long(), variant)
+        cell = torch.where(ended, plan.next[cell, variant], cell)
+        offset = offset.masked_fill(ended, 0)
+        if plan.stop_sets:
+            start = torch.where(ended, t + 1, start)
+        cells.append(cell)
+        done = plan.end[cell]  # [S]
+        if t + 1 == plan.columns or bool(done.all()):
             break
-        logits = decoding.decode(token_t)  # [S, V]
+        if compact and len(active) > 1:
+            live = (~done[active]).nonzero().squeeze(1)  # [n'] positions in `active` still running
+            if 2 * len(live) <= len(active):
+                active = active[decoding.retain(live)]
+        logits = decoding.decode(token if len(active) == S else token[active])  # [n, V]
     if not tokens:
-        empty = torch.zeros((S, 0), dtype=torch.long, device=device)
-        return ScriptDecoded(empty, empty, empty.float(), [0] * S, sections)
-    return ScriptDecoded(
-        torch.stack(tokens, 1),  # [S, C]
-        torch.stack(masks, 1).long(),  # [S, C]
-        torch.stack(token_logps, 1),  # [S, C]
-        [len(w) for w in written],
-        sections,
-    )
+        return Decoded.empty(plan)
+    cells = torch.stack(cells, 1)  # [S, C + 1]
+    mask = plan.sampled[cells[:, :-1]]  # [S, C]
+    logprobs = torch.stack(token_logps, 1).masked_fill(~mask, 0.0)  # [S, C]
+    by_stop = plan.variant[cell].bool()  # [S] every row ends in an end cell: variant 1 after a stop
+    return Decoded(torch.stack(tokens, 1), mask.long(), logprobs, by_stop, cells, plan)
+
+
+def stop_hits(
+    tokenizer: PreTrainedTokenizerBase | None,
+    stop_sets: Sequence[tuple[str, ...]],
+    sets: torch.Tensor,
+    recent: list[torch.Tensor],
+    skip: torch.Tensor,
+    check: torch.Tensor,
+) -> torch.Tensor:
+    """Rows (among ``check``, [S] bool) whose current section's text contains one of its stop strings
+    (``stop_sets[sets[row]]``): the ``recent`` columns (each [S]) decoded by ``tokenizer`` after each row's
+    first ``skip`` ([S]) of them, which precede its section."""
+    hit = torch.zeros_like(check)
+    rows = check.nonzero().squeeze(1)  # [R]
+    if len(rows) == 0:
+        return hit
+    tail = torch.stack(recent, 1)[rows]  # [R, W]
+    found = torch.cat([tail, skip[rows, None].clamp(min=0), sets[rows, None]], 1).tolist()  # one transfer
+    texts = tokenizer.batch_decode([row[row[-2] : -2] for row in found], skip_special_tokens=True)
+    hits = [r for r, row, text in zip(rows.tolist(), found, texts) if any(x in text for x in stop_sets[row[-1]])]
+    if hits:
+        hit[hits] = True
+    return hit
 
 
 def section_texts(
-    tokenizer: PreTrainedTokenizerBase, decoded: ScriptDecoded, scripts: Sequence[Script], eos_ids: Sequence[int]
+    tokenizer: PreTrainedTokenizerBase, decoded: Decoded, scripts: Sequence[Script], eos_ids: Sequence[int]
 ) -> list[list[str]]:
     """Per row, the text of each sampled section: its tokens decoded without a final EOS, cut before
     the first stop string when one ended it."""
     eos = set(eos_ids)
     rows = decoded.completion_ids.tolist()
     out = []
-    for r, spans in enumerate(decoded.sections):
+    for r, spans in enumerate(decoded.sections()):
         stops = [seg.stop_strings for seg in scripts[r] if not seg.forced]
         ids = [rows[r][a:b] for a, b, _ in spans]
         ids = [x[:-1] if x and x[-1] in eos else x for x in ids]
@@ -313,19 +358,6 @@ def section_texts(
                 texts[k] = texts[k][: min(cut)] if cut else texts[k]
         out.append(texts)
     return out
-
-
-def stop_hits(
-    tokenizer: PreTrainedTokenizerBase, stop_strings: Sequence[str], tail: torch.Tensor, live: torch.Tensor
-) -> torch.Tensor:
-    """Rows (among ``live``) whose recent tokens ``tail`` ([S, W]) contain a stop string."""
-    hit = torch.zeros_like(live)
-    rows = live.nonzero().squeeze(1).tolist()
-    if rows:
-        texts = tokenizer.batch_decode(tail[rows].tolist(), skip_special_tokens=True)
-        for row, text in zip(rows, texts):
-            hit[row] = any(s in text for s in stop_strings)
-    return hit
 
 
 def completion_texts(
