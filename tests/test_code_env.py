@@ -257,35 +257,6 @@ ATTACKS = {
 }
 
 
-@pytest.fixture
-def listener():
-    """A local TCP listener that records every connection and what it received."""
-    import socket
-    import threading
-
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen()
-    srv.settimeout(0.2)
-    received, stop = [], threading.Event()
-
-    def accept():
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                continue
-            received.append(conn.recv(1000) or b"(connected)")
-            conn.close()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield srv.getsockname()[1], received
-    stop.set()
-    thread.join()
-    srv.close()
-
-
 def _two_turn_step(main: str):
     env = make("textzoo/Code-v0", dataset=TOY, split="all", turns=2, sandbox_limits=LIMITS)
     env.reset(options={"index": 0})

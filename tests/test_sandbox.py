@@ -5,7 +5,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -300,33 +299,6 @@ def test_limits_validate():
 
 
 # ---- isolation, mechanism by mechanism ---------------------------------------------------------
-@pytest.fixture
-def listener():
-    """A local TCP listener recording what reaches it."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen()
-    srv.settimeout(0.2)
-    received: list[bytes] = []
-    stop = threading.Event()
-
-    def accept():
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                continue
-            received.append(conn.recv(1000) or b"(connected)")
-            conn.close()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield srv.getsockname()[1], received
-    stop.set()
-    thread.join()
-    srv.close()
-
-
 @pytest.fixture
 def world_readable(tmp_path_factory):
     """A world-readable secret outside any working dir (every folder above it traversable)."""
