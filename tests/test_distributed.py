@@ -2,14 +2,12 @@
 identical through `Trainer` runs, and resume exactly. The replicas run in subprocesses (spawn)."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from replicas import assert_states_equal, run_script
 
 from textzoo.agents.policy import Policy
 from textzoo.runners import checkpoint as ck
@@ -75,27 +73,6 @@ if __name__ == "__main__":
 '''
 
 
-def _run(script, mode, out, run_dir):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(script), mode, str(out), str(run_dir)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-def _equal(a, b):
-    assert sorted(a) == sorted(b)
-    for k in a:
-        if isinstance(a[k], dict):
-            _equal(a[k], b[k])
-        else:
-            assert torch.equal(a[k], b[k]), k
-
-
 def _rows(run_dir):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
@@ -106,7 +83,7 @@ def two_replicas(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dp")
     script = tmp / "dp.py"
     script.write_text(textwrap.dedent(SCRIPT))
-    _run(script, "train", tmp, tmp / "run")
+    run_script(script, "train", tmp, tmp / "run")
     return script, tmp
 
 
@@ -114,7 +91,7 @@ def test_two_replicas_equal_one_process_with_the_combined_batch(two_replicas):
     _, out = two_replicas
     rank0, rank1 = torch.load(out / "fixed-rank0.pt"), torch.load(out / "fixed-rank1.pt")
     single = torch.load(out / "fixed-single.pt")
-    _equal(rank0, rank1)
+    assert_states_equal(rank0, rank1)
     for name, tensor in single.items():
         torch.testing.assert_close(rank0[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
     # the check has teeth: the three steps moved the weights far beyond the tolerance
@@ -124,7 +101,7 @@ def test_two_replicas_equal_one_process_with_the_combined_batch(two_replicas):
 
 def test_trainer_replicas_stay_identical_and_rank0_writes(two_replicas):
     _, out = two_replicas
-    _equal(torch.load(out / "train-rank0.pt"), torch.load(out / "train-rank1.pt"))
+    assert_states_equal(torch.load(out / "train-rank0.pt"), torch.load(out / "train-rank1.pt"))
     run_dir = out / "run"
     assert len(_rows(run_dir)) == 4  # one writer: steps 0..3
     state = ck.read_checkpoint(ck.list_checkpoints(run_dir)[-1]).state
@@ -136,9 +113,9 @@ def test_two_replicas_resume_exactly(two_replicas):
     run_dir = out / "run"
     shutil.copytree(run_dir, out / "run-uninterrupted")
     shutil.rmtree(ck.list_checkpoints(run_dir)[-1])  # as if killed before step 3 was saved
-    _run(script, "resume", out, run_dir)
-    _equal(torch.load(out / "resume-rank0.pt"), torch.load(out / "train-rank0.pt"))
-    _equal(torch.load(out / "resume-rank1.pt"), torch.load(out / "train-rank1.pt"))
+    run_script(script, "resume", out, run_dir)
+    assert_states_equal(torch.load(out / "resume-rank0.pt"), torch.load(out / "train-rank0.pt"))
+    assert_states_equal(torch.load(out / "resume-rank1.pt"), torch.load(out / "train-rank1.pt"))
     assert _rows(run_dir) == _rows(out / "run-uninterrupted")
 
 

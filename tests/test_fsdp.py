@@ -1,14 +1,12 @@
 """FSDP2 sharding on CPU (gloo, 2 processes): the same weights as one process with the combined batch,
 identical full weights on both processes through `Trainer` runs, full-weight checkpoints, exact resume."""
 
-import os
 import shutil
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from replicas import assert_states_equal, run_script
 
 from textzoo.errors import ConfigError
 from textzoo.runners import checkpoint as ck
@@ -80,28 +78,12 @@ if __name__ == "__main__":
 '''
 
 
-def _run(script, mode, out, run_dir):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    argv = [sys.executable, str(script), mode, str(out), str(run_dir)]
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-def _equal(a, b):
-    assert sorted(a) == sorted(b)
-    for k in a:
-        if isinstance(a[k], dict):
-            _equal(a[k], b[k])
-        else:
-            assert torch.equal(a[k], b[k]), k
-
-
 @pytest.fixture(scope="module")
 def sharded_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fsdp")
     script = tmp / "fsdp.py"
     script.write_text(textwrap.dedent(SCRIPT))
-    _run(script, "train", tmp, tmp / "run")
+    run_script(script, "train", tmp, tmp / "run")
     return script, tmp
 
 
@@ -112,7 +94,7 @@ def test_two_shards_equal_one_process_with_the_combined_batch(sharded_run, arch)
     _, out = sharded_run
     rank0, rank1 = torch.load(out / f"fixed-{arch}-rank0.pt"), torch.load(out / f"fixed-{arch}-rank1.pt")
     single = torch.load(out / f"fixed-{arch}-single.pt")
-    _equal(rank0, rank1)
+    assert_states_equal(rank0, rank1)
     assert set(rank0) <= set(single)  # full weights under the module's own names
     for name, tensor in rank0.items():
         torch.testing.assert_close(tensor, single[name], rtol=1e-5, atol=1e-6, msg=name)
@@ -124,7 +106,7 @@ def test_sharded_trainer_processes_hold_the_same_weights_and_checkpoint_them_who
     from textzoo.runners.build import build_policy
 
     _, out = sharded_run
-    _equal(torch.load(out / "train-rank0.pt"), torch.load(out / "train-rank1.pt"))
+    assert_states_equal(torch.load(out / "train-rank0.pt"), torch.load(out / "train-rank1.pt"))
     saved = ck.read_checkpoint(ck.list_checkpoints(out / "run")[-1])
     whole = build_policy(AgentConfig(), seed=0, device=torch.device("cpu")).model
     for name in ("summary", "elaboration"):
@@ -136,9 +118,9 @@ def test_sharded_training_resumes_exactly(sharded_run):
     script, out = sharded_run
     run_dir = out / "run"
     shutil.rmtree(ck.list_checkpoints(run_dir)[-1])  # as if killed before step 3 was saved
-    _run(script, "resume", out, run_dir)
-    _equal(torch.load(out / "resume-rank0.pt"), torch.load(out / "train-rank0.pt"))
-    _equal(torch.load(out / "resume-rank1.pt"), torch.load(out / "train-rank1.pt"))
+    run_script(script, "resume", out, run_dir)
+    assert_states_equal(torch.load(out / "resume-rank0.pt"), torch.load(out / "train-rank0.pt"))
+    assert_states_equal(torch.load(out / "resume-rank1.pt"), torch.load(out / "train-rank1.pt"))
 
 
 def test_sharding_settings_are_checked_before_models_are_built():
