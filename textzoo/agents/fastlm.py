@@ -20,7 +20,7 @@ in scoring the prompt's gradient is accumulated by the same matmul instead of a 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -616,15 +616,7 @@ LLAMA = Architecture(
     dropout=lambda config: config.attention_dropout,
     exact=llama_exact,
 )
-QWEN3 = Architecture(
-    trunk="model",
-    layers="layers",
-    forward=qwen3_forward,
-    final_norm=lambda body, hidden: _rms_norm(hidden, body.norm),
-    heads=lambda config: (config.num_attention_heads, config.num_key_value_heads),
-    dropout=lambda config: config.attention_dropout,
-    exact=qwen3_exact,
-)
+QWEN3 = replace(LLAMA, forward=qwen3_forward, exact=qwen3_exact)  # Llama's layout, q/k norms in the forward
 ARCHITECTURES: dict[str, Architecture] = {
     "gpt2": GPT2,
     "llama": LLAMA,
