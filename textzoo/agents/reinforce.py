@@ -7,9 +7,13 @@ of `kl_in="loss"`). The group of (b, i, t) is its G samples; baselines:
     grpo       A_g = R_g − mean_g R                       (Shao et al. 2024; MAGRPO)
     rloo       A_g = R_g − mean_{g'≠g} R_{g'}             (Ahmadian et al. 2024)
     remax      A_g = R_g − R_greedy                       (Li et al. 2023; one greedy rollout per prompt)
-    reinforce  A_g = R_g (− a running mean of past returns when `reinforce_baseline="running_mean"`)
+    reinforce  A_g = R_g (− a running mean of past returns when `reinforce_baseline="running_mean"`,
+               or − b[role], an average of the returns of the role the sample played, when "per_role":
+               SPIRAL's role-conditioned advantage estimation, RAE)
 `advantage_scale="std"` divides by max(std_g R, std_floor) + 1e-6 and never re-centres; "none" is
-Dr. GRPO. `normalize_per_agent` then standardises each actor's advantages over the batch (Dr. MAS).
+Dr. GRPO. With `credit="acting_role"` (self-play: one policy playing several roles in turn) R is the
+return of the role the actor played at t (`acting_role_returns`). `normalize_per_agent` then
+standardises each actor's advantages over the batch (Dr. MAS).
 `joint_mode="cross"` (single-turn) credits sample g of actor i with the **mean** return over every
 combination of its partners' samples. Loss: `policy_gradient_loss` (−A·ℓ, or PPO-clip with
 `clip_range` over several `epochs`), plus β·KL_k3 per token when `kl_in="loss"`.
@@ -32,6 +36,8 @@ from textzoo.agents.rlmath import (
     ESTIMATORS,
     GROUP_ESTIMATORS,
     BatchNorm,
+    acting_role_returns,
+    acting_roles,
     advantages,
     credited_rewards,
     cross_returns,
@@ -41,6 +47,7 @@ from textzoo.agents.rlmath import (
     kl_loss,
     kl_shaped_rewards,
     policy_gradient_loss,
+    role_baselines,
     running_mean_update,
 )
 from textzoo.agents.team import Actor, frozen_references, reference_models
@@ -71,7 +78,8 @@ class ReinforceConfig:
     joint_mode: str = "aligned"
     """"aligned": sample g of every agent forms joint action g; "cross": all G^N combinations."""
     reinforce_baseline: str = "none"
-    """For estimator reinforce: "none" or "running_mean" (mean of past returns, momentum 0.9)."""
+    """For estimator reinforce: "none", "running_mean" (mean of past returns, momentum 0.9) or "per_role"
+    (RAE: an average of the returns of the role each sample played, momentum 0.95; for self-play)."""
 
     def __post_init__(self) -> None:
         if self.advantage_scale not in ("std", "none"):
@@ -85,9 +93,10 @@ class ReinforceConfig:
             raise ConfigError(f"reinforce.kl_in must be 'reward' or 'loss', got {self.kl_in!r}")
         if self.joint_mode not in ("aligned", "cross"):
             raise ConfigError(f"reinforce.joint_mode must be 'aligned' or 'cross', got {self.joint_mode!r}")
-        if self.reinforce_baseline not in ("none", "running_mean"):
+        if self.reinforce_baseline not in ("none", "running_mean", "per_role"):
             raise ConfigError(
-                f"reinforce.reinforce_baseline must be 'none' or 'running_mean', got {self.reinforce_baseline!r}"
+                "reinforce.reinforce_baseline must be 'none', 'running_mean' or 'per_role', "
+                f"got {self.reinforce_baseline!r}"
             )
         if self.std_floor < 0:
             raise ConfigError(f"reinforce.std_floor must be >= 0, got {self.std_floor}")
@@ -116,6 +125,7 @@ class ReinforceFamily:
         self.actors = {a.id: a for a in actors}
         self.needs = RolloutNeeds(greedy=estimator == "remax", cross=config.joint_mode == "cross")
         self.running_mean: torch.Tensor | None = None
+        self.role_mean: torch.Tensor | None = None  # [R] RAE baselines (reinforce_baseline="per_role")
         # frozen copies of the initial weights, made before any checkpoint is loaded
         self.references: dict[str, Policy] = frozen_references(actors) if config.kl_coef > 0 else {}
 
@@ -126,15 +136,18 @@ class ReinforceFamily:
         return reference_models(self.references)
 
     def state_dict(self) -> dict:
-        return {"running_mean": self.running_mean}
+        return {"running_mean": self.running_mean, "role_mean": self.role_mean}
 
     def load_state_dict(self, state: dict) -> None:
         self.running_mean = state.get("running_mean")
+        self.role_mean = state.get("role_mean")
 
     def jobs(self, rollout: Rollout) -> tuple[list[Job], dict[str, float]]:
         cfg = self.config
         B, G, A = rollout.num_prompts, rollout.group_size, len(rollout.actors)
-        rewards = credited_rewards(rollout.rewards, rollout.actor_roles, self.credit)  # [E, A, T]
+        # acting_role's returns come from the roles played (below); its shapes are per_agent's
+        credit = "per_agent" if self.credit == "acting_role" else self.credit
+        rewards = credited_rewards(rollout.rewards, rollout.actor_roles, credit)  # [E, A, T]
         T = rewards.shape[-1]
         stats: dict[str, float] = {}
         samples = trainable_samples(rollout, self.actors)
@@ -159,6 +172,12 @@ class ReinforceFamily:
             returns = cross_returns(combos.view(B, C, A), G).unsqueeze(-1)  # [B, G, A, 1]
             if shaping:
                 returns = kl_shaped_rewards(returns, log_ratio.view(B, G, A, T), cfg.kl_coef)
+        elif self.credit == "acting_role":
+            played = rollout.infos["role_active"]  # [E, R, T]
+            returns = acting_role_returns(rollout.rewards, played, rollout.actor_roles, self.gamma)  # [E, A, T]
+            if shaping:
+                returns = returns - discounted_returns(cfg.kl_coef * log_ratio, self.gamma)
+            returns = returns.view(B, G, A, T)
         else:
             if shaping:
                 rewards = kl_shaped_rewards(rewards, log_ratio, cfg.kl_coef)
@@ -171,6 +190,10 @@ class ReinforceFamily:
         if self.estimator == "reinforce" and cfg.reinforce_baseline == "running_mean":
             running = self.running_mean
             self.running_mean = running_mean_update(running, returns, mask)  # [A, T]
+        if self.estimator == "reinforce" and cfg.reinforce_baseline == "per_role":
+            roles = acting_roles(rollout.infos["role_active"], rollout.actor_roles).view(B, G, A, T)
+            roles = torch.where(mask.bool(), roles, torch.full_like(roles, -1))
+            running, self.role_mean = role_baselines(self.role_mean, returns, roles, len(rollout.roles))
         adv = advantages(returns, mask, self.estimator, cfg.advantage_scale, cfg.std_floor, greedy, running)
 
         jobs, job_stats = policy_jobs(

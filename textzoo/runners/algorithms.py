@@ -136,6 +136,17 @@ def build_marlhf(cfg: TrainConfig, actors: list[Actor]) -> Family:
 # ---- rules -----------------------------------------------------------------------------------------
 def _check_reinforce(cfg: TrainConfig, estimator: str) -> None:
     check_estimator(estimator, cfg.group_size)
+    if cfg.credit == "acting_role" and (estimator == "remax" or cfg.reinforce.joint_mode == "cross"):
+        raise ConfigError(
+            "credit='acting_role' credits each sample with the return of the role it played; remax's greedy "
+            "rollout and joint_mode='cross' credit whole joint actions: use grpo, rloo or reinforce with "
+            "joint_mode='aligned'"
+        )
+    if cfg.reinforce.reinforce_baseline == "per_role" and estimator != "reinforce":
+        raise ConfigError(
+            f"reinforce.reinforce_baseline='per_role' is the baseline of estimator reinforce (algo mareinforce), "
+            f"not {estimator}: use --algo mareinforce"
+        )
     if cfg.reinforce.joint_mode == "cross" and cfg.collaboration == "centralized":
         raise ConfigError(
             "reinforce.joint_mode='cross' combines the samples of different agents, and a centralized team "
@@ -151,7 +162,16 @@ def _check_cross_team(cfg: TrainConfig, roles: list[str]) -> None:
         )
 
 
+def _check_acting_role(cfg: TrainConfig) -> None:
+    if cfg.credit == "acting_role":
+        raise ConfigError(
+            f"credit='acting_role' (self-play credit) is a reinforce-family setting; {cfg.algo} takes "
+            "credit 'shared' or 'per_agent'"
+        )
+
+
 def _check_actor_critic(cfg: TrainConfig, centralized: bool) -> None:
+    _check_acting_role(cfg)
     check_actor_critic(cfg.actor_critic, centralized, cfg.credit)
     if cfg.reinforce.joint_mode == "cross":
         raise ConfigError(
@@ -161,6 +181,7 @@ def _check_actor_critic(cfg: TrainConfig, centralized: bool) -> None:
 
 
 def _check_preference(cfg: TrainConfig) -> None:
+    _check_acting_role(cfg)
     if cfg.iterations < 1 or cfg.steps % cfg.iterations:
         raise ConfigError(f"iterations ({cfg.iterations}) must be >= 1 and divide steps ({cfg.steps})")
     if cfg.reinforce.joint_mode == "cross":

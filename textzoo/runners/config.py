@@ -197,7 +197,8 @@ class TrainConfig:
     gamma: float = 1.0
     """Discount over turns."""
     credit: str = "shared"
-    """shared (team reward) | per_agent (each agent's own reward)."""
+    """shared (team reward) | per_agent (each agent's own reward) | acting_role (reinforce family: each
+    sample gets the return of the role it played, for one policy playing every side in self-play)."""
     normalize_per_agent: bool = False
     """Standardise each agent's advantages over the batch after the baseline or GAE (Dr. MAS)."""
     seed: int = 0
