@@ -44,6 +44,7 @@ from textzoo.agents.rlmath import (
 )
 from textzoo.agents.team import Actor
 from textzoo.errors import ConfigError
+from textzoo.typecheck import check_fields
 
 
 @dataclass
@@ -83,6 +84,7 @@ class ActorCriticConfig:
     """Optimizer steps per pass over a batch."""
 
     def __post_init__(self) -> None:
+        check_fields(self, "actor_critic.")
         if self.critic_type not in ("v", "q"):
             raise ConfigError(f"actor_critic.critic_type must be 'v' or 'q', got {self.critic_type!r}")
         if self.critic_lr is not None and self.critic_lr <= 0:

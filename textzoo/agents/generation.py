@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from textzoo.errors import ConfigError
+from textzoo.typecheck import check_fields
 
 
 @dataclass
@@ -34,6 +35,7 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         where = self._where
+        check_fields(self, f"{where}.")
         if isinstance(self.stop_strings, str):
             raise ConfigError(f"{where}.stop_strings must be a sequence of strings, not one string; wrap it in a tuple")
         self.stop_strings = tuple(self.stop_strings)

@@ -34,6 +34,7 @@ from textzoo.agents.policy import Generation, Policy
 from textzoo.agents.rlmath import BatchNorm, dpo_loss
 from textzoo.agents.team import Actor, frozen_references, reference_models
 from textzoo.errors import ConfigError
+from textzoo.typecheck import check_fields
 
 SELECTIONS = ("gap", "random", "all")
 REFERENCES = ("initial", "none")
@@ -107,6 +108,7 @@ class PreferenceConfig:
     """How clear both trends must be: |Pearson r| between step and per-step mean, in (0, 1]."""
 
     def __post_init__(self) -> None:
+        check_fields(self, "preference.")
         if self.beta <= 0:
             raise ConfigError(f"preference.beta must be > 0, got {self.beta}")
         if self.reference not in REFERENCES:

@@ -45,6 +45,7 @@ from textzoo.agents.rlmath import (
 )
 from textzoo.agents.team import Actor, frozen_references, reference_models
 from textzoo.errors import ConfigError
+from textzoo.typecheck import check_fields
 
 
 @dataclass
@@ -74,6 +75,7 @@ class ReinforceConfig:
     """For estimator reinforce: "none" or "running_mean" (mean of past returns, momentum 0.9)."""
 
     def __post_init__(self) -> None:
+        check_fields(self, "reinforce.")
         if self.advantage_scale not in ("std", "none"):
             raise ConfigError(f"reinforce.advantage_scale must be 'std' or 'none', got {self.advantage_scale!r}")
         check_policy_update("reinforce", self.loss_aggregation, self.clip_range, self.epochs, self.minibatches)

@@ -12,7 +12,7 @@ import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 import tyro
 
@@ -28,6 +28,7 @@ from textzoo.errors import ConfigError
 from textzoo.runners.algorithms import ALGORITHMS, resolve_algorithm
 from textzoo.runners.build import TINY_MODELS
 from textzoo.runners.update import UpdateConfig
+from textzoo.typecheck import check_fields, check_mapping
 
 SHARDINGS = ("replicate", "fsdp")
 EVAL_MODES = ("greedy", "sampled")
@@ -74,7 +75,7 @@ class AgentConfig(SamplingConfig):
     """AdamW learning rate."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
-    lr_schedule: str = "constant"
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     """constant | linear | cosine (decay to 0 over the run, after warmup_steps)."""
     warmup_steps: int = 0
     """Linear warm-up optimizer steps."""
@@ -117,8 +118,6 @@ class AgentConfig(SamplingConfig):
         super().__post_init__()
         if self.lr <= 0:
             raise ConfigError(f"agent.lr must be > 0, got {self.lr}")
-        if self.lr_schedule not in ("constant", "linear", "cosine"):
-            raise ConfigError(f"agent.lr_schedule must be constant, linear or cosine, got {self.lr_schedule!r}")
         if self.dtype is not None:
             self._migrate_dtype()
         if self.precision not in PRECISIONS:
@@ -171,7 +170,7 @@ class TrainConfig:
     """magrpo | marloo | maremax | mareinforce | iac | maac | ippo | mappo | madpo | marlhf (ippo/mappo =
     iac/maac with actor_critic.clip_range 0.2 and epochs 2 unless those are set; marlhf trains `rl_algo`
     on a reward model's rewards)."""
-    collaboration: str = "decentralized"
+    collaboration: Literal["decentralized", "centralized"] = "decentralized"
     """decentralized (one model per role) | centralized (one joint actor answers for every role)."""
     joint_max_new_tokens: int = 0
     """Token budget of the joint actor's completion (centralized); 0 = N roles x agent.max_new_tokens. Structured:
@@ -252,6 +251,7 @@ class TrainConfig:
     """Update execution (micro-batches, per-sample backward)."""
 
     def __post_init__(self) -> None:
+        check_fields(self)  # every value of the type its annotation names, before any rule compares them
         algorithm = resolve_algorithm(self.algo)  # an unknown name fails first, with the known ones
         for name in ("steps", "batch_prompts", "group_size", "eval_prompts", "env_workers", "generate_workers"):
             if getattr(self, name) < 1:
@@ -260,8 +260,6 @@ class TrainConfig:
             raise ConfigError(f"credit must be one of {CREDITS}, got {self.credit!r}")
         if self.log_completions < 0:
             raise ConfigError(f"log_completions must be >= 0 (0 = none), got {self.log_completions}")
-        if self.collaboration not in ("decentralized", "centralized"):
-            raise ConfigError(f"collaboration must be 'decentralized' or 'centralized', got {self.collaboration!r}")
         if self.joint_format not in JOINT_FORMATS:
             raise ConfigError(f"joint_format must be one of {JOINT_FORMATS}, got {self.joint_format!r}")
         if self.joint_max_new_tokens < 0:
@@ -318,10 +316,7 @@ class TrainConfig:
     def agent_config(self, agent_id: str) -> AgentConfig:
         """The `agent` settings with `agent_overrides[agent_id]` applied."""
         overrides = self.agent_overrides.get(agent_id, {})
-        names = {f.name for f in dataclasses.fields(AgentConfig)}
-        unknown = sorted(set(overrides) - names)
-        if unknown:
-            raise ConfigError(f"agent_overrides[{agent_id!r}] has unknown field(s) {unknown}; valid: {sorted(names)}")
+        check_mapping(AgentConfig, overrides, f"agent_overrides.{agent_id}.")
         values = dict(overrides)
         for key in ("stop_strings", "allowed_outputs"):
             if key in values:
@@ -376,10 +371,8 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
     raise `ConfigError`."""
     if cls is TrainConfig:
         data = migrate(data)
+    check_mapping(cls, data, where)  # unknown keys (with the closest valid one) and mistyped values, by name
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown config field(s) {[where + u for u in unknown]}; valid: {sorted(fields)}")
     kwargs = {}
     for name, value in data.items():
         f = fields[name]

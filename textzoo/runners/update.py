@@ -78,6 +78,9 @@ class UpdateConfig:
 
     def __post_init__(self) -> None:
         from textzoo.errors import ConfigError
+        from textzoo.typecheck import check_fields
+
+        check_fields(self, "update.")
 
         if self.micro_batch_size < 1:
             raise ConfigError(f"update.micro_batch_size must be >= 1, got {self.micro_batch_size}")
