@@ -20,9 +20,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-CREDITS = ("shared", "per_agent")
-ESTIMATORS = ("grpo", "rloo", "remax", "reinforce")
-GROUP_ESTIMATORS = ("grpo", "rloo")
+from textzoo.agents.settings import CREDITS, GROUP_ESTIMATORS
+
 """Estimators whose baseline comes from the other samples of the group (they need G >= 2)."""
 
 

@@ -16,18 +16,20 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import tyro
 
-from textzoo.agents.actor_critic import ActorCriticConfig
-from textzoo.agents.generation import SamplingConfig
-from textzoo.agents.joint import JOINT_FORMATS
-from textzoo.agents.precision import LEGACY_DTYPES, PRECISIONS
-from textzoo.agents.preference import PreferenceConfig
-from textzoo.agents.prompting import STYLES as PROMPT_STYLES
-from textzoo.agents.reinforce import ReinforceConfig
-from textzoo.agents.rlmath import CREDITS
+from textzoo.agents.settings import (
+    CREDITS,
+    JOINT_FORMATS,
+    LEGACY_DTYPES,
+    PRECISION_NAMES,
+    PROMPT_STYLES,
+    TINY_MODELS,
+    ActorCriticConfig,
+    PreferenceConfig,
+    ReinforceConfig,
+    SamplingConfig,
+)
 from textzoo.errors import ConfigError
 from textzoo.runners.algorithms import ALGORITHMS, resolve_algorithm
-from textzoo.runners.build import TINY_MODELS
-from textzoo.runners.update import UpdateConfig
 from textzoo.typecheck import check_fields, check_mapping
 
 SHARDINGS = ("replicate", "fsdp")
@@ -54,6 +56,29 @@ def _parse_json(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(f"expected a JSON object, got {text!r}")
     return value
+
+
+@dataclass
+class UpdateConfig:
+    """How updates are executed (the same for every family)."""
+
+    micro_batch_size: int = 8
+    """Samples per forward/backward; ignored when per_sample_backward is set."""
+    per_sample_backward: bool = False
+    """Back-propagate one sample at a time: one sample's activations in memory, same gradient."""
+    skip_zero_grad_steps: bool = True
+    """Skip the optimizer step when every gradient is exactly zero (no signal in the batch)."""
+    parallel_jobs: int = 1
+    """Learners updated at once in threads (e.g. 2 on 2 cores with threads=1); same results as one at a time."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "update.")
+        if self.micro_batch_size < 1:
+            raise ConfigError(f"update.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.parallel_jobs < 1:
+            raise ConfigError(
+                f"update.parallel_jobs must be >= 1 (1 = one learner at a time), got {self.parallel_jobs}"
+            )
 
 
 @dataclass
@@ -120,8 +145,8 @@ class AgentConfig(SamplingConfig):
             raise ConfigError(f"agent.lr must be > 0, got {self.lr}")
         if self.dtype is not None:
             self._migrate_dtype()
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"agent.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.precision not in PRECISION_NAMES:
+            raise ConfigError(f"agent.precision must be one of {', '.join(PRECISION_NAMES)}, got {self.precision!r}")
         if self.lora_rank < 0 or self.lora_alpha <= 0 or not 0 <= self.lora_dropout < 1:
             raise ConfigError(
                 f"agent.lora_rank must be >= 0, lora_alpha > 0 and lora_dropout in [0, 1); got "
@@ -145,7 +170,7 @@ class AgentConfig(SamplingConfig):
         if self.dtype not in LEGACY_DTYPES:
             raise ConfigError(
                 f"agent.dtype must be float32, bfloat16 or float16, got {self.dtype!r}; the field is replaced by "
-                f"agent.precision ({', '.join(PRECISIONS)})"
+                f"agent.precision ({', '.join(PRECISION_NAMES)})"
             )
         meant = LEGACY_DTYPES[self.dtype]
         if self.precision not in ("fp32", meant):
