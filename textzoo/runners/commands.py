@@ -2,6 +2,8 @@
 
 `textzoo.runners.cli` parses the command name and imports this module only when a command runs.
 Results are printed with rich (`textzoo.runners.console`); the library's log records show on stderr.
+The configs are plain data, so `--help` and a config error answer before torch is imported; a
+command says on stderr what it loads before it takes seconds to do so.
 """
 
 from __future__ import annotations
@@ -50,6 +52,11 @@ def _split_option(argv: list[str], name: str) -> tuple[str | None, list[str]]:
     return value, rest
 
 
+def status(text: str) -> None:
+    """Say on stderr what a command is about to do (stdout stays the command's result)."""
+    console(stderr=True).print(f"{text} ...")
+
+
 def _run_config(run_dir: str) -> TrainConfig:
     """The config a run dir was trained with (its config.json, else its newest checkpoint's)."""
     from textzoo.runners.checkpoint import list_checkpoints
@@ -68,8 +75,6 @@ def train(argv: list[str]) -> None:
     `--resume RUN_DIR` continues that run (its config, with any flags on top); `--resume auto` continues
     the newest run with this config, or starts one. `--num-processes K` trains K data-parallel replicas.
     """
-    from textzoo.runners.trainer import Trainer, default_run_dir
-
     path, rest = _split_config(argv)
     resume, rest = _split_option(rest, "--resume")
     explicit = resume if resume and resume != "auto" else None
@@ -82,6 +87,10 @@ def train(argv: list[str]) -> None:
         description="Train a team of LLM agents on a text task. Add --config FILE to start from a file, "
         "--resume RUN_DIR|auto to continue a run.",
     )
+    models = sorted({cfg.agent.model, *(cfg.agent_config(role).model for role in cfg.agent_overrides)})
+    status(f"training {cfg.algo} on {cfg.env} ({', '.join(models)} models, {cfg.steps} steps): loading torch")
+    from textzoo.runners.trainer import Trainer, default_run_dir
+
     if cfg.num_processes > 1 and "WORLD_SIZE" not in os.environ:
         from textzoo.runners.distributed import launch
 
@@ -105,23 +114,47 @@ def _train_replica(ctx, cfg: TrainConfig, run_dir: str, resume: str | None) -> N
 
 
 def _summary(trainer) -> None:
-    last = trainer.history[-1]
-    first = trainer.history[0]
     out = console()
     out.print(f"run dir: {trainer.run_dir}")
-    train = [row["reward/mean"] for row in trainer.history if "reward/mean" in row]
-    if train:
-        k = max(1, min(5, len(train) // 4))
-        out.print(f"train reward (mean of {k} steps): {sum(train[:k]) / k:.3f} -> {sum(train[-k:]) / k:.3f}")
-    for key in ("eval/sampled/reward/mean", "eval/greedy/reward/mean"):
-        if key in first and key in last:
-            out.print(f"{key}: {first[key]:.3f} -> {last[key]:.3f}")
+    for line in summary_lines(trainer.history, trainer.cfg, trainer.eval_prompt_count):
+        out.print(line)
     if trainer.stopped_by:
         from textzoo.runners.checkpoint import list_checkpoints
         from textzoo.runners.preemption import resume_hint
 
         checkpointed = bool(list_checkpoints(trainer.run_dir))
         out.print(resume_hint(trainer.run_dir, trainer.step, trainer.cfg.steps, trainer.stopped_by, checkpointed))
+
+
+def summary_lines(history: list[dict], cfg: TrainConfig, eval_prompts: int) -> list[str]:
+    """The run's reward before -> after, each figure named: what was decoded how, on how many prompts.
+
+    Held-out figures are the first and last evaluation's; the training figure is the mean of the first
+    and of the last k steps' batches (k = a quarter of the steps, 1 to 5).
+    """
+    lines = []
+    evals = [row for row in history if any(k.startswith("eval/") for k in row)]
+    temperature = cfg.agent.temperature
+    for mode in ("sampled", "greedy"):
+        key = f"eval/{mode}/reward/mean"
+        rows = [row for row in evals if key in row]
+        if len(rows) < 2:
+            continue
+        how = f"sampled at temperature {temperature:g}" if mode == "sampled" else "greedy (argmax) decoding"
+        before, after = rows[0][key], rows[-1][key]
+        lines.append(
+            f"held-out reward, {how}, {eval_prompts} prompts, step {rows[0]['step']} -> {rows[-1]['step']}: "
+            f"{before:.3f} -> {after:.3f} ({after - before:+.3f})"
+        )
+    train = [row["reward/mean"] for row in history if "reward/mean" in row]
+    if train:
+        k = max(1, min(5, len(train) // 4))
+        before, after = sum(train[:k]) / k, sum(train[-k:]) / k
+        lines.append(
+            f"training reward, sampled, {cfg.batch_prompts} prompts x {cfg.group_size} samples a step, mean of the "
+            f"first and the last {k} step(s): {before:.3f} -> {after:.3f} ({after - before:+.3f})"
+        )
+    return lines
 
 
 @dataclass
@@ -141,8 +174,6 @@ class EvalArgs:
 
 
 def evaluate(argv: list[str]) -> None:
-    from textzoo.runners.trainer import Trainer
-
     args = tyro.cli(EvalArgs, args=argv, prog="textzoo eval")
     if args.run_dir:
         cfg = load_config(Path(args.run_dir) / "config.json")
@@ -151,8 +182,12 @@ def evaluate(argv: list[str]) -> None:
     else:
         cfg = TrainConfig()
     cfg.env_kwargs = {**cfg.env_kwargs, **args.env_kwargs}
+    status(f"evaluating {args.run_dir or args.config or 'the default config'} on {cfg.env}: loading torch")
+    from textzoo.runners.trainer import Trainer
+
     trainer = Trainer(cfg, run_dir=args.run_dir or None)
     step = trainer.load_final_weights() if args.run_dir else 0
+    status(f"evaluating on up to {args.prompts} held-out prompts ({', '.join(cfg.eval_modes)})")
     metrics = trainer.evaluate(args.prompts)
     if args.show > 0:  # the table goes to stderr, so that stdout stays the JSON of the metrics
         from textzoo.runners.samples import sample_rows, samples_table
