@@ -363,13 +363,14 @@ class Trainer:
         return tuple(f"eval/{mode}" for mode in self.cfg.eval_modes)
 
     def _log_samples(self, splits, trackers: list, progress: _Progress) -> None:
-        """Append the latest rollouts of ``splits`` to samples.jsonl and the trackers; show held-out ones."""
+        """Append the latest rollouts of ``splits`` to samples.jsonl and the trackers; show the held-out ones,
+        a table per decoding mode."""
         for split in splits:
             rows = sample_rows(self.rollouts[split], self.actors, self.step, split, self.cfg.log_completions)
             self.samples.write(rows)
             for tracker in trackers:
                 tracker.log_samples(rows, split, self.step)
-            if split == self.eval_splits[0] and rows:
+            if split in self.eval_splits and rows:  # one table per decoding: greedy and sampled can differ a lot
                 progress.show(samples_table(rows, f"held-out completions at step {self.step} ({split[5:]})"))
 
     def _write(self, log, row: dict[str, Any], trackers: list | None = None) -> None:
