@@ -19,7 +19,12 @@ def test_summary_lines_name_each_figure_by_hand():
         # 8 training steps: k = 8 // 4 = 2, (0.1 + 0.2) / 2 -> (0.7 + 0.8) / 2
         "training reward, sampled, 8 prompts x 4 samples a step, mean of the first and the last 2 step(s): "
         "0.150 -> 0.750 (+0.600)",
+        # sampled rose 0.4, greedy 0.0: the gap is more than FLAT_GAP = 0.1
+        "the sampled reward rose and the greedy one did not: the models learned a distribution of answers "
+        "that scores, not yet one most likely answer that does (README, Quick start)",
     ]
+    history[-1]["eval/greedy/reward/mean"] = 0.35  # greedy rose 0.35, within 0.1 of sampled's 0.4: no note
+    assert len(summary_lines(history, TrainConfig(batch_prompts=8, group_size=4), 16)) == 3
 
 
 def test_a_mode_evaluated_once_has_no_before_and_after():

@@ -135,6 +135,7 @@ def summary_lines(history: list[dict], cfg: TrainConfig, eval_prompts: int) -> l
     lines = []
     evals = [row for row in history if any(k.startswith("eval/") for k in row)]
     temperature = cfg.agent.temperature
+    gains = {}
     for mode in ("sampled", "greedy"):
         key = f"eval/{mode}/reward/mean"
         rows = [row for row in evals if key in row]
@@ -142,6 +143,7 @@ def summary_lines(history: list[dict], cfg: TrainConfig, eval_prompts: int) -> l
             continue
         how = f"sampled at temperature {temperature:g}" if mode == "sampled" else "greedy (argmax) decoding"
         before, after = rows[0][key], rows[-1][key]
+        gains[mode] = after - before
         lines.append(
             f"held-out reward, {how}, {eval_prompts} prompts, step {rows[0]['step']} -> {rows[-1]['step']}: "
             f"{before:.3f} -> {after:.3f} ({after - before:+.3f})"
@@ -154,7 +156,16 @@ def summary_lines(history: list[dict], cfg: TrainConfig, eval_prompts: int) -> l
             f"training reward, sampled, {cfg.batch_prompts} prompts x {cfg.group_size} samples a step, mean of the "
             f"first and the last {k} step(s): {before:.3f} -> {after:.3f} ({after - before:+.3f})"
         )
+    if len(gains) == 2 and gains["sampled"] >= gains["greedy"] + FLAT_GAP:
+        lines.append(
+            "the sampled reward rose and the greedy one did not: the models learned a distribution of answers "
+            "that scores, not yet one most likely answer that does (README, Quick start)"
+        )
     return lines
+
+
+FLAT_GAP = 0.1
+"""How much more the sampled held-out reward must rise than the greedy one for the summary to say so."""
 
 
 @dataclass
