@@ -23,18 +23,15 @@ Every formula is a function of `textzoo.agents.rlmath`; this module routes the r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 
 import torch
 
 from textzoo.agents.batch import Job, Rollout, SampleBatch
-from textzoo.agents.family import RolloutNeeds, check_policy_update, policy_jobs, trainable_samples
+from textzoo.agents.family import RolloutNeeds, policy_jobs, trainable_samples
 from textzoo.agents.inference import score_no_grad
 from textzoo.agents.policy import Policy
 from textzoo.agents.rlmath import (
-    ESTIMATORS,
-    GROUP_ESTIMATORS,
     BatchNorm,
     acting_role_returns,
     acting_roles,
@@ -50,56 +47,9 @@ from textzoo.agents.rlmath import (
     role_baselines,
     running_mean_update,
 )
+from textzoo.agents.settings import ReinforceConfig, check_estimator
 from textzoo.agents.team import Actor, frozen_references, reference_models
 from textzoo.errors import ConfigError
-
-
-@dataclass
-class ReinforceConfig:
-    """Settings of the group-relative REINFORCE family."""
-
-    advantage_scale: str = "std"
-    """"std": divide by the group's std of returns (+1e-6); "none": leave unscaled (Dr. GRPO)."""
-    std_floor: float = 0.0
-    """Lower bound on the group std when scaling, so near-constant sparse rewards do not blow up."""
-    loss_aggregation: str = "seq_sum"
-    """seq_sum | seq_mean | token_mean | constant (`textzoo.agents.rlmath.AGGREGATIONS`)."""
-    clip_range: float | None = None
-    """PPO ratio clip ε; None = plain on-policy REINFORCE gradient."""
-    epochs: int = 1
-    """Passes over each batch (>1 needs clip_range so the off-policy ratio is bounded)."""
-    minibatches: int = 1
-    """Optimizer steps per pass over a batch."""
-    kl_coef: float = 0.0
-    """β of the KL to a frozen copy of the initial policy (k1 in the reward, k3 in the loss: see kl_in);
-    0 disables the reference copy."""
-    kl_in: str = "reward"
-    """"reward": subtract β·Σ_k log(π/π_ref) (k1) from the turn's reward; "loss": add β·KL_k3 per token to the loss."""
-    joint_mode: str = "aligned"
-    """"aligned": sample g of every agent forms joint action g; "cross": all G^N combinations."""
-    reinforce_baseline: str = "none"
-    """For estimator reinforce: "none", "running_mean" (mean of past returns, momentum 0.9) or "per_role"
-    (RAE: an average of the returns of the role each sample played, momentum 0.95; for self-play)."""
-
-    def __post_init__(self) -> None:
-        if self.advantage_scale not in ("std", "none"):
-            raise ConfigError(f"reinforce.advantage_scale must be 'std' or 'none', got {self.advantage_scale!r}")
-        check_policy_update("reinforce", self.loss_aggregation, self.clip_range, self.epochs, self.minibatches)
-        if self.epochs > 1 and self.clip_range is None:
-            raise ConfigError("reinforce.epochs > 1 reuses samples off-policy: set reinforce.clip_range (e.g. 0.2)")
-        if self.kl_coef < 0:
-            raise ConfigError(f"reinforce.kl_coef must be >= 0, got {self.kl_coef}")
-        if self.kl_in not in ("reward", "loss"):
-            raise ConfigError(f"reinforce.kl_in must be 'reward' or 'loss', got {self.kl_in!r}")
-        if self.joint_mode not in ("aligned", "cross"):
-            raise ConfigError(f"reinforce.joint_mode must be 'aligned' or 'cross', got {self.joint_mode!r}")
-        if self.reinforce_baseline not in ("none", "running_mean", "per_role"):
-            raise ConfigError(
-                "reinforce.reinforce_baseline must be 'none', 'running_mean' or 'per_role', "
-                f"got {self.reinforce_baseline!r}"
-            )
-        if self.std_floor < 0:
-            raise ConfigError(f"reinforce.std_floor must be >= 0, got {self.std_floor}")
 
 
 # ---- the family ---------------------------------------------------------------------------------
@@ -208,14 +158,6 @@ class ReinforceFamily:
             refs,
         )
         return jobs, {**stats, **job_stats}
-
-
-def check_estimator(estimator: str, group_size: int) -> None:
-    """An estimator exists and has the group it needs (grpo and rloo compare samples of a group)."""
-    if estimator not in ESTIMATORS:
-        raise ConfigError(f"unknown estimator {estimator!r}; choose one of {ESTIMATORS}")
-    if estimator in GROUP_ESTIMATORS and group_size < 2:
-        raise ConfigError(f"{estimator} compares samples within a group: set group_size >= 2 (got {group_size})")
 
 
 def reinforce_loss(policy: Policy, cfg: ReinforceConfig, batch: SampleBatch, norm: BatchNorm):

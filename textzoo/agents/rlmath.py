@@ -20,11 +20,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-CREDITS = ("shared", "per_agent", "acting_role")
-"""How rewards are credited; "acting_role" (self-play) needs the roles each actor played per turn
-(`acting_role_returns`), which the reinforce family reads from the rollout."""
-ESTIMATORS = ("grpo", "rloo", "remax", "reinforce")
-GROUP_ESTIMATORS = ("grpo", "rloo")
+from textzoo.agents.settings import CREDITS, GROUP_ESTIMATORS
+
 """Estimators whose baseline comes from the other samples of the group (they need G >= 2)."""
 
 

@@ -2,7 +2,9 @@
 
 `TrainConfig` fills an algorithm's defaults and checks its rules before anything is built; the trainer
 builds the family and the rollout hooks through the registry and never names an algorithm. Adding
-an algorithm is one `register_algorithm` call (CONTRIBUTING.md has the recipe).
+an algorithm is one `register_algorithm` call (CONTRIBUTING.md has the recipe). The registry and the
+rules are plain data: the builders import the families (and so torch) when a run builds one, so a
+config can be made and checked without torch.
 """
 
 from __future__ import annotations
@@ -13,19 +15,18 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from textzoo.agents.actor_critic import ActorCriticFamily, check_actor_critic, critic_name
-from textzoo.agents.critic import Critic
-from textzoo.agents.family import Family
-from textzoo.agents.preference import MADPOFamily
-from textzoo.agents.reinforce import ReinforceFamily, check_estimator
-from textzoo.agents.team import Actor
+from textzoo.agents.settings import check_actor_critic, check_estimator
 from textzoo.errors import ConfigError
-from textzoo.runners.build import build_device, build_policy
-from textzoo.runners.hooks import RolloutHook
-from textzoo.runners.preference import madpo_hooks, marlhf_hooks
 
 if TYPE_CHECKING:
+    from textzoo.agents.actor_critic import ActorCriticFamily
+    from textzoo.agents.critic import Critic
+    from textzoo.agents.family import Family
+    from textzoo.agents.preference import MADPOFamily
+    from textzoo.agents.reinforce import ReinforceFamily
+    from textzoo.agents.team import Actor
     from textzoo.runners.config import AgentConfig, TrainConfig
+    from textzoo.runners.hooks import RolloutHook
 
 MAX_CROSS_AGENTS = 6
 """joint_mode='cross' plays G^N combinations per prompt: more agents than this is refused."""
@@ -80,6 +81,8 @@ def with_defaults(section: Any, defaults: Mapping[str, Any]) -> Any:
 # ---- builders --------------------------------------------------------------------------------------
 def build_reinforce(cfg: TrainConfig, actors: list[Actor], estimator: str) -> ReinforceFamily:
     """MAGRPO, MARLOO, MAReMax or MAREINFORCE: the reinforce family with one estimator."""
+    from textzoo.agents.reinforce import ReinforceFamily
+
     return ReinforceFamily(
         cfg.reinforce, actors, estimator, cfg.gamma, cfg.credit, cfg.group_size, cfg.normalize_per_agent
     )
@@ -87,6 +90,10 @@ def build_reinforce(cfg: TrainConfig, actors: list[Actor], estimator: str) -> Re
 
 def build_actor_critic(cfg: TrainConfig, actors: list[Actor], centralized: bool) -> ActorCriticFamily:
     """IAC / IPPO (a critic per trainable actor) or MAAC / MAPPO (one centralized critic)."""
+    from textzoo.agents.actor_critic import ActorCriticFamily, critic_name
+    from textzoo.agents.critic import Critic
+    from textzoo.runners.build import build_device, build_policy
+
     ac = cfg.actor_critic
     on_actor = ac.critic_model == "actor"
 
@@ -125,6 +132,8 @@ def build_actor_critic(cfg: TrainConfig, actors: list[Actor], centralized: bool)
 
 def build_madpo(cfg: TrainConfig, actors: list[Actor]) -> MADPOFamily:
     """Multi-agent DPO over pairs of each prompt's joint samples."""
+    from textzoo.agents.preference import MADPOFamily
+
     return MADPOFamily(cfg.preference, actors)
 
 
@@ -209,6 +218,20 @@ def _check_marlhf(cfg: TrainConfig) -> None:
 
 def _check_marlhf_team(cfg: TrainConfig, roles: list[str]) -> None:
     resolve_algorithm(cfg.rl_algo).check_team(cfg, roles)
+
+
+def madpo_hooks(cfg: TrainConfig) -> list[RolloutHook]:
+    """MADPO's stages (`textzoo.runners.preference.madpo_hooks`), imported when a run builds them."""
+    from textzoo.runners import preference
+
+    return preference.madpo_hooks(cfg)
+
+
+def marlhf_hooks(cfg: TrainConfig) -> list[RolloutHook]:
+    """MARLHF's stages (`textzoo.runners.preference.marlhf_hooks`), imported when a run builds them."""
+    from textzoo.runners import preference
+
+    return preference.marlhf_hooks(cfg)
 
 
 # ---- the registry ----------------------------------------------------------------------------------
