@@ -1,10 +1,11 @@
-"""How long `textzoo --help` and `textzoo train --help` take, as separate processes (median of --repeat).
+"""How long `textzoo --help`, `textzoo train --help` and `textzoo eval --help` take, as separate processes
+(median of --repeat).
 
     OMP_NUM_THREADS=1 python benchmarks/cli_startup.py
 
-`textzoo --help` imports neither torch nor transformers (the commands module is imported only when a
-command runs); `train --help` needs the configs, which import the families and so torch. The
-script also times `import torch` alone, the floor of any command.
+None of them imports torch or transformers: the commands module is imported only when a command runs,
+and the configs it parses are plain data (`tests/test_config_light.py`). The script also times
+`import torch` alone, what a command that trains or evaluates pays before its first step.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def main() -> None:
     out = {
         "textzoo --help": seconds(["-m", "textzoo.runners.cli", "--help"], a.repeat),
         "textzoo train --help": seconds(["-m", "textzoo.runners.cli", "train", "--help"], a.repeat),
+        "textzoo eval --help": seconds(["-m", "textzoo.runners.cli", "eval", "--help"], a.repeat),
         "import torch": seconds(["-c", "import torch"], a.repeat),
         "python -c pass": seconds(["-c", "pass"], a.repeat),
     }

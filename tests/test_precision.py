@@ -23,7 +23,6 @@ def _trainer(tmp_path, precision: str, algo: str = "magrpo"):
         group_size=2,
         progress=False,
         plot=False,
-        run_dir=None,
         agent=AgentConfig(n_layer=1, n_embd=32, precision=precision, max_new_tokens=8, lr=1e-2),
         update=UpdateConfig(micro_batch_size=4),
     )

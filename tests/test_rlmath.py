@@ -478,3 +478,41 @@ def test_group_pair_accuracy_by_hand():
     assert group_pair_accuracy(scores, rewards).item() == pytest.approx(2.5 / 3)
     assert group_pair_accuracy(-scores, rewards).item() == pytest.approx(0.5 / 3)
     assert math.isnan(group_pair_accuracy(scores[1:], rewards[1:]).item())
+
+
+# ---- self-play credit and role-conditioned baselines (SPIRAL's RAE) --------------------------------
+from textzoo.agents import rlmath  # noqa: E402  (module access keeps these tests apart from the list above)
+
+
+def test_acting_role_returns_credit_each_turn_with_the_movers_return():
+    # one env, two roles alternating over 3 turns (role 0, 1, 0); the game ends at turn 2 with
+    # role 0 winning (+1, role 1 -1), and role 1 made an illegal move at turn 1 (-0.5)
+    rewards = torch.tensor([[[0.0, 0.0, 1.0], [0.0, -0.5, -1.0]]])  # [E=1, R=2, T=3]
+    played = torch.tensor([[[True, False, True], [False, True, False]]])  # [E, R, T]
+    joint = rlmath.acting_role_returns(rewards, played, [(0, 1)], gamma=1.0)  # one actor, both roles
+    assert torch.allclose(joint, torch.tensor([[[1.0, -1.5, 1.0]]]))  # role 0: 1; role 1: -0.5 - 1
+    assert rlmath.credited_rewards(rewards, [(0, 1)], "per_agent").sum() == pytest.approx(-0.25)  # cancels
+    # gamma 0.5: turn 0 of role 0 is 0.5^2 * 1
+    assert torch.allclose(
+        rlmath.acting_role_returns(rewards, played, [(0, 1)], 0.5), torch.tensor([[[0.25, -1.0, 1.0]]])
+    )
+    # two one-role actors: each its own role's return where it played, 0 elsewhere
+    split = rlmath.acting_role_returns(rewards, played, [(0,), (1,)], 1.0)
+    assert torch.allclose(split, torch.tensor([[[1.0, 0.0, 1.0], [0.0, -1.5, 0.0]]]))
+    assert rlmath.acting_roles(played, [(0, 1), (1,)]).tolist() == [[[0, 1, 0], [-1, 1, -1]]]
+
+
+def test_role_baselines_are_moving_averages_per_role():
+    returns = torch.tensor([1.0, 3.0, -2.0, 5.0])
+    roles = torch.tensor([0, 0, 1, -1])  # the last sample played no role
+    baseline, b = rlmath.role_baselines(None, returns, roles, num_roles=3, momentum=0.9)
+    assert baseline.tolist() == [0.0, 0.0, 0.0, 0.0]  # b starts at 0 (SPIRAL)
+    # role 0: 0.9 * 0 + 0.1 * mean(1, 3) = 0.2; role 1: 0.1 * -2 = -0.2; role 2: no sample, stays 0
+    assert torch.allclose(b, torch.tensor([0.2, -0.2, 0.0]))
+    baseline, b2 = rlmath.role_baselines(b, torch.tensor([2.0, 0.0]), torch.tensor([1, 0]), 3, 0.9)
+    assert torch.allclose(baseline, torch.tensor([-0.2, 0.2]))
+    assert torch.allclose(b2, torch.tensor([0.9 * 0.2 + 0.1 * 0.0, 0.9 * -0.2 + 0.1 * 2.0, 0.0]))
+    # as the reinforce estimator's baseline: A = R - b[role], masked
+    mask = torch.tensor([True, True])
+    adv = rlmath.advantages(torch.tensor([2.0, 0.0]), mask, "reinforce", "none", running_mean=baseline)
+    assert torch.allclose(adv, torch.tensor([2.2, -0.2]))

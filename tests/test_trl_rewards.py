@@ -162,3 +162,116 @@ def test_a_run_goes_on_past_failing_rewards_and_logs_their_count(tmp_path):
     )
     with pytest.raises(EnvError, match="'picky' raised"):
         Trainer(strict).train()
+
+
+# ---- TRL's conversational format: completions (and prompts) as message lists -------------------
+# Written as TRL's documentation writes reward functions for conversational datasets.
+def format_reward_func(completions, **kwargs):
+    pattern = r"^<think>.*?</think><answer>.*?</answer>$"
+    completion_contents = [completion[0]["content"] for completion in completions]
+    return [1.0 if re.match(pattern, content) else 0.0 for content in completion_contents]
+
+
+def chat_accuracy(prompts, completions, solution, **kwargs):
+    asked = [p[-1]["content"] for p in prompts]  # the last (user) message of each prompt
+    return [float(c[0]["content"].strip() == s and "Answer" in q) for c, s, q in zip(completions, solution, asked)]
+
+
+def annotated_length(completions: list[list[dict[str, str]]], **kwargs) -> list[float]:
+    return [float(len(c[0]["content"])) for c in completions]
+
+
+def plain_length(completions: list[str], **kwargs) -> list[float]:
+    return [float(len(c)) for c in completions]
+
+
+CHAT_ROWS = [
+    {
+        "prompt": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": f"Answer {i} + 1."}],
+        "solution": str(i + 1),
+    }
+    for i in range(10)
+]
+
+
+def test_conversational_reward_functions_work_unchanged_on_chat_data():
+    env = make(
+        "textzoo/Team-v0",
+        prompts=CHAT_ROWS,
+        agents=2,
+        split="all",
+        reward_fns=[format_reward_func, chat_accuracy, plain_length],
+    )
+    assert env.reward_fns["agent_0"].formats == ["conversational", "conversational", "standard"]
+    env.reset(options={"index": 2})
+    _, rewards, _, _, infos = env.step({"agent_0": "<think>2+1</think><answer>3</answer>", "agent_1": "3"})
+    assert infos["agent_0"]["reward_terms"] == {"format_reward_func": 1.0, "chat_accuracy": 0.0, "plain_length": 36.0}
+    assert infos["agent_1"]["reward_terms"] == {"format_reward_func": 0.0, "chat_accuracy": 1.0, "plain_length": 1.0}
+    assert rewards == {"agent_0": pytest.approx(37.0), "agent_1": pytest.approx(2.0)}
+
+
+def test_text_data_takes_a_declared_or_annotated_conversational_function():
+    seen = {}
+
+    def spy(prompts, completions, other_completions, **kwargs):
+        seen.update(prompts=prompts, completions=completions, others=other_completions)
+        return [0.0]
+
+    env = make(
+        "textzoo/Team-v0",
+        prompts=ROWS,
+        agents=["a", "b"],
+        split="all",
+        reward_fns=[spy, annotated_length],
+        reward_format=["conversational", "auto"],
+    )
+    assert env.reward_fns["a"].formats == ["conversational", "conversational"]
+    env.reset(options={"index": 1})
+    _, _, _, _, infos = env.step({"a": "hi", "b": "there"})
+    assert seen["prompts"] == [[{"role": "user", "content": ROWS[1]["prompt"]}]]
+    assert seen["completions"] == [[{"role": "assistant", "content": "there"}]]  # b was scored last
+    assert seen["others"] == {"a": [[{"role": "assistant", "content": "hi"}]]}
+    assert infos["a"]["reward_terms"]["annotated_length"] == 2.0
+    # undeclared and unannotated on text data: TRL's standard format, as before
+    assert make("textzoo/Team-v0", prompts=ROWS, reward_fns=reward_len).reward_fns["agent_0"].formats == ["standard"]
+
+
+def test_ambiguous_formats_fail_with_what_to_declare():
+    mixed = ROWS[:5] + CHAT_ROWS[:5]
+    with pytest.raises(EnvError, match="mix text and chat message lists.*reward_format='standard'"):
+        make("textzoo/Team-v0", prompts=mixed, reward_fns=reward_len, split="all")
+    env = make("textzoo/Team-v0", prompts=mixed, reward_fns=reward_len, split="all", reward_format="standard")
+    assert env.reward_fns["agent_0"].formats == ["standard"]
+    with pytest.raises(EnvError, match="declared reward_format='standard'.*annotation says 'conversational'"):
+        make("textzoo/Team-v0", prompts=ROWS, reward_fns=annotated_length, reward_format="standard")
+    with pytest.raises(EnvError, match="reward_format must be one of"):
+        make("textzoo/Team-v0", prompts=ROWS, reward_fns=reward_len, reward_format="chat")
+
+
+def test_a_conversational_function_called_with_text_says_to_declare_it():
+    env = make("textzoo/Team-v0", prompts=ROWS, agents=1, reward_fns=format_reward_func, split="all")
+    env.reset(options={"index": 0})
+    with pytest.raises(EnvError, match="called with standard completions.*reward_format='conversational'"):
+        env.step({"agent_0": "text"})
+
+
+def test_conversational_rewards_in_reasoning_gym():
+    pytest.importorskip("reasoning_gym")
+
+    def exact(completions, answer, **kwargs):  # reasoning-gym's reference answer is a column
+        return [float(c[0]["content"].rsplit("####", 1)[-1].strip() == a) for c, a in zip(completions, answer)]
+
+    env = make(
+        "textzoo/ReasoningGym-v0",
+        dataset="chain_sum",
+        size=20,
+        eval_size=5,
+        reward_fns=[format_reward_func, exact],
+        reward_weights=[0.5, 1.0],
+        reward_format="conversational",
+    )
+    env.reset(options={"index": 0})
+    gold = env.entry["answer"]
+    _, rewards, _, _, infos = env.step({"solver": f"#### {gold}"})
+    assert infos["solver"]["reward_terms"] == {"solved": 1.0, "valid": 1.0, "format_reward_func": 0.0, "exact": 1.0}
+    assert rewards["solver"] == pytest.approx(1.0 + 0.5 * 0.0 + 1.0)

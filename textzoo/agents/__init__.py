@@ -1,6 +1,29 @@
-"""LLM policies and the algorithm families."""
+"""LLM policies and the algorithm families.
 
-from textzoo.agents.policy import Generation, GenerationConfig, Policy
-from textzoo.agents.tokenizer import byte_tokenizer
+The names below are imported on first use, so that `textzoo.agents.settings` (the config sections,
+plain data) loads without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from textzoo.agents.policy import Generation, GenerationConfig, Policy
+    from textzoo.agents.tokenizer import byte_tokenizer
+
+_HOMES = {
+    "Generation": "textzoo.agents.policy",
+    "GenerationConfig": "textzoo.agents.policy",
+    "Policy": "textzoo.agents.policy",
+    "byte_tokenizer": "textzoo.agents.tokenizer",
+}
 
 __all__ = ["Generation", "GenerationConfig", "Policy", "byte_tokenizer"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from textzoo.agents.batch import ActorSamples, Job, LossFn, Rollout, SampleBatch
-from textzoo.agents.rlmath import AGGREGATIONS, standardize
-from textzoo.errors import ConfigError
+from textzoo.agents.rlmath import standardize
 
 if TYPE_CHECKING:
     from textzoo.agents.policy import Policy
@@ -55,18 +54,6 @@ class Family(Protocol):
         ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-def check_policy_update(
-    section: str, aggregation: str, clip_range: float | None, epochs: int, minibatches: int
-) -> None:
-    """The policy-update settings that the reinforce and actor-critic configs share, checked alike."""
-    if aggregation not in AGGREGATIONS:
-        raise ConfigError(f"{section}.loss_aggregation must be one of {sorted(AGGREGATIONS)}, got {aggregation!r}")
-    if clip_range is not None and not 0 < clip_range < 1:
-        raise ConfigError(f"{section}.clip_range must be in (0, 1) or None, got {clip_range}")
-    if epochs < 1 or minibatches < 1:
-        raise ConfigError(f"{section}.epochs and {section}.minibatches must be >= 1")
 
 
 def trainable_samples(rollout: Rollout, actors: Mapping[str, Actor]) -> dict[str, ActorSamples]:

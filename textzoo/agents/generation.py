@@ -4,55 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
+from textzoo.agents.settings import SamplingConfig
 from textzoo.errors import ConfigError
-
-
-@dataclass
-class SamplingConfig:
-    """The sampling settings a user chooses; `GenerationConfig` and the runner's `AgentConfig` share them."""
-
-    max_new_tokens: int = 32
-    """Token budget of one completion; a sample that reaches it ends there (its last token is scored)."""
-    temperature: float = 1.0
-    """Logits are divided by this for sampling and scoring alike (log-probs are of the scaled distribution)."""
-    top_p: float = 1.0
-    """Nucleus sampling: draw from the smallest set of tokens with this much mass (1.0 = off)."""
-    top_k: int = 0
-    """Draw from the k most likely tokens only (0 = off)."""
-    stop_strings: tuple[str, ...] = ()
-    """A sample ends once its text contains one of these; the text keeps the stop string."""
-    max_prompt_tokens: int = 384
-    """Longer prompts keep their last tokens (a runner lowers it further when prompt + completion would
-    not fit the model's positions; the centralized joint actor gets N roles x this)."""
-
-    _where: ClassVar[str] = "generation"  # the config name in error messages
-
-    def __post_init__(self) -> None:
-        where = self._where
-        if isinstance(self.stop_strings, str):
-            raise ConfigError(f"{where}.stop_strings must be a sequence of strings, not one string; wrap it in a tuple")
-        self.stop_strings = tuple(self.stop_strings)
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"{where}.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not self.temperature > 0:
-            raise ConfigError(f"{where}.temperature must be > 0 (use greedy=True for argmax), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"{where}.top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ConfigError(f"{where}.top_k must be >= 0 (0 = off), got {self.top_k}")
-        if any(not isinstance(s, str) or not s for s in self.stop_strings):
-            raise ConfigError(f"{where}.stop_strings must be non-empty strings, got {self.stop_strings!r}")
-        if self.max_prompt_tokens < 1:
-            raise ConfigError(f"{where}.max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
-
-    def sampling(self) -> dict[str, object]:
-        """The `SamplingConfig` fields of this config, by name (what a `GenerationConfig` is derived from)."""
-        return {f.name: getattr(self, f.name) for f in fields(SamplingConfig)}
 
 
 @dataclass

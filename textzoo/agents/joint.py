@@ -78,6 +78,7 @@ import torch
 from textzoo.agents.policy import Generation, Policy
 from textzoo.agents.prompting import PromptFormat
 from textzoo.agents.sampling import Segment
+from textzoo.agents.settings import JOINT_FORMATS
 from textzoo.errors import ConfigError
 
 PromptBuilder = Callable[[dict[str, str]], str]
@@ -85,9 +86,6 @@ PromptBuilder = Callable[[dict[str, str]], str]
 Parser = Callable[[str, tuple[str, ...]], tuple[dict[str, str], bool]]
 """(joint completion, active roles) -> (one action per role, whether parsing failed)."""
 
-
-JOINT_FORMATS = ("structured", "tags", "labels", "json")
-"""Joint formats (module docstring); the free-form ones are all but "structured"."""
 
 _ASK = {
     "tags": lambda roles: (

@@ -36,9 +36,6 @@ PRECISIONS: dict[str, Precision] = {
 }
 """Precision name (`AgentConfig.precision`) -> what it means."""
 
-LEGACY_DTYPES = {"float32": "fp32", "bfloat16": "bf16-weights", "float16": "fp16-weights"}
-"""The old `AgentConfig.dtype` values and the precision each meant."""
-
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> AbstractContextManager:
     """``torch.autocast`` to ``dtype`` on ``device``'s type; a no-op context when ``dtype`` is None."""

@@ -27,9 +27,10 @@ from typing import Any
 
 import torch
 
+from textzoo.agents.settings import PROMPT_STYLES
 from textzoo.errors import ConfigError
 
-STYLES = ("auto", "raw", "chat")
+STYLES = PROMPT_STYLES
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,13 @@ of `kl_in="loss"`). The group of (b, i, t) is its G samples; baselines:
     grpo       A_g = R_g − mean_g R                       (Shao et al. 2024; MAGRPO)
     rloo       A_g = R_g − mean_{g'≠g} R_{g'}             (Ahmadian et al. 2024)
     remax      A_g = R_g − R_greedy                       (Li et al. 2023; one greedy rollout per prompt)
-    reinforce  A_g = R_g (− a running mean of past returns when `reinforce_baseline="running_mean"`)
+    reinforce  A_g = R_g (− a running mean of past returns when `reinforce_baseline="running_mean"`,
+               or − b[role], an average of the returns of the role the sample played, when "per_role":
+               SPIRAL's role-conditioned advantage estimation, RAE)
 `advantage_scale="std"` divides by max(std_g R, std_floor) + 1e-6 and never re-centres; "none" is
-Dr. GRPO. `normalize_per_agent` then standardises each actor's advantages over the batch (Dr. MAS).
+Dr. GRPO. With `credit="acting_role"` (self-play: one policy playing several roles in turn) R is the
+return of the role the actor played at t (`acting_role_returns`). `normalize_per_agent` then
+standardises each actor's advantages over the batch (Dr. MAS).
 `joint_mode="cross"` (single-turn) credits sample g of actor i with the **mean** return over every
 combination of its partners' samples. Loss: `policy_gradient_loss` (−A·ℓ, or PPO-clip with
 `clip_range` over several `epochs`), plus β·KL_k3 per token when `kl_in="loss"`.
@@ -19,19 +23,18 @@ Every formula is a function of `textzoo.agents.rlmath`; this module routes the r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 
 import torch
 
 from textzoo.agents.batch import Job, Rollout, SampleBatch
-from textzoo.agents.family import RolloutNeeds, check_policy_update, policy_jobs, trainable_samples
+from textzoo.agents.family import RolloutNeeds, policy_jobs, trainable_samples
 from textzoo.agents.inference import score_no_grad
 from textzoo.agents.policy import Policy
 from textzoo.agents.rlmath import (
-    ESTIMATORS,
-    GROUP_ESTIMATORS,
     BatchNorm,
+    acting_role_returns,
+    acting_roles,
     advantages,
     credited_rewards,
     cross_returns,
@@ -41,56 +44,12 @@ from textzoo.agents.rlmath import (
     kl_loss,
     kl_shaped_rewards,
     policy_gradient_loss,
+    role_baselines,
     running_mean_update,
 )
+from textzoo.agents.settings import ReinforceConfig, check_estimator
 from textzoo.agents.team import Actor, frozen_references, reference_models
 from textzoo.errors import ConfigError
-
-
-@dataclass
-class ReinforceConfig:
-    """Settings of the group-relative REINFORCE family."""
-
-    advantage_scale: str = "std"
-    """"std": divide by the group's std of returns (+1e-6); "none": leave unscaled (Dr. GRPO)."""
-    std_floor: float = 0.0
-    """Lower bound on the group std when scaling, so near-constant sparse rewards do not blow up."""
-    loss_aggregation: str = "seq_sum"
-    """seq_sum | seq_mean | token_mean | constant (`textzoo.agents.rlmath.AGGREGATIONS`)."""
-    clip_range: float | None = None
-    """PPO ratio clip ε; None = plain on-policy REINFORCE gradient."""
-    epochs: int = 1
-    """Passes over each batch (>1 needs clip_range so the off-policy ratio is bounded)."""
-    minibatches: int = 1
-    """Optimizer steps per pass over a batch."""
-    kl_coef: float = 0.0
-    """β of the KL to a frozen copy of the initial policy (k1 in the reward, k3 in the loss: see kl_in);
-    0 disables the reference copy."""
-    kl_in: str = "reward"
-    """"reward": subtract β·Σ_k log(π/π_ref) (k1) from the turn's reward; "loss": add β·KL_k3 per token to the loss."""
-    joint_mode: str = "aligned"
-    """"aligned": sample g of every agent forms joint action g; "cross": all G^N combinations."""
-    reinforce_baseline: str = "none"
-    """For estimator reinforce: "none" or "running_mean" (mean of past returns, momentum 0.9)."""
-
-    def __post_init__(self) -> None:
-        if self.advantage_scale not in ("std", "none"):
-            raise ConfigError(f"reinforce.advantage_scale must be 'std' or 'none', got {self.advantage_scale!r}")
-        check_policy_update("reinforce", self.loss_aggregation, self.clip_range, self.epochs, self.minibatches)
-        if self.epochs > 1 and self.clip_range is None:
-            raise ConfigError("reinforce.epochs > 1 reuses samples off-policy: set reinforce.clip_range (e.g. 0.2)")
-        if self.kl_coef < 0:
-            raise ConfigError(f"reinforce.kl_coef must be >= 0, got {self.kl_coef}")
-        if self.kl_in not in ("reward", "loss"):
-            raise ConfigError(f"reinforce.kl_in must be 'reward' or 'loss', got {self.kl_in!r}")
-        if self.joint_mode not in ("aligned", "cross"):
-            raise ConfigError(f"reinforce.joint_mode must be 'aligned' or 'cross', got {self.joint_mode!r}")
-        if self.reinforce_baseline not in ("none", "running_mean"):
-            raise ConfigError(
-                f"reinforce.reinforce_baseline must be 'none' or 'running_mean', got {self.reinforce_baseline!r}"
-            )
-        if self.std_floor < 0:
-            raise ConfigError(f"reinforce.std_floor must be >= 0, got {self.std_floor}")
 
 
 # ---- the family ---------------------------------------------------------------------------------
@@ -116,6 +75,7 @@ class ReinforceFamily:
         self.actors = {a.id: a for a in actors}
         self.needs = RolloutNeeds(greedy=estimator == "remax", cross=config.joint_mode == "cross")
         self.running_mean: torch.Tensor | None = None
+        self.role_mean: torch.Tensor | None = None  # [R] RAE baselines (reinforce_baseline="per_role")
         # frozen copies of the initial weights, made before any checkpoint is loaded
         self.references: dict[str, Policy] = frozen_references(actors) if config.kl_coef > 0 else {}
 
@@ -126,15 +86,18 @@ class ReinforceFamily:
         return reference_models(self.references)
 
     def state_dict(self) -> dict:
-        return {"running_mean": self.running_mean}
+        return {"running_mean": self.running_mean, "role_mean": self.role_mean}
 
     def load_state_dict(self, state: dict) -> None:
         self.running_mean = state.get("running_mean")
+        self.role_mean = state.get("role_mean")
 
     def jobs(self, rollout: Rollout) -> tuple[list[Job], dict[str, float]]:
         cfg = self.config
         B, G, A = rollout.num_prompts, rollout.group_size, len(rollout.actors)
-        rewards = credited_rewards(rollout.rewards, rollout.actor_roles, self.credit)  # [E, A, T]
+        # acting_role's returns come from the roles played (below); its shapes are per_agent's
+        credit = "per_agent" if self.credit == "acting_role" else self.credit
+        rewards = credited_rewards(rollout.rewards, rollout.actor_roles, credit)  # [E, A, T]
         T = rewards.shape[-1]
         stats: dict[str, float] = {}
         samples = trainable_samples(rollout, self.actors)
@@ -159,6 +122,12 @@ class ReinforceFamily:
             returns = cross_returns(combos.view(B, C, A), G).unsqueeze(-1)  # [B, G, A, 1]
             if shaping:
                 returns = kl_shaped_rewards(returns, log_ratio.view(B, G, A, T), cfg.kl_coef)
+        elif self.credit == "acting_role":
+            played = rollout.infos["role_active"]  # [E, R, T]
+            returns = acting_role_returns(rollout.rewards, played, rollout.actor_roles, self.gamma)  # [E, A, T]
+            if shaping:
+                returns = returns - discounted_returns(cfg.kl_coef * log_ratio, self.gamma)
+            returns = returns.view(B, G, A, T)
         else:
             if shaping:
                 rewards = kl_shaped_rewards(rewards, log_ratio, cfg.kl_coef)
@@ -171,6 +140,10 @@ class ReinforceFamily:
         if self.estimator == "reinforce" and cfg.reinforce_baseline == "running_mean":
             running = self.running_mean
             self.running_mean = running_mean_update(running, returns, mask)  # [A, T]
+        if self.estimator == "reinforce" and cfg.reinforce_baseline == "per_role":
+            roles = acting_roles(rollout.infos["role_active"], rollout.actor_roles).view(B, G, A, T)
+            roles = torch.where(mask.bool(), roles, torch.full_like(roles, -1))
+            running, self.role_mean = role_baselines(self.role_mean, returns, roles, len(rollout.roles))
         adv = advantages(returns, mask, self.estimator, cfg.advantage_scale, cfg.std_floor, greedy, running)
 
         jobs, job_stats = policy_jobs(
@@ -185,14 +158,6 @@ class ReinforceFamily:
             refs,
         )
         return jobs, {**stats, **job_stats}
-
-
-def check_estimator(estimator: str, group_size: int) -> None:
-    """An estimator exists and has the group it needs (grpo and rloo compare samples of a group)."""
-    if estimator not in ESTIMATORS:
-        raise ConfigError(f"unknown estimator {estimator!r}; choose one of {ESTIMATORS}")
-    if estimator in GROUP_ESTIMATORS and group_size < 2:
-        raise ConfigError(f"{estimator} compares samples within a group: set group_size >= 2 (got {group_size})")
 
 
 def reinforce_loss(policy: Policy, cfg: ReinforceConfig, batch: SampleBatch, norm: BatchNorm):

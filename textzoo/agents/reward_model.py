@@ -34,7 +34,6 @@ from textzoo.agents.batch import PairBatch, Rollout
 from textzoo.agents.critic import Critic
 from textzoo.agents.inference import chunks, eval_mode
 from textzoo.agents.policy import Generation
-from textzoo.agents.preference import POOLINGS
 from textzoo.agents.rlmath import (
     BatchNorm,
     bradley_terry_loss,
@@ -43,6 +42,7 @@ from textzoo.agents.rlmath import (
     pearson,
     spearman,
 )
+from textzoo.agents.settings import POOLINGS
 from textzoo.errors import ConfigError
 
 logger = logging.getLogger(__name__)

@@ -20,9 +20,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-CREDITS = ("shared", "per_agent")
-ESTIMATORS = ("grpo", "rloo", "remax", "reinforce")
-GROUP_ESTIMATORS = ("grpo", "rloo")
+from textzoo.agents.settings import CREDITS, GROUP_ESTIMATORS
+
 """Estimators whose baseline comes from the other samples of the group (they need G >= 2)."""
 
 
@@ -39,6 +38,55 @@ def credited_rewards(rewards: torch.Tensor, actor_roles: Sequence[Sequence[int]]
     if credit == "per_agent":
         return torch.stack([rewards[:, list(roles)].mean(1) for roles in actor_roles], 1)  # [N, A, ...]
     raise ValueError(f"credit must be one of {CREDITS}, got {credit!r}")
+
+
+def acting_roles(role_active: torch.Tensor, actor_roles: Sequence[Sequence[int]]) -> torch.Tensor:
+    """The role each actor played at each turn: its first role active there, -1 where it played none.
+
+    Shapes: role_active [E, R, T] bool -> [E, A, T] long (indices into the roles)."""
+    out = []
+    for roles in actor_roles:
+        idx = torch.tensor(list(roles), dtype=torch.long)  # [r]
+        act = role_active[:, idx].bool()  # [E, r, T]
+        first = act.to(torch.int8).argmax(1)  # [E, T] position of the first active role
+        out.append(torch.where(act.any(1), idx[first], torch.full_like(first, -1)))
+    return torch.stack(out, 1)
+
+
+def acting_role_returns(
+    rewards: torch.Tensor, role_active: torch.Tensor, actor_roles: Sequence[Sequence[int]], gamma: float
+) -> torch.Tensor:
+    """Self-play credit: actor a's return at turn t is the return from t on of the role it played at t,
+    R[e,a,t] = Σ_{k>=t} γ^{k-t} r[e,ρ(e,a,t),k] with ρ = `acting_roles` (0 where it played none).
+
+    One policy playing every side of a zero-sum game is so credited as each side in turn (SPIRAL,
+    arXiv 2506.24119), where the team reward (credit "shared") would cancel to 0; for an actor with
+    one role it is that role's return (credit "per_agent"). Shapes: rewards [E, R, T], role_active
+    [E, R, T] -> [E, A, T]."""
+    role_returns = discounted_returns(rewards, gamma)  # [E, R, T]
+    roles = acting_roles(role_active, actor_roles)  # [E, A, T]
+    picked = role_returns.gather(1, roles.clamp(min=0))  # [E, A, T]
+    return torch.where(roles >= 0, picked, torch.zeros_like(picked))
+
+
+def role_baselines(
+    running: torch.Tensor | None, returns: torch.Tensor, roles: torch.Tensor, num_roles: int, momentum: float = 0.95
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Role-conditioned baselines (SPIRAL's RAE, arXiv 2506.24119): each sample's baseline is b[its role],
+    an exponential moving average of that role's returns (0 before the first batch, as in the paper);
+    then b[r] ← momentum·b[r] + (1 − momentum)·(the mean return of this batch's samples of role r),
+    roles without samples unchanged. Returns (baseline per sample, the next b).
+
+    Shapes: returns [...], roles [...] long (-1 = no sample, baseline 0); running and the next b [R]."""
+    b = torch.zeros(num_roles, dtype=returns.dtype) if running is None else running.to(returns.dtype)
+    valid = roles >= 0
+    baseline = torch.where(valid, b[roles.clamp(min=0)], torch.zeros_like(returns))
+    flat_roles, flat_returns = roles[valid], returns[valid]
+    sums = torch.zeros(num_roles, dtype=returns.dtype).index_add_(0, flat_roles, flat_returns)
+    counts = torch.zeros(num_roles, dtype=returns.dtype).index_add_(0, flat_roles, torch.ones_like(flat_returns))
+    batch_mean = sums / counts.clamp(min=1)
+    updated = torch.where(counts > 0, momentum * b + (1 - momentum) * batch_mean, b)
+    return baseline, updated
 
 
 def discounted_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -143,7 +191,8 @@ def advantages(
 
     Baselines: grpo and rloo `group_baseline`; remax the greedy rollout's return R_greedy (Li et al.
     2023); reinforce none, or a running mean of past returns (`running_mean_update`).
-    Shapes: returns, mask [B, G, A, T]; greedy_returns [B, A, T]; running_mean [A, T].
+    Shapes: returns, mask [B, G, A, T]; greedy_returns [B, A, T]; running_mean [A, T] (or a baseline per
+    sample, [B, G, A, T]: `role_baselines`).
     """
     mask = mask.to(returns.dtype)
     if estimator in GROUP_ESTIMATORS:

@@ -28,3 +28,6 @@ register("textzoo/Sudoku-v0", "textzoo.envs.sudoku_v0:parallel_env")
 register("textzoo/PlanPath-v0", "textzoo.envs.planpath_v0:parallel_env")
 register("textzoo/Sokoban-v0", "textzoo.envs.sokoban_v0:parallel_env")
 register("textzoo/Debate-v0", "textzoo.envs.debate_v0:parallel_env")
+register("textzoo/ReasoningGym-v0", "textzoo.envs.reasoning_gym_v0:parallel_env")  # extra textzoo[reasoning-gym]
+# any TextArena game (extra textzoo[textarena]); also every `textarena/<game id>` (registry.NAMESPACES)
+register("textzoo/TextArena-v0", "textzoo.interop.textarena:parallel_env")

@@ -3,6 +3,9 @@
 Ids follow Gymnasium/PettingZoo: `namespace/Name-vN`; bump N when a change alters learning results.
 Built-in tasks are also registered with PettingZoo's own registry where the installed PettingZoo
 has one, so `pettingzoo.make("parallel", "textzoo/Writing-v0")` works too.
+
+A namespace may stand for a whole library of tasks (`NAMESPACES`): `make("textarena/KuhnPoker-v0")`
+builds any TextArena game through `textzoo.interop.textarena`, without registering 700 ids.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ class EnvSpec:
 
 
 _REGISTRY: dict[str, EnvSpec] = {}
+NAMESPACES: dict[str, tuple[str, str]] = {"textarena": ("textzoo.interop.textarena:parallel_env", "game")}
+"""namespace -> (entry point, the keyword that receives the rest of the id)."""
 
 
 def register(id: str, entry_point: Callable[..., Any] | str, **kwargs: Any) -> None:
@@ -54,6 +59,10 @@ def registry() -> list[str]:
 
 def spec(id: str) -> EnvSpec:
     """The `EnvSpec` of `id`; an `EnvError` naming close matches when unknown."""
+    namespace, _, rest = id.partition("/") if isinstance(id, str) else ("", "", "")
+    if id not in _REGISTRY and namespace in NAMESPACES and rest:
+        entry_point, keyword = NAMESPACES[namespace]
+        return EnvSpec(id, entry_point, {keyword: rest})
     try:
         return _REGISTRY[id]
     except KeyError:

@@ -10,14 +10,25 @@ extra keyword arguments (`agent_id`, `other_completions`, dataset columns); a fu
 weighted sum, as TRL does (`sum_k w_k r_k`, `None` skipped), and returns the per-function terms.
 A function that raises stops with an `EnvError` naming it, the item and the exception; with
 `on_error="score"` the samples it was scoring get `error_value` instead, a note, and a count in the
-`reward_errors` term, and the run goes on. Tasks (Team-v0) and reward models reuse it.
+`reward_errors` term, and the run goes on. Tasks (Team-v0, ReasoningGym-v0) and reward models reuse it.
+
+Formats (TRL's two dataset formats): a "standard" function gets `completions` as `list[str]`; a
+"conversational" one gets each completion as a message list `[{"role": "assistant", "content": c}]`,
+`prompts` as message lists (a text prompt becomes `[{"role": "user", "content": p}]`) and
+`other_completions` as message lists too. A function's format is, in order: the one declared
+(`reward_format`, for all functions or one per function); else its `completions` annotation
+(`list[str]` is standard; one that names `dict` or `Message`, e.g. `list[list[dict]]`, is
+conversational); else the data's, as TRL decides (`conversational_data`: True when every prompt is
+a message list). A declared format that contradicts the annotation, or data that mixes text and
+message-list prompts with nothing declared, is ambiguous: an `EnvError` that says what to declare.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +38,8 @@ RewardFn = Callable[..., Sequence[float | None]]
 ON_ERROR = ("raise", "score")
 """What a reward function that raises does: stop the run with an `EnvError`, or score `error_value`."""
 ERRORS_TERM = "reward_errors"
+FORMATS = ("auto", "standard", "conversational")
+"""`reward_format` values: "auto" (annotation, then the data decide) or a declared format."""
 
 
 def reward_name(fn: Callable[..., Any]) -> str:
@@ -39,15 +52,47 @@ class _Signature:
     takes_var_kwargs: bool
     names: frozenset[str]
     required: frozenset[str]
+    annotated: str | None = None
+    """The format the `completions` annotation says ("standard" | "conversational"), None when it says none."""
+
+
+def _annotated_format(annotation: Any) -> str | None:
+    if annotation is inspect.Parameter.empty:
+        return None
+    text = annotation if isinstance(annotation, str) else repr(annotation)
+    if re.search(r"\b(dict|Dict|Mapping|Message\w*)\b", text):
+        return "conversational"
+    if re.search(r"\bstr\b", text):
+        return "standard"
+    return None
+
+
+def as_messages(prompt: Any, role: str = "user") -> list[dict[str, Any]]:
+    """A prompt or completion in TRL's conversational form: message lists as they are, text as one message."""
+    if is_messages(prompt):
+        return list(prompt)
+    return [{"role": role, "content": prompt if isinstance(prompt, str) else str(prompt)}]
+
+
+def is_messages(value: Any) -> bool:
+    """True for a chat message list: a non-empty list of mappings with a `content`."""
+    return (
+        isinstance(value, Sequence)
+        and not isinstance(value, (str, bytes))
+        and len(value) > 0
+        and all(isinstance(m, Mapping) and "content" in m for m in value)
+    )
 
 
 def _inspect(fn: Callable[..., Any], what: str) -> _Signature:
     if not callable(fn):
         raise EnvError(f"{what} must be callable, got {type(fn).__name__}")
     try:
-        params = inspect.signature(fn).parameters.values()
+        parameters = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # builtins without a signature: trust the TRL convention
         return _Signature(True, frozenset(), frozenset())
+    params = parameters.values()
+    completions = parameters.get("completions")
     positional_only = [p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_ONLY]
     if positional_only:
         raise EnvError(
@@ -59,6 +104,7 @@ def _inspect(fn: Callable[..., Any], what: str) -> _Signature:
         takes_var_kwargs=any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params),
         names=frozenset(p.name for p in keyword),
         required=frozenset(p.name for p in keyword if p.default is inspect.Parameter.empty),
+        annotated=None if completions is None else _annotated_format(completions.annotation),
     )
 
 
@@ -66,7 +112,9 @@ class RewardFunctions:
     """Several TRL-style reward functions with weights, called as one.
 
     `provided` lists the keyword names every call will pass; a function that requires anything
-    else fails here, at construction, with an error that names it.
+    else fails here, at construction, with an error that names it. `reward_format` (one of
+    `FORMATS`, or one per function) and `conversational_data` (True, False, or None for mixed data)
+    set each function's format (see the module docstring); `formats` holds what was decided.
     """
 
     def __init__(
@@ -77,6 +125,8 @@ class RewardFunctions:
         arg: str = "reward_fns",
         on_error: str = "raise",
         error_value: float = 0.0,
+        reward_format: str | Sequence[str] = "auto",
+        conversational_data: bool | None = False,
     ):
         fns = [reward_fns] if callable(reward_fns) else list(reward_fns)
         if not fns:
@@ -111,6 +161,7 @@ class RewardFunctions:
         self.fns = fns
         self.weights = [float(w) for w in weights]
         self.names = _unique_names([reward_name(fn) for fn in fns])
+        self.formats = _formats(fns, self.signatures, reward_format, conversational_data, arg)
 
     def __call__(
         self, prompts: list[Any], completions: list[str], **kwargs: Any
@@ -126,14 +177,20 @@ class RewardFunctions:
         totals = [0.0] * n
         terms: list[dict[str, float]] = [{ERRORS_TERM: 0.0} if self.on_error == "score" else {} for _ in range(n)]
         notes: list[list[str]] = [[] for _ in range(n)]
-        call_kwargs = {"prompts": prompts, "completions": completions, **kwargs}
-        for fn, sig, name, weight in zip(self.fns, self.signatures, self.names, self.weights):
+        standard = {"prompts": prompts, "completions": completions, **kwargs}
+        chat: dict[str, Any] | None = None
+        for fn, sig, name, weight, fmt in zip(self.fns, self.signatures, self.names, self.weights, self.formats):
+            if fmt == "conversational":
+                chat = chat if chat is not None else _conversational(standard)
+                call_kwargs = chat
+            else:
+                call_kwargs = standard
             passed = call_kwargs if sig.takes_var_kwargs else {k: v for k, v in call_kwargs.items() if k in sig.names}
             try:
                 raw = fn(**passed)
             except Exception as e:  # the user's function: its error, named, or a counted failure score
                 if self.on_error == "raise":
-                    raise self._error(name, e, where, completions) from e
+                    raise self._error(name, e, where, completions, fmt) from e
                 raw = [self.error_value] * n
                 for i in range(n):
                     notes[i].append(
@@ -152,15 +209,70 @@ class RewardFunctions:
                 totals[i] += weight * value
         return totals, terms, notes
 
-    def _error(self, name: str, e: Exception, where: str, completions: list[Any]) -> EnvError:
+    def _error(self, name: str, e: Exception, where: str, completions: list[Any], fmt: str) -> EnvError:
         sample = f" for completion {str(completions[0])[:120]!r}" if len(completions) == 1 else ""
+        hint = ""
+        if isinstance(e, (TypeError, KeyError, IndexError)):
+            other = "standard" if fmt == "conversational" else "conversational"
+            hint = (
+                f" It was called with {fmt} completions; if it expects {other} ones "
+                f"({'list[str]' if other == 'standard' else 'message lists'}), pass reward_format={other!r}."
+            )
         return EnvError(
             f"reward function {name!r} raised {type(e).__name__}: {_short(e)} while scoring "
             f"{where or f'{len(completions)} completions'}{sample}. Fix the function (it must return one "
             "number or None per completion for any text), or pass on_reward_error='score' to give such "
             f"samples reward_error_value (now {self.error_value}) and go on; failures are counted in the "
-            f"{ERRORS_TERM!r} reward term"
+            f"{ERRORS_TERM!r} reward term.{hint}"
         )
+
+
+def _conversational(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of a standard call in TRL's conversational form."""
+    out = dict(kwargs)
+    out["prompts"] = [as_messages(p) for p in kwargs["prompts"]]
+    out["completions"] = [as_messages(c, "assistant") if isinstance(c, str) else c for c in kwargs["completions"]]
+    others = kwargs.get("other_completions")
+    if isinstance(others, Mapping):
+        out["other_completions"] = {k: [as_messages(c, "assistant") for c in v] for k, v in others.items()}
+    return out
+
+
+def _formats(
+    fns: list[Callable[..., Any]],
+    signatures: list[_Signature],
+    declared: str | Sequence[str],
+    conversational_data: bool | None,
+    arg: str,
+) -> list[str]:
+    """Each function's format: declared, else its annotation, else the data's (module docstring)."""
+    per_fn = [declared] * len(fns) if isinstance(declared, str) else list(declared)
+    if len(per_fn) != len(fns) or any(f not in FORMATS for f in per_fn):
+        raise EnvError(
+            f"reward_format must be one of {FORMATS} or a list of them, one per reward function "
+            f"({len(fns)}), got {declared!r}"
+        )
+    out = []
+    for i, (fn, sig, fmt) in enumerate(zip(fns, signatures, per_fn)):
+        name = f"{arg}[{i}] {reward_name(fn)!r}"
+        if fmt != "auto":
+            if sig.annotated is not None and sig.annotated != fmt:
+                raise EnvError(
+                    f"{name} is declared reward_format={fmt!r} but its `completions` annotation says "
+                    f"{sig.annotated!r}; the two disagree: fix the annotation or the declaration"
+                )
+            out.append(fmt)
+        elif sig.annotated is not None:
+            out.append(sig.annotated)
+        elif conversational_data is None:
+            raise EnvError(
+                f"{name}: the prompts mix text and chat message lists, so the completions' format is "
+                "ambiguous (TRL decides it from the data); pass reward_format='standard' (list[str]) or "
+                "'conversational' (message lists), or annotate `completions`"
+            )
+        else:
+            out.append("conversational" if conversational_data else "standard")
+    return out
 
 
 def _short(e: Exception) -> str:

@@ -23,6 +23,12 @@ Rewards, for agent i with completion c_i:
 - team = `team_reward_fn(prompts=[p], completions=[{agent: c_agent, ...}], **columns)[0]`
   (0 without a `team_reward_fn`); `p` is the shared prompt (the first agent's for per-agent prompts).
 - reward_i = own_i + team. With only a `team_reward_fn` every agent gets the team reward.
+Reward functions take either of TRL's formats (`textzoo.envs.rewards`): "standard" (completions as
+`list[str]`) or "conversational" (each completion `[{"role": "assistant", "content": c}]`, prompts
+and `other_completions` as message lists), decided per function by `reward_format` (one for all,
+or one per function), else by the `completions` annotation, else by the data as TRL does
+(conversational when every prompt is a message list); ambiguous cases raise `EnvError`. The team
+reward's completions are dicts agent -> text in both formats.
 `infos[i]["reward_terms"]` = {name of f_k: f_k value (unweighted), ..., "team": team (when set)}.
 `reward_fns` may also be a dict agent -> function(s) (with `reward_weights` a dict too) to give
 roles different rewards. Non-finite values score 0 with a note; wrong output shapes raise
@@ -48,7 +54,7 @@ from pettingzoo.utils.conversions import parallel_to_aec
 
 from textzoo.envs._sources import check_split, load_records, split_indices
 from textzoo.envs.base import StepResult, TextParallelEnv
-from textzoo.envs.rewards import ERRORS_TERM, RewardFn, RewardFunctions
+from textzoo.envs.rewards import ERRORS_TERM, RewardFn, RewardFunctions, is_messages
 from textzoo.errors import EnvError
 
 RESERVED = ("prompts", "completions", "agent_id", "other_completions")
@@ -93,10 +99,10 @@ class TeamEnv(TextParallelEnv):
         max_action_chars: int = 4096,
         on_reward_error: str = "raise",
         reward_error_value: float = 0.0,
+        reward_format: str | Sequence[str] | Mapping[str, str | Sequence[str]] = "auto",
         render_mode: str | None = None,
     ):
         names = _agent_names(agents)
-        on_error = {"on_error": on_reward_error, "error_value": reward_error_value}
         super().__init__(
             names,
             num_turns=1,
@@ -134,6 +140,12 @@ class TeamEnv(TextParallelEnv):
         if clash:
             raise EnvError(f"prompts has column(s) {clash}, which clash with reward function arguments; rename them")
 
+        chat = [is_messages(row[f]) for row in self._rows for f in fields]
+        on_error = {
+            "on_error": on_reward_error,
+            "error_value": reward_error_value,
+            "conversational_data": True if all(chat) else False if not any(chat) else None,
+        }
         columns = sorted({k for row in self._rows for k in row if k not in fields}, key=str)
         provided = (*RESERVED, *columns)
         self.reward_fns: dict[str, RewardFunctions | None] = {}
@@ -148,15 +160,20 @@ class TeamEnv(TextParallelEnv):
                 raise EnvError("reward_weights must be a dict agent -> weights when reward_fns is a dict")
             for a in names:
                 weights = None if reward_weights is None else reward_weights.get(a)
+                fmt = reward_format.get(a, "auto") if isinstance(reward_format, Mapping) else reward_format
                 self.reward_fns[a] = RewardFunctions(
-                    reward_fns[a], weights, provided, arg=f"reward_fns[{a!r}]", **on_error
+                    reward_fns[a], weights, provided, arg=f"reward_fns[{a!r}]", reward_format=fmt, **on_error
                 )
         else:
             if isinstance(reward_weights, Mapping):
                 raise EnvError(
                     "reward_weights must be a list (one weight per reward function) when reward_fns is not a dict"
                 )
-            shared = RewardFunctions(reward_fns, reward_weights, provided, arg="reward_fns", **on_error)
+            if isinstance(reward_format, Mapping):
+                raise EnvError("reward_format may be a dict agent -> format only when reward_fns is a dict")
+            shared = RewardFunctions(
+                reward_fns, reward_weights, provided, arg="reward_fns", reward_format=reward_format, **on_error
+            )
             self.reward_fns = dict.fromkeys(names, shared)
         self.team_reward_fn = (
             None

@@ -2,7 +2,9 @@
 
 `TrainConfig` fills an algorithm's defaults and checks its rules before anything is built; the trainer
 builds the family and the rollout hooks through the registry and never names an algorithm. Adding
-an algorithm is one `register_algorithm` call (CONTRIBUTING.md has the recipe).
+an algorithm is one `register_algorithm` call (CONTRIBUTING.md has the recipe). The registry and the
+rules are plain data: the builders import the families (and so torch) when a run builds one, so a
+config can be made and checked without torch.
 """
 
 from __future__ import annotations
@@ -13,19 +15,18 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from textzoo.agents.actor_critic import ActorCriticFamily, check_actor_critic, critic_name
-from textzoo.agents.critic import Critic
-from textzoo.agents.family import Family
-from textzoo.agents.preference import MADPOFamily
-from textzoo.agents.reinforce import ReinforceFamily, check_estimator
-from textzoo.agents.team import Actor
+from textzoo.agents.settings import check_actor_critic, check_estimator
 from textzoo.errors import ConfigError
-from textzoo.runners.build import build_device, build_policy
-from textzoo.runners.hooks import RolloutHook
-from textzoo.runners.preference import madpo_hooks, marlhf_hooks
 
 if TYPE_CHECKING:
+    from textzoo.agents.actor_critic import ActorCriticFamily
+    from textzoo.agents.critic import Critic
+    from textzoo.agents.family import Family
+    from textzoo.agents.preference import MADPOFamily
+    from textzoo.agents.reinforce import ReinforceFamily
+    from textzoo.agents.team import Actor
     from textzoo.runners.config import AgentConfig, TrainConfig
+    from textzoo.runners.hooks import RolloutHook
 
 MAX_CROSS_AGENTS = 6
 """joint_mode='cross' plays G^N combinations per prompt: more agents than this is refused."""
@@ -80,6 +81,8 @@ def with_defaults(section: Any, defaults: Mapping[str, Any]) -> Any:
 # ---- builders --------------------------------------------------------------------------------------
 def build_reinforce(cfg: TrainConfig, actors: list[Actor], estimator: str) -> ReinforceFamily:
     """MAGRPO, MARLOO, MAReMax or MAREINFORCE: the reinforce family with one estimator."""
+    from textzoo.agents.reinforce import ReinforceFamily
+
     return ReinforceFamily(
         cfg.reinforce, actors, estimator, cfg.gamma, cfg.credit, cfg.group_size, cfg.normalize_per_agent
     )
@@ -87,6 +90,10 @@ def build_reinforce(cfg: TrainConfig, actors: list[Actor], estimator: str) -> Re
 
 def build_actor_critic(cfg: TrainConfig, actors: list[Actor], centralized: bool) -> ActorCriticFamily:
     """IAC / IPPO (a critic per trainable actor) or MAAC / MAPPO (one centralized critic)."""
+    from textzoo.agents.actor_critic import ActorCriticFamily, critic_name
+    from textzoo.agents.critic import Critic
+    from textzoo.runners.build import build_device, build_policy
+
     ac = cfg.actor_critic
     on_actor = ac.critic_model == "actor"
 
@@ -125,6 +132,8 @@ def build_actor_critic(cfg: TrainConfig, actors: list[Actor], centralized: bool)
 
 def build_madpo(cfg: TrainConfig, actors: list[Actor]) -> MADPOFamily:
     """Multi-agent DPO over pairs of each prompt's joint samples."""
+    from textzoo.agents.preference import MADPOFamily
+
     return MADPOFamily(cfg.preference, actors)
 
 
@@ -136,6 +145,17 @@ def build_marlhf(cfg: TrainConfig, actors: list[Actor]) -> Family:
 # ---- rules -----------------------------------------------------------------------------------------
 def _check_reinforce(cfg: TrainConfig, estimator: str) -> None:
     check_estimator(estimator, cfg.group_size)
+    if cfg.credit == "acting_role" and (estimator == "remax" or cfg.reinforce.joint_mode == "cross"):
+        raise ConfigError(
+            "credit='acting_role' credits each sample with the return of the role it played; remax's greedy "
+            "rollout and joint_mode='cross' credit whole joint actions: use grpo, rloo or reinforce with "
+            "joint_mode='aligned'"
+        )
+    if cfg.reinforce.reinforce_baseline == "per_role" and estimator != "reinforce":
+        raise ConfigError(
+            f"reinforce.reinforce_baseline='per_role' is the baseline of estimator reinforce (algo mareinforce), "
+            f"not {estimator}: use --algo mareinforce"
+        )
     if cfg.reinforce.joint_mode == "cross" and cfg.collaboration == "centralized":
         raise ConfigError(
             "reinforce.joint_mode='cross' combines the samples of different agents, and a centralized team "
@@ -151,7 +171,16 @@ def _check_cross_team(cfg: TrainConfig, roles: list[str]) -> None:
         )
 
 
+def _check_acting_role(cfg: TrainConfig) -> None:
+    if cfg.credit == "acting_role":
+        raise ConfigError(
+            f"credit='acting_role' (self-play credit) is a reinforce-family setting; {cfg.algo} takes "
+            "credit 'shared' or 'per_agent'"
+        )
+
+
 def _check_actor_critic(cfg: TrainConfig, centralized: bool) -> None:
+    _check_acting_role(cfg)
     check_actor_critic(cfg.actor_critic, centralized, cfg.credit)
     if cfg.reinforce.joint_mode == "cross":
         raise ConfigError(
@@ -161,6 +190,7 @@ def _check_actor_critic(cfg: TrainConfig, centralized: bool) -> None:
 
 
 def _check_preference(cfg: TrainConfig) -> None:
+    _check_acting_role(cfg)
     if cfg.iterations < 1 or cfg.steps % cfg.iterations:
         raise ConfigError(f"iterations ({cfg.iterations}) must be >= 1 and divide steps ({cfg.steps})")
     if cfg.reinforce.joint_mode == "cross":
@@ -188,6 +218,20 @@ def _check_marlhf(cfg: TrainConfig) -> None:
 
 def _check_marlhf_team(cfg: TrainConfig, roles: list[str]) -> None:
     resolve_algorithm(cfg.rl_algo).check_team(cfg, roles)
+
+
+def madpo_hooks(cfg: TrainConfig) -> list[RolloutHook]:
+    """MADPO's stages (`textzoo.runners.preference.madpo_hooks`), imported when a run builds them."""
+    from textzoo.runners import preference
+
+    return preference.madpo_hooks(cfg)
+
+
+def marlhf_hooks(cfg: TrainConfig) -> list[RolloutHook]:
+    """MARLHF's stages (`textzoo.runners.preference.marlhf_hooks`), imported when a run builds them."""
+    from textzoo.runners import preference
+
+    return preference.marlhf_hooks(cfg)
 
 
 # ---- the registry ----------------------------------------------------------------------------------

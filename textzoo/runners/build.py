@@ -7,6 +7,7 @@ fails here, before any training work starts.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ from textzoo.agents.lora import SharedBase
 from textzoo.agents.policy import GenerationConfig, Policy
 from textzoo.agents.precision import PRECISIONS
 from textzoo.agents.prompting import PromptFormat
+from textzoo.agents.settings import TINY_MODELS
 from textzoo.agents.team import Actor, AgentActor
 from textzoo.agents.tokenizer import llama_byte_tokenizer
 from textzoo.envs import make as make_env
@@ -28,8 +30,8 @@ from textzoo.runners.update import Learner
 if TYPE_CHECKING:
     from textzoo.runners.config import AgentConfig, TrainConfig
 
-TINY_MODELS = ("tiny", "tiny-gpt2", "tiny-llama")
-"""Model names built locally from a config (byte-level tokenizers, no chat template)."""
+
+logger = logging.getLogger(__name__)
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -73,6 +75,7 @@ def build_policy(agent: AgentConfig, seed: int, device: torch.device) -> Policy:
     """
     precision = PRECISIONS[agent.precision]
     if agent.model in TINY_MODELS:
+        logger.info("building a %s model (%d layers, width %d) on %s", agent.model, agent.n_layer, agent.n_embd, device)
         llama = agent.model == "tiny-llama"
         policy = Policy.tiny(
             "llama" if llama else "gpt2",
@@ -84,6 +87,7 @@ def build_policy(agent: AgentConfig, seed: int, device: torch.device) -> Policy:
             tokenizer=llama_byte_tokenizer() if llama else None,
         )
     else:
+        logger.info("loading model %s (%s) on %s", agent.model, agent.precision, device)
         policy = Policy.from_pretrained(agent.model, device=device, dtype=precision.weights)
     policy.generation = generation_config(agent, policy)
     policy.model.to(precision.weights)

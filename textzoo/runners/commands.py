@@ -2,6 +2,8 @@
 
 `textzoo.runners.cli` parses the command name and imports this module only when a command runs.
 Results are printed with rich (`textzoo.runners.console`); the library's log records show on stderr.
+The configs are plain data, so `--help` and a config error answer before torch is imported; a
+command says on stderr what it loads before it takes seconds to do so.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import tyro
 
-from textzoo.errors import CheckpointError
+from textzoo.errors import CheckpointError, ConfigError
 from textzoo.runners.config import JsonDict, TrainConfig, load_config
 from textzoo.runners.console import console
 
@@ -50,6 +52,11 @@ def _split_option(argv: list[str], name: str) -> tuple[str | None, list[str]]:
     return value, rest
 
 
+def status(text: str) -> None:
+    """Say on stderr what a command is about to do (stdout stays the command's result)."""
+    console(stderr=True).print(f"{text} ...")
+
+
 def _run_config(run_dir: str) -> TrainConfig:
     """The config a run dir was trained with (its config.json, else its newest checkpoint's)."""
     from textzoo.runners.checkpoint import list_checkpoints
@@ -68,8 +75,6 @@ def train(argv: list[str]) -> None:
     `--resume RUN_DIR` continues that run (its config, with any flags on top); `--resume auto` continues
     the newest run with this config, or starts one. `--num-processes K` trains K data-parallel replicas.
     """
-    from textzoo.runners.trainer import Trainer, default_run_dir
-
     path, rest = _split_config(argv)
     resume, rest = _split_option(rest, "--resume")
     explicit = resume if resume and resume != "auto" else None
@@ -82,6 +87,10 @@ def train(argv: list[str]) -> None:
         description="Train a team of LLM agents on a text task. Add --config FILE to start from a file, "
         "--resume RUN_DIR|auto to continue a run.",
     )
+    models = sorted({cfg.agent.model, *(cfg.agent_config(role).model for role in cfg.agent_overrides)})
+    status(f"training {cfg.algo} on {cfg.env} ({', '.join(models)} models, {cfg.steps} steps): loading torch")
+    from textzoo.runners.trainer import Trainer, default_run_dir
+
     if cfg.num_processes > 1 and "WORLD_SIZE" not in os.environ:
         from textzoo.runners.distributed import launch
 
@@ -105,23 +114,58 @@ def _train_replica(ctx, cfg: TrainConfig, run_dir: str, resume: str | None) -> N
 
 
 def _summary(trainer) -> None:
-    last = trainer.history[-1]
-    first = trainer.history[0]
     out = console()
     out.print(f"run dir: {trainer.run_dir}")
-    train = [row["reward/mean"] for row in trainer.history if "reward/mean" in row]
-    if train:
-        k = max(1, min(5, len(train) // 4))
-        out.print(f"train reward (mean of {k} steps): {sum(train[:k]) / k:.3f} -> {sum(train[-k:]) / k:.3f}")
-    for key in ("eval/sampled/reward/mean", "eval/greedy/reward/mean"):
-        if key in first and key in last:
-            out.print(f"{key}: {first[key]:.3f} -> {last[key]:.3f}")
+    for line in summary_lines(trainer.history, trainer.cfg, trainer.eval_prompt_count):
+        out.print(line)
     if trainer.stopped_by:
         from textzoo.runners.checkpoint import list_checkpoints
         from textzoo.runners.preemption import resume_hint
 
         checkpointed = bool(list_checkpoints(trainer.run_dir))
         out.print(resume_hint(trainer.run_dir, trainer.step, trainer.cfg.steps, trainer.stopped_by, checkpointed))
+
+
+def summary_lines(history: list[dict], cfg: TrainConfig, eval_prompts: int) -> list[str]:
+    """The run's reward before -> after, each figure named: what was decoded how, on how many prompts.
+
+    Held-out figures are the first and last evaluation's; the training figure is the mean of the first
+    and of the last k steps' batches (k = a quarter of the steps, 1 to 5).
+    """
+    lines = []
+    evals = [row for row in history if any(k.startswith("eval/") for k in row)]
+    temperature = cfg.agent.temperature
+    gains = {}
+    for mode in ("sampled", "greedy"):
+        key = f"eval/{mode}/reward/mean"
+        rows = [row for row in evals if key in row]
+        if len(rows) < 2:
+            continue
+        how = f"sampled at temperature {temperature:g}" if mode == "sampled" else "greedy (argmax) decoding"
+        before, after = rows[0][key], rows[-1][key]
+        gains[mode] = after - before
+        lines.append(
+            f"held-out reward, {how}, {eval_prompts} prompts, step {rows[0]['step']} -> {rows[-1]['step']}: "
+            f"{before:.3f} -> {after:.3f} ({after - before:+.3f})"
+        )
+    train = [row["reward/mean"] for row in history if "reward/mean" in row]
+    if train:
+        k = max(1, min(5, len(train) // 4))
+        before, after = sum(train[:k]) / k, sum(train[-k:]) / k
+        lines.append(
+            f"training reward, sampled, {cfg.batch_prompts} prompts x {cfg.group_size} samples a step, mean of the "
+            f"first and the last {k} step(s): {before:.3f} -> {after:.3f} ({after - before:+.3f})"
+        )
+    if len(gains) == 2 and gains["sampled"] >= gains["greedy"] + FLAT_GAP:
+        lines.append(
+            "the sampled reward rose and the greedy one did not: the models learned a distribution of answers "
+            "that scores, not yet one most likely answer that does (README, Quick start)"
+        )
+    return lines
+
+
+FLAT_GAP = 0.1
+"""How much more the sampled held-out reward must rise than the greedy one for the summary to say so."""
 
 
 @dataclass
@@ -141,8 +185,6 @@ class EvalArgs:
 
 
 def evaluate(argv: list[str]) -> None:
-    from textzoo.runners.trainer import Trainer
-
     args = tyro.cli(EvalArgs, args=argv, prog="textzoo eval")
     if args.run_dir:
         cfg = load_config(Path(args.run_dir) / "config.json")
@@ -151,8 +193,12 @@ def evaluate(argv: list[str]) -> None:
     else:
         cfg = TrainConfig()
     cfg.env_kwargs = {**cfg.env_kwargs, **args.env_kwargs}
+    status(f"evaluating {args.run_dir or args.config or 'the default config'} on {cfg.env}: loading torch")
+    from textzoo.runners.trainer import Trainer
+
     trainer = Trainer(cfg, run_dir=args.run_dir or None)
     step = trainer.load_final_weights() if args.run_dir else 0
+    status(f"evaluating on up to {args.prompts} held-out prompts ({', '.join(cfg.eval_modes)})")
     metrics = trainer.evaluate(args.prompts)
     if args.show > 0:  # the table goes to stderr, so that stdout stays the JSON of the metrics
         from textzoo.runners.samples import sample_rows, samples_table
@@ -183,11 +229,54 @@ def plot(argv: list[str]) -> None:
     console().print(str(plot_runs(list(args.run_dirs), out, smooth=args.smooth)))
 
 
+@dataclass
+class SFTArgs:
+    """Supervised warm-up of one agent on (prompt, completion) pairs; saves a model `textzoo train` loads."""
+
+    pairs: str
+    """JSONL file, one {"prompt": ..., "completion": ...} object per line."""
+    out: str
+    """Folder to save the trained model and tokenizer in (then: --agent-overrides '{"ROLE": {"model": "OUT"}}')."""
+    model: str = "tiny"
+    """"tiny" (GPT-2 shape built locally), "tiny-llama", a hub id, or a local model folder."""
+    n_layer: int = 2
+    """Layers of a built tiny model."""
+    n_embd: int = 64
+    """Width of a built tiny model."""
+    n_head: int = 2
+    """Attention heads of a built tiny model."""
+    steps: int = 100
+    """Optimizer steps."""
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    batch_size: int = 16
+    """Pairs per step."""
+    allowed_outputs: tuple[str, ...] = ()
+    """Score under the same allowed-token restriction the agent will train with (empty = none)."""
+    add_eos: bool = True
+    """Append EOS to every completion so the policy learns to stop."""
+    seed: int = 0
+    """Seed of a built tiny model and of the batch order."""
+    device: str = "auto"
+    """"auto" or a torch device string."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ConfigError(f"steps must be >= 1, got {self.steps}")
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not self.lr > 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if not self.out:
+            raise ConfigError("out must name the folder to save the model in")
+
+
 def sft(argv: list[str]) -> None:
     """Warm up one agent on (prompt, completion) pairs and save it for `textzoo train`."""
-    from textzoo.runners.sft import SFTArgs, run_sft
-
     args = tyro.cli(SFTArgs, args=argv, prog="textzoo sft")
+    status(f"warming up {args.model} on {args.pairs}: loading torch")
+    from textzoo.runners.sft import run_sft
+
     losses = run_sft(args)
     out = console()
     out.print(f"sft loss: {losses[0]:.4f} -> {losses[-1]:.4f} in {len(losses)} steps")

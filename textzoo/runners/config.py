@@ -12,22 +12,25 @@ import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 import tyro
 
-from textzoo.agents.actor_critic import ActorCriticConfig
-from textzoo.agents.generation import SamplingConfig
-from textzoo.agents.joint import JOINT_FORMATS
-from textzoo.agents.precision import LEGACY_DTYPES, PRECISIONS
-from textzoo.agents.preference import PreferenceConfig
-from textzoo.agents.prompting import STYLES as PROMPT_STYLES
-from textzoo.agents.reinforce import ReinforceConfig
-from textzoo.agents.rlmath import CREDITS
+from textzoo.agents.settings import (
+    CREDITS,
+    JOINT_FORMATS,
+    LEGACY_DTYPES,
+    PRECISION_NAMES,
+    PROMPT_STYLES,
+    TINY_MODELS,
+    ActorCriticConfig,
+    PreferenceConfig,
+    ReinforceConfig,
+    SamplingConfig,
+)
 from textzoo.errors import ConfigError
 from textzoo.runners.algorithms import ALGORITHMS, resolve_algorithm
-from textzoo.runners.build import TINY_MODELS
-from textzoo.runners.update import UpdateConfig
+from textzoo.typecheck import check_fields, check_mapping
 
 SHARDINGS = ("replicate", "fsdp")
 EVAL_MODES = ("greedy", "sampled")
@@ -56,6 +59,29 @@ def _parse_json(text: str) -> dict[str, Any]:
 
 
 @dataclass
+class UpdateConfig:
+    """How updates are executed (the same for every family)."""
+
+    micro_batch_size: int = 8
+    """Samples per forward/backward; ignored when per_sample_backward is set."""
+    per_sample_backward: bool = False
+    """Back-propagate one sample at a time: one sample's activations in memory, same gradient."""
+    skip_zero_grad_steps: bool = True
+    """Skip the optimizer step when every gradient is exactly zero (no signal in the batch)."""
+    parallel_jobs: int = 1
+    """Learners updated at once in threads (e.g. 2 on 2 cores with threads=1); same results as one at a time."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "update.")
+        if self.micro_batch_size < 1:
+            raise ConfigError(f"update.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.parallel_jobs < 1:
+            raise ConfigError(
+                f"update.parallel_jobs must be >= 1 (1 = one learner at a time), got {self.parallel_jobs}"
+            )
+
+
+@dataclass
 class AgentConfig(SamplingConfig):
     """One agent's model, generation and optimisation settings (the sampling fields are `SamplingConfig`'s;
     the policy's `GenerationConfig` is derived from them by `textzoo.runners.build.generation_config`)."""
@@ -74,7 +100,7 @@ class AgentConfig(SamplingConfig):
     """AdamW learning rate."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
-    lr_schedule: str = "constant"
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     """constant | linear | cosine (decay to 0 over the run, after warmup_steps)."""
     warmup_steps: int = 0
     """Linear warm-up optimizer steps."""
@@ -117,12 +143,10 @@ class AgentConfig(SamplingConfig):
         super().__post_init__()
         if self.lr <= 0:
             raise ConfigError(f"agent.lr must be > 0, got {self.lr}")
-        if self.lr_schedule not in ("constant", "linear", "cosine"):
-            raise ConfigError(f"agent.lr_schedule must be constant, linear or cosine, got {self.lr_schedule!r}")
         if self.dtype is not None:
             self._migrate_dtype()
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"agent.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.precision not in PRECISION_NAMES:
+            raise ConfigError(f"agent.precision must be one of {', '.join(PRECISION_NAMES)}, got {self.precision!r}")
         if self.lora_rank < 0 or self.lora_alpha <= 0 or not 0 <= self.lora_dropout < 1:
             raise ConfigError(
                 f"agent.lora_rank must be >= 0, lora_alpha > 0 and lora_dropout in [0, 1); got "
@@ -146,7 +170,7 @@ class AgentConfig(SamplingConfig):
         if self.dtype not in LEGACY_DTYPES:
             raise ConfigError(
                 f"agent.dtype must be float32, bfloat16 or float16, got {self.dtype!r}; the field is replaced by "
-                f"agent.precision ({', '.join(PRECISIONS)})"
+                f"agent.precision ({', '.join(PRECISION_NAMES)})"
             )
         meant = LEGACY_DTYPES[self.dtype]
         if self.precision not in ("fp32", meant):
@@ -171,7 +195,7 @@ class TrainConfig:
     """magrpo | marloo | maremax | mareinforce | iac | maac | ippo | mappo | madpo | marlhf (ippo/mappo =
     iac/maac with actor_critic.clip_range 0.2 and epochs 2 unless those are set; marlhf trains `rl_algo`
     on a reward model's rewards)."""
-    collaboration: str = "decentralized"
+    collaboration: Literal["decentralized", "centralized"] = "decentralized"
     """decentralized (one model per role) | centralized (one joint actor answers for every role)."""
     joint_max_new_tokens: int = 0
     """Token budget of the joint actor's completion (centralized); 0 = N roles x agent.max_new_tokens. Structured:
@@ -197,7 +221,8 @@ class TrainConfig:
     gamma: float = 1.0
     """Discount over turns."""
     credit: str = "shared"
-    """shared (team reward) | per_agent (each agent's own reward)."""
+    """shared (team reward) | per_agent (each agent's own reward) | acting_role (reinforce family: each
+    sample gets the return of the role it played, for one policy playing every side in self-play)."""
     normalize_per_agent: bool = False
     """Standardise each agent's advantages over the batch after the baseline or GAE (Dr. MAS)."""
     seed: int = 0
@@ -252,6 +277,7 @@ class TrainConfig:
     """Update execution (micro-batches, per-sample backward)."""
 
     def __post_init__(self) -> None:
+        check_fields(self)  # every value of the type its annotation names, before any rule compares them
         algorithm = resolve_algorithm(self.algo)  # an unknown name fails first, with the known ones
         for name in ("steps", "batch_prompts", "group_size", "eval_prompts", "env_workers", "generate_workers"):
             if getattr(self, name) < 1:
@@ -260,8 +286,6 @@ class TrainConfig:
             raise ConfigError(f"credit must be one of {CREDITS}, got {self.credit!r}")
         if self.log_completions < 0:
             raise ConfigError(f"log_completions must be >= 0 (0 = none), got {self.log_completions}")
-        if self.collaboration not in ("decentralized", "centralized"):
-            raise ConfigError(f"collaboration must be 'decentralized' or 'centralized', got {self.collaboration!r}")
         if self.joint_format not in JOINT_FORMATS:
             raise ConfigError(f"joint_format must be one of {JOINT_FORMATS}, got {self.joint_format!r}")
         if self.joint_max_new_tokens < 0:
@@ -318,10 +342,7 @@ class TrainConfig:
     def agent_config(self, agent_id: str) -> AgentConfig:
         """The `agent` settings with `agent_overrides[agent_id]` applied."""
         overrides = self.agent_overrides.get(agent_id, {})
-        names = {f.name for f in dataclasses.fields(AgentConfig)}
-        unknown = sorted(set(overrides) - names)
-        if unknown:
-            raise ConfigError(f"agent_overrides[{agent_id!r}] has unknown field(s) {unknown}; valid: {sorted(names)}")
+        check_mapping(AgentConfig, overrides, f"agent_overrides.{agent_id}.")
         values = dict(overrides)
         for key in ("stop_strings", "allowed_outputs"):
             if key in values:
@@ -376,10 +397,8 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
     raise `ConfigError`."""
     if cls is TrainConfig:
         data = migrate(data)
+    check_mapping(cls, data, where)  # unknown keys (with the closest valid one) and mistyped values, by name
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown config field(s) {[where + u for u in unknown]}; valid: {sorted(fields)}")
     kwargs = {}
     for name, value in data.items():
         f = fields[name]

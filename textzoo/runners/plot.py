@@ -1,4 +1,9 @@
-"""Learning-curve PNGs from one or more run directories' `metrics.jsonl`."""
+"""Learning-curve PNGs from one or more run directories' `metrics.jsonl`.
+
+The reward panel names each curve by what it measures (`LABELS`: the training batches, held-out
+sampled, held-out greedy) and, for one run, its first -> last value, so a curve that learned and one
+that stayed flat read as such.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,12 @@ from textzoo.errors import TextzooError
 from textzoo.jsonl import read_jsonl
 
 RM_KEYS = ("rm/heldout_accuracy", "rm/pearson", "rm/spearman", "rm/group_accuracy", "rm/hacking")
+LABELS = {
+    "reward/mean": "training batches (sampled)",
+    "eval/sampled/reward/mean": "held-out, sampled",
+    "eval/greedy/reward/mean": "held-out, greedy",
+}
+"""Legend names of the reward curves (other metrics are named by their key)."""
 PANELS = (
     ("reward", lambda k: k in ("reward/mean", "eval/sampled/reward/mean", "eval/greedy/reward/mean")),
     # MARLHF: the task reward beside the reward model's score, and how well the two agree
@@ -51,8 +62,8 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1) -> P
                 if not pts:
                     continue
                 xs, ys = zip(*pts)
+                label = curve_label(key, ys, name if len(runs) > 1 else None)
                 ys = _smooth(list(ys), smooth)
-                label = key if len(runs) == 1 else f"{name}: {key}"
                 ax.plot(xs, ys, label=label, marker="o" if len(xs) < 4 else None)
         ax.set_title(title)
         ax.set_xlabel("step")
@@ -64,6 +75,15 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 1) -> P
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def curve_label(key: str, values: list[float] | tuple[float, ...], run: str | None = None) -> str:
+    """A curve's legend entry: its `LABELS` name (else its key), "first -> last" for a reward curve of one
+    run, and the run's name when several runs share the plot."""
+    label = LABELS.get(key, key)
+    if key in LABELS and run is None and len(values) > 1:
+        label += f": {values[0]:.2f} -> {values[-1]:.2f}"
+    return label if run is None else f"{run}: {label}"
 
 
 def _smooth(values: list[float], window: int) -> list[float]:

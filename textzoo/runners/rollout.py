@@ -117,6 +117,7 @@ class Collector:
         """Each live env copy's actions this turn (the completions parsed per role); records the samples."""
         actions: dict[int, dict[str, str]] = {e: {} for e in live}
         acted = torch.zeros(record.num_envs, len(self.actors), dtype=torch.bool)  # [E, A]
+        played = torch.zeros(record.num_envs, len(self.roles), dtype=torch.bool)  # [E, R]
         for request, gen in zip(requests, gens):
             actor = self.actors[request.actor]
             for e, roles, text in zip(request.rows, request.roles, gen.texts):
@@ -126,9 +127,11 @@ class Collector:
                 # per-role action length in characters: one measure for both modes and any tokenizer
                 for r in roles:
                     record.role_chars.setdefault(r, []).append(len(acts.get(r, "")))
+                    played[e, record.role_index[r]] = True
             acted[request.rows, request.actor] = True
             record.steps.append(ActorStep(actor.id, t, torch.tensor(request.rows, dtype=torch.long), gen, greedy))
         record.active.append(acted)
+        record.role_active.append(played)
         record.actions.append(actions)
         return actions
 
@@ -224,6 +227,7 @@ class _Record:
         self.steps: list[ActorStep] = []
         self.rewards: list[torch.Tensor] = []  # per turn [E, R]
         self.active: list[torch.Tensor] = []  # per turn [E, A]
+        self.role_active: list[torch.Tensor] = []  # per turn [E, R]: the roles an actor answered for
         self.states: list[list[str]] = []  # per turn [E]
         self.terms: dict[str, torch.Tensor] = {}  # term -> [E, R], summed over turns
         self.parse_failures = 0
@@ -269,6 +273,7 @@ class _Record:
                 "actions": self.actions,
                 "reward_terms_by_turn": self.turn_terms,
                 "parse_failures": self.parse_failures,
+                "role_active": torch.stack(self.role_active, dim=-1),  # [E, R, T]
                 "role_chars": self.role_chars,
                 "time_generate": self.time_generate,
                 "time_env": self.time_env,

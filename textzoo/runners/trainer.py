@@ -130,6 +130,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
+        logger.info("building the env %s", cfg.env)
         self.env_fn = env_factory(cfg)
         self.eval_env_fn = env_factory(cfg, eval=True)
         probe = self.env_fn()
@@ -317,6 +318,7 @@ class Trainer:
                     if main:
                         self._write(log, {"step": 0, **self.evaluate()}, trackers)
                         self._log_samples(self.eval_splits, trackers, progress)
+                        progress.update(self.history[-1])
             saved = self.step if self.resumed_step is not None else None
             while self.step < cfg.steps:
                 if agree(stop.requested):  # SIGTERM / Ctrl-C on any replica: checkpoint and stop here
@@ -349,18 +351,26 @@ class Trainer:
         return self.history
 
     @property
+    def eval_prompt_count(self) -> int:
+        """Held-out prompts an evaluation plays: `eval_prompts`, at most the held-out items."""
+        if self._eval_collector is None:
+            return self.cfg.eval_prompts
+        return min(self.cfg.eval_prompts, self._eval_collector.envs[0].num_items())
+
+    @property
     def eval_splits(self) -> tuple[str, ...]:
         """The rollout names an evaluation fills: "eval/greedy", "eval/sampled" (as `eval_modes` says)."""
         return tuple(f"eval/{mode}" for mode in self.cfg.eval_modes)
 
     def _log_samples(self, splits, trackers: list, progress: _Progress) -> None:
-        """Append the latest rollouts of ``splits`` to samples.jsonl and the trackers; show held-out ones."""
+        """Append the latest rollouts of ``splits`` to samples.jsonl and the trackers; show the held-out ones,
+        a table per decoding mode."""
         for split in splits:
             rows = sample_rows(self.rollouts[split], self.actors, self.step, split, self.cfg.log_completions)
             self.samples.write(rows)
             for tracker in trackers:
                 tracker.log_samples(rows, split, self.step)
-            if split == self.eval_splits[0] and rows:
+            if split in self.eval_splits and rows:  # one table per decoding: greedy and sampled can differ a lot
                 progress.show(samples_table(rows, f"held-out completions at step {self.step} ({split[5:]})"))
 
     def _write(self, log, row: dict[str, Any], trackers: list | None = None) -> None:
@@ -538,7 +548,8 @@ def rollout_metrics(rollout: Rollout) -> dict[str, float]:
 
 
 class _Progress:
-    """A rich progress bar with ETA and the current reward (silent when disabled)."""
+    """A rich progress bar with ETA, the training batch's reward and the latest held-out rewards, each named
+    (silent when disabled)."""
 
     def __init__(self, total: int, done: int, enabled: bool = True):
         self.enabled = enabled
@@ -554,6 +565,7 @@ class _Progress:
                 TextColumn("{task.fields[info]}"),
             )
             self.task = self.bar.add_task("train", total=total, completed=done, info="")
+        self.held_out = ""
 
     def __enter__(self):
         if self.enabled:
@@ -571,8 +583,10 @@ class _Progress:
 
     def update(self, row: dict[str, Any]) -> None:
         if self.enabled:
-            info = f"reward {row['reward/mean']:.3f}"
-            key = next((k for k in ("eval/greedy/reward/mean", "eval/sampled/reward/mean") if k in row), None)
-            if key:
-                info += f" | eval {row[key]:.3f}"
+            keys = {m: f"eval/{m}/reward/mean" for m in ("sampled", "greedy")}
+            held = [f"{m} {row[k]:.3f}" for m, k in keys.items() if k in row]
+            if held:
+                self.held_out = f"held-out reward: {', '.join(held)}"
+            parts = [f"train reward {row['reward/mean']:.3f}"] if "reward/mean" in row else []
+            info = " | ".join([*parts, self.held_out] if self.held_out else parts)
             self.bar.update(self.task, completed=row["step"], info=info)

@@ -20,6 +20,7 @@ from textzoo.agents.batch import Job
 from textzoo.agents.policy import has_dropout
 from textzoo.agents.rlmath import BatchNorm
 from textzoo.runners import sharding
+from textzoo.runners.config import UpdateConfig
 
 
 @dataclass
@@ -61,30 +62,6 @@ class Learner:
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])
-
-
-@dataclass
-class UpdateConfig:
-    """How updates are executed (the same for every family)."""
-
-    micro_batch_size: int = 8
-    """Samples per forward/backward; ignored when per_sample_backward is set."""
-    per_sample_backward: bool = False
-    """Back-propagate one sample at a time: one sample's activations in memory, same gradient."""
-    skip_zero_grad_steps: bool = True
-    """Skip the optimizer step when every gradient is exactly zero (no signal in the batch)."""
-    parallel_jobs: int = 1
-    """Learners updated at once in threads (e.g. 2 on 2 cores with threads=1); same results as one at a time."""
-
-    def __post_init__(self) -> None:
-        from textzoo.errors import ConfigError
-
-        if self.micro_batch_size < 1:
-            raise ConfigError(f"update.micro_batch_size must be >= 1, got {self.micro_batch_size}")
-        if self.parallel_jobs < 1:
-            raise ConfigError(
-                f"update.parallel_jobs must be >= 1 (1 = one learner at a time), got {self.parallel_jobs}"
-            )
 
 
 def disjoint_models(models: list[torch.nn.Module]) -> bool:

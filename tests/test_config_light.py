@@ -1,0 +1,44 @@
+"""The config modules are plain data: importing them (what `textzoo train --help` and a config error need)
+loads neither torch nor transformers, and their name lists match the modules that do the work."""
+
+import subprocess
+import sys
+
+import pytest
+
+LIGHT = ("textzoo.runners.config", "textzoo.runners.algorithms", "textzoo.agents.settings", "textzoo.typecheck")
+
+
+@pytest.mark.parametrize("module", LIGHT)
+def test_importing_a_config_module_loads_no_torch(module):
+    code = (
+        f"import sys, {module}\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules)\n"
+        "print(','.join(heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "", f"importing {module} imported {out}"
+
+
+def test_a_bad_config_fails_without_torch(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('algo = "magrpo"\nsteps = "x"\n')
+    code = (
+        "import sys\n"
+        "from textzoo.errors import ConfigError\n"
+        "from textzoo.runners.config import TrainConfig, load_config\n"
+        "TrainConfig(algo='ippo')  # an algorithm's defaults and rules, without its family\n"
+        f"try:\n    load_config({str(path)!r})\nexcept ConfigError as e:\n    print(e)\n"
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["steps must be an int, got 'x' (str)", "False"]
+
+
+def test_the_name_lists_match_what_they_name():
+    from textzoo.agents import joint, precision, prompting, rlmath, settings
+
+    assert settings.AGGREGATION_NAMES == tuple(rlmath.AGGREGATIONS)
+    assert settings.PRECISION_NAMES == tuple(precision.PRECISIONS)
+    assert settings.PROMPT_STYLES == prompting.STYLES and joint.JOINT_FORMATS == settings.JOINT_FORMATS
+    assert set(settings.LEGACY_DTYPES.values()) <= set(settings.PRECISION_NAMES)
