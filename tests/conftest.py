@@ -10,6 +10,7 @@ unless `TEXTZOO_REQUIRE_REAL_MODEL=1` (CI sets it), which makes a missing model 
 import importlib.metadata
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,16 @@ def pytest_terminal_summary(terminalreporter) -> None:
             yellow=True,
             bold=True,
         )
+
+
+# ---- waiting on a condition (tests of lifetimes, signals and processes) ----------------------------
+def wait_until(condition, timeout: float = 60.0, interval: float = 0.05):
+    """Poll `condition()` until it returns something truthy, or until `timeout` seconds have passed;
+    return its last value (falsy on a timeout, for the assertion to show). A generous deadline costs
+    nothing when the condition holds: a loaded machine only makes the wait longer, never the test fail."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(interval)

@@ -5,9 +5,10 @@ import os
 import time
 
 import pytest
+from conftest import wait_until
 from pettingzoo.test import parallel_api_test
 
-from textzoo.envs import make
+from textzoo.envs import code_v0, make
 from textzoo.envs.code_v0 import WEIGHTS, CodeEnv, extract_code, load_problems, score_batch
 from textzoo.envs.sandbox import SandboxLimits, isolation_report
 from textzoo.errors import EnvError
@@ -118,11 +119,24 @@ def test_toy_partial_and_helper_call():
     assert s.team == pytest.approx(0.4 + 0.6 * 2 / 3)
 
 
-def test_non_compiling_code_skips_the_sandbox():
+def _count_sandbox_programs(monkeypatch) -> list:
+    """A list that collects every program the task sends to the sandbox (which still runs them)."""
+    ran = []
+
+    def counting(programs, *args, **kwargs):
+        ran.extend(programs)
+        return real(programs, *args, **kwargs)
+
+    real = code_v0.run_many
+    monkeypatch.setattr(code_v0, "run_many", counting)
+    return ran
+
+
+def test_non_compiling_code_skips_the_sandbox(monkeypatch):
     p = load_problems()[0]
-    t = time.monotonic()
+    ran = _count_sandbox_programs(monkeypatch)
     (s,) = score_batch([p], ["lorem ipsum ((("], [CLOSE_MAIN], LIMITS)
-    assert time.monotonic() - t < 0.5 and s.result is None
+    assert ran == [] and s.result is None
     assert s.terms == {
         "helper_defined": 0.0,
         "main_defined": 1.0,
@@ -230,17 +244,17 @@ def test_any_action_is_safe(action):
     assert infos["main"]["notes"]
 
 
-def test_random_actions_are_cheap():
+def test_random_actions_are_cheap(monkeypatch):
     env = CodeEnv(sandbox_limits=LIMITS)
     env.reset(seed=0)
     space = env.action_space("main")
     space.seed(0)
     actions = [{a: space.sample() for a in env.possible_agents} for _ in range(30)]  # sampling is the slow part
-    t = time.monotonic()
+    ran = _count_sandbox_programs(monkeypatch)
     for act in actions:
         env.reset(seed=1)
         env.step(act)
-    assert time.monotonic() - t < 1.0  # garbage never reaches the sandbox: ~2 ms a step
+    assert ran == []  # garbage never reaches the sandbox (what makes a step cheap: ~2 ms)
 
 
 def test_parallel_api():
@@ -291,7 +305,7 @@ def test_model_code_cannot_reach_the_network_or_leave_files(attack, listener, tm
     attack_code = ATTACKS[attack].format(port=port, marker=marker, secret=str(secret))
     main = "def add(a, b):\n    return aux(a, b)\n" + attack_code
     feedback, _ = _two_turn_step(main)
-    time.sleep(0.3)
+    time.sleep(0.3)  # grace for a late connection to show up: an absence cannot be waited for
     assert "3/3 tests passed" in feedback  # the program did run
     assert received == []
     assert not os.path.exists(f"/tmp/{marker}") and not os.path.exists(f"/dev/shm/{marker}")
@@ -311,7 +325,7 @@ def test_the_attacks_do_work_without_isolation(listener):
     env = make("textzoo/Code-v0", dataset=TOY, split="all", turns=2, sandbox_limits=LIMITS_NONE)
     env.reset(options={"index": 0})
     obs, *_ = env.step({"helper": "def aux(a, b):\n    return a + b\n", "main": main})
-    time.sleep(0.3)
+    wait_until(lambda: received)  # the listener thread records it a moment later
     assert received == [b"leak"] and "Running the code raised" not in obs["main"]
 
 

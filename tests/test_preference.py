@@ -228,24 +228,32 @@ WRITING = {"terms": {"length_ratio": 1.0}, "max_prompt_chars": 128}
 
 
 def test_madpo_raises_the_writing_reward(tmp_path):
-    """Two tiny GPT-2s trained with MADPO raise Writing-v0's length-ratio reward (seeded, CI-sized)."""
-    cfg = TrainConfig(
-        algo="madpo",
-        steps=30,
-        batch_prompts=4,
-        group_size=4,
-        progress=False,
-        plot=False,
-        seed=0,
-        env_kwargs=WRITING,
-        agent=AgentConfig(max_new_tokens=24, lr=5e-3),
-        eval_prompts=1,
-        preference=PreferenceConfig(beta=0.5, epochs=2),
-    )
-    history = Trainer(cfg, run_dir=tmp_path).train()
-    rewards = [r["reward/mean"] for r in history if r["step"] > 0]
-    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
-    assert last > first + 0.1, (first, last)
+    """Two tiny GPT-2s trained with MADPO raise Writing-v0's length-ratio reward (3 seeds, CI-sized)."""
+    gains = []
+    for seed in (0, 1, 2):
+        cfg = TrainConfig(
+            algo="madpo",
+            steps=30,
+            batch_prompts=4,
+            group_size=4,
+            progress=False,
+            plot=False,
+            seed=seed,
+            env_kwargs=WRITING,
+            agent=AgentConfig(max_new_tokens=24, lr=5e-3),
+            eval_prompts=1,
+            preference=PreferenceConfig(beta=0.5, epochs=2),
+        )
+        history = Trainer(cfg, run_dir=tmp_path / f"seed-{seed}").train()
+        rewards = [r["reward/mean"] for r in history if r["step"] > 0]
+        gains.append(sum(rewards[15:]) / 15 - sum(rewards[:5]) / 5)  # steps 16-30 against steps 1-5
+    # One seed is too noisy to test (the last 5 steps against the first 5 gave +0.054 to +0.195 over seeds
+    # 0-11, 2 of 12 under +0.1). Measured gain per seed, seeds 0-11, transformers 5.24: +0.117 mean,
+    # 0.034 sd, lowest +0.031 (seed 1); the mean of 3 seeds: sd 0.017, lowest of all 220 triples +0.074.
+    # Seeds 0-5 under transformers 5.14 (its GPT-2 init differs): +0.136 mean, 0.048 sd. Seeds 0, 1, 2
+    # give +0.100 (5.24) and +0.099 (5.14). A team that does not learn (lr 1e-9, seeds 0-5): +0.013 mean,
+    # 0.028 sd, the mean of 3 seeds at most +0.030 (seeds 0, 1, 2: +0.000). The bar sits between the two.
+    assert sum(gains) / len(gains) > 0.05, gains
 
 
 def small(tmp_path, **kw) -> TrainConfig:

@@ -174,7 +174,10 @@ def test_tiny_llm_team_learns_the_length_ratio(tmp_path):
     history = trainer.train()
     rewards = [r["reward/mean"] for r in history if "reward/mean" in r and r["step"] > 0]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
-    assert last > first + 0.15, (first, last)
+    # measured over seeds 0-7 (transformers 5.24): +0.134 mean, 0.028 sd, lowest +0.097 (seed 5); this
+    # seed +0.154 (the bar was +0.15). Not learning (lr x 1e-7, seeds 0-3): -0.014 mean, 0.016 sd, at
+    # most +0.000. The bar sits ~2.6 sd below the learning mean and ~4.6 sd above the other.
+    assert last > first + 0.06, (first, last)
 
 
 def test_evaluation_never_changes_training(tmp_path):

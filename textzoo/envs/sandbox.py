@@ -346,6 +346,7 @@ class _Zygote:
             "disk_bytes": limits.disk_bytes,
             "pool": max(3, min(os.cpu_count() or 1, 8)),
         }
+        self.pool = config["pool"]  # process trees kept ready; one more while each program runs
         envs_dir = str(Path(__file__).resolve().parent)
         try:
             self.proc = subprocess.Popen(
