@@ -179,3 +179,32 @@ def test_bf16_mixed_gradients_match_fp32_within_bf16_tolerance():
     for a, b in zip(fp32.model.parameters(), mixed.model.parameters()):
         if a.grad.norm() > 1e-3 * grads[0].norm():  # every tensor that gets a real gradient gets it in both
             assert float((b.grad - a.grad).norm() / a.grad.norm()) < 0.1
+
+
+def test_bf16_weight_copies_follow_the_weights():
+    """The plain decoder reads one bf16 copy per weight version: shared by forwards, renewed after an
+    optimizer step (fused AdamW, which leaves version counters alone) and after an in-place load."""
+    agent = AgentConfig(model="tiny-llama", n_layer=1, n_embd=32, precision="bf16-mixed")
+    policy = build_policy(agent, seed=0, device=torch.device("cpu"))
+    learner = build_learner(policy.model, agent, total_steps=2)
+    prompts = ["hello", "abc"]
+    gen = policy.generate(prompts, greedy=True)
+
+    def scored():
+        return policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
+
+    reference = build_policy(agent, seed=0, device=torch.device("cpu"))  # autocast's own casts, fresh
+    reference.fast_forward = False
+    first = scored()
+    first.sum().backward()
+    learner.optimizer.step()
+    learner.optimizer.zero_grad()
+    reference.model.load_state_dict(policy.model.state_dict())
+    after_step = scored().detach()
+    expected = reference.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask).detach()
+    assert not torch.equal(after_step, first.detach())  # the step moved the weights: new copies are read
+    torch.testing.assert_close(after_step, expected, atol=2e-2, rtol=0)
+    with torch.no_grad():
+        for p, q in zip(policy.model.parameters(), build_policy(agent, 0, torch.device("cpu")).model.parameters()):
+            p.copy_(q)  # back to the initial weights, in place
+    torch.testing.assert_close(scored().detach(), first.detach(), atol=0, rtol=0)
