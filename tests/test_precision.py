@@ -208,3 +208,20 @@ def test_bf16_weight_copies_follow_the_weights():
         for p, q in zip(policy.model.parameters(), build_policy(agent, 0, torch.device("cpu")).model.parameters()):
             p.copy_(q)  # back to the initial weights, in place
     torch.testing.assert_close(scored().detach(), first.detach(), atol=0, rtol=0)
+
+
+def test_embedding_rows_gradient_under_autocast_matches_the_module():
+    from textzoo.agents.fastlm import embed
+
+    table = torch.nn.Embedding(10, 4, padding_idx=0)
+    ids = torch.tensor([[3, 3, 0, 7], [1, 0, 3, 9]])
+    out_grad = torch.randn(2, 4, 4)
+    table(ids).backward(out_grad)
+    expected = table.weight.grad.clone()
+    table.weight.grad = torch.ones_like(expected)  # accumulates onto an existing gradient, like the module
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        looked_up = embed(table, ids)
+    assert looked_up.dtype == torch.float32 and torch.equal(looked_up, table(ids))
+    looked_up.backward(out_grad)
+    torch.testing.assert_close(table.weight.grad, expected + 1, atol=1e-6, rtol=0)
+    assert torch.equal(table.weight.grad[0], torch.ones(4))  # the padding row gets nothing

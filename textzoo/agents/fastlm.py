@@ -109,6 +109,43 @@ class _CastBack(torch.autograd.Function):
         return None, None
 
 
+class _RowGrad(torch.autograd.Function):
+    """``F.embedding(ids, weight)`` whose backward adds the looked-up rows' gradients into ``weight.grad``
+    in place (`index_add_`), instead of a dense zero-filled [V, d] gradient per backward pass."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, ids: torch.Tensor, padding_idx: int | None) -> torch.Tensor:
+        ctx.weight, ctx.padding_idx = weight, padding_idx
+        ctx.save_for_backward(ids)
+        return F.embedding(ids, weight, padding_idx)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        weight, (ids,) = ctx.weight, ctx.saved_tensors
+        rows, grad = ids.reshape(-1), grad.reshape(-1, weight.shape[1]).to(weight.dtype)
+        if ctx.padding_idx is not None:  # the padding row keeps a zero gradient, as in the module
+            keep = rows != ctx.padding_idx
+            rows, grad = rows[keep], grad[keep]
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        weight.grad.index_add_(0, rows, grad)
+        return None, None, None
+
+
+def embed(embedding: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+    """``embedding(ids)``; under autocast, a trainable table's gradient is accumulated row-wise (`_RowGrad`):
+    a 49,152 x 576 vocabulary then costs no dense [V, d] gradient per micro-batch (float32 runs keep the
+    module's own backward, and with it their exact sums)."""
+    weight = embedding.weight
+    device = weight.device.type
+    autocasting = device in ("cpu", "cuda") and torch.is_autocast_enabled(device)
+    if not (autocasting and weight.requires_grad and torch.is_grad_enabled()) or type(weight.data) is not torch.Tensor:
+        return embedding(ids)
+    if embedding.max_norm is not None or embedding.scale_grad_by_freq or embedding.sparse:
+        return embedding(ids)
+    return _RowGrad.apply(weight, ids, embedding.padding_idx)
+
+
 class KVCache:
     """Keys and values of every layer; appends grow by concatenation or into preallocated room."""
 
@@ -531,7 +568,7 @@ def llama_forward(
     """Llama / Qwen2 / Mistral: RoPE, RMSNorm, grouped-query attention, SwiGLU MLP (with ``qk_norm``,
     an RMSNorm on each head's queries and keys before RoPE)."""
     body = dec.body
-    hidden = body.embed_tokens(ids)  # [S, T, d] (the module: padding_idx keeps a zero gradient)
+    hidden = embed(body.embed_tokens, ids)  # [S, T, d] (padding_idx keeps a zero gradient)
     cos, sin = body.rotary_emb(hidden, position)  # [S, T, D] each
     hidden, cos, sin = rows.pack(hidden), rows.pack(cos)[..., None, :], rows.pack(sin)[..., None, :]  # [..., 1, D]
     for i, layer in enumerate(dec.layers):
