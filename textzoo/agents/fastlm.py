@@ -566,20 +566,25 @@ def llama_forward(
     dec: FastDecoder, ids, position, attend, last=None, rows: Packed = ALL, qk_norm: bool = False
 ) -> torch.Tensor:
     """Llama / Qwen2 / Mistral: RoPE, RMSNorm, grouped-query attention, SwiGLU MLP (with ``qk_norm``,
-    an RMSNorm on each head's queries and keys before RoPE)."""
+    an RMSNorm on each head's queries and keys before RoPE).
+
+    Under autocast, each norm's output and each rotated query/key is cast to the compute dtype once,
+    where autocast would cast it at every matmul that reads it: the same values, and keys/values (the
+    prompt's and the KV cache's) kept in that dtype instead of cast again at every decode step."""
     body = dec.body
     hidden = embed(body.embed_tokens, ids)  # [S, T, d] (padding_idx keeps a zero gradient)
     cos, sin = body.rotary_emb(hidden, position)  # [S, T, D] each
     hidden, cos, sin = rows.pack(hidden), rows.pack(cos)[..., None, :], rows.pack(sin)[..., None, :]  # [..., 1, D]
+    compute = _compute_cast(hidden)
     for i, layer in enumerate(dec.layers):
         lead = hidden.shape[:-1]  # (S, T) or, packed, (N,)
         attn, mlp = layer.self_attn, layer.mlp
-        x = _rms_norm(hidden, layer.input_layernorm)
+        x = compute(_rms_norm(hidden, layer.input_layernorm))
         k = dec.linear(x, attn.k_proj).view(*lead, dec.kv_heads, -1)  # [..., H_kv, D]
         v = dec.linear(x, attn.v_proj).view(*lead, dec.kv_heads, -1)
         if qk_norm:
             k = _rms_norm(k, attn.k_norm)
-        k = k * cos + _rotate_half(k) * sin
+        k = compute(k * cos + _rotate_half(k) * sin)
         if last is not None and i == len(dec.layers) - 1:  # queries and outputs at `last` only
             x, hidden, q_cos, q_sin = _at(x, last), _at(hidden, last), _at(cos, last), _at(sin, last)
         else:
@@ -587,14 +592,27 @@ def llama_forward(
         q = dec.linear(x, attn.q_proj).view(*x.shape[:-1], dec.heads, -1)  # [..., T', H, D]
         if qk_norm:
             q = _rms_norm(q, attn.q_norm)
-        q = q * q_cos + _rotate_half(q) * q_sin
+        q = compute(q * q_cos + _rotate_half(q) * q_sin)
         out = rows.pack(attend(i, rows.unpack(q), rows.unpack(k), rows.unpack(v), attn.scaling))
         hidden = hidden + dec.linear(out, attn.o_proj)
-        x = _rms_norm(hidden, layer.post_attention_layernorm)
+        x = compute(_rms_norm(hidden, layer.post_attention_layernorm))
         hidden = hidden + dec.linear(
             mlp.act_fn(dec.linear(x, mlp.gate_proj)) * dec.linear(x, mlp.up_proj), mlp.down_proj
         )
     return rows.unpack(hidden)
+
+
+def _compute_cast(like: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The cast of a tensor to the autocast dtype of ``like``'s device (the identity without autocast)."""
+    device = like.device.type
+    if device not in ("cpu", "cuda") or not torch.is_autocast_enabled(device):
+        return _same
+    dtype = torch.get_autocast_dtype(device)
+    return lambda t: t.to(dtype) if t.is_floating_point() else t
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 def qwen3_forward(dec: FastDecoder, ids, position, attend, last=None, rows: Packed = ALL) -> torch.Tensor:
