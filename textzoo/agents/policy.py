@@ -77,6 +77,9 @@ class Policy:
         self.eos_ids: tuple[int, ...] = end_token_ids(model, tokenizer)
         self.fast_forward = True
         """Run the plain-torch decoder (`textzoo.agents.fastlm`) when the architecture supports it."""
+        self.precision = "fp32"
+        """The precision name the builder resolved (`textzoo.agents.precision.PRECISIONS`); what `autocast` and
+        the weights' dtype implement."""
         self.autocast: torch.dtype | None = None
         """Run forwards (generate, score) under ``torch.autocast`` to this dtype (bf16-mixed precision);
         None = compute in the weights' dtype."""

@@ -25,8 +25,10 @@ GROUP_ESTIMATORS = ("grpo", "rloo")
 """Estimators that compare the samples of a group (they need group_size >= 2)."""
 AGGREGATION_NAMES = ("seq_sum", "seq_mean", "token_mean", "constant")
 """`loss_aggregation` names (`textzoo.agents.rlmath.AGGREGATIONS` holds their functions)."""
-PRECISION_NAMES = ("fp32", "bf16-mixed", "bf16-weights", "fp16-weights")
-"""`AgentConfig.precision` names (`textzoo.agents.precision.PRECISIONS` holds what each means)."""
+AUTO = "auto"
+"""The precision name resolved per model and device when the model is built (`textzoo.agents.precision.resolve`)."""
+PRECISION_NAMES = (AUTO, "fp32", "bf16-mixed", "bf16-weights", "fp16-weights")
+"""`AgentConfig.precision` names (`textzoo.agents.precision.PRECISIONS` holds what each but "auto" means)."""
 LEGACY_DTYPES = {"float32": "fp32", "bfloat16": "bf16-weights", "float16": "fp16-weights"}
 """The old `AgentConfig.dtype` values and the precision each meant."""
 PROMPT_STYLES = ("auto", "raw", "chat")

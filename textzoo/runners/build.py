@@ -18,7 +18,7 @@ import torch
 from textzoo.agents.joint import JointActor
 from textzoo.agents.lora import SharedBase
 from textzoo.agents.policy import GenerationConfig, Policy
-from textzoo.agents.precision import PRECISIONS
+from textzoo.agents.precision import AUTO, PRECISIONS, resolve
 from textzoo.agents.prompting import PromptFormat
 from textzoo.agents.settings import TINY_MODELS
 from textzoo.agents.team import Actor, AgentActor
@@ -72,8 +72,10 @@ def build_policy(agent: AgentConfig, seed: int, device: torch.device) -> Policy:
 
     "tiny-llama" gets `llama_byte_tokenizer` (BOS-prefixed prompts, other special ids), so a team of
     "tiny" and "tiny-llama" agents has two different tokenizers, as real heterogeneous teams do.
+    Precision "auto" is resolved here, for the loaded model and the device it runs on (`Policy.precision`).
     """
-    precision = PRECISIONS[agent.precision]
+    # "auto" resolves to fp32 or bf16-mixed, whose weights are both float32
+    loaded = PRECISIONS.get(agent.precision, PRECISIONS["fp32"])
     if agent.model in TINY_MODELS:
         logger.info("building a %s model (%d layers, width %d) on %s", agent.model, agent.n_layer, agent.n_embd, device)
         llama = agent.model == "tiny-llama"
@@ -87,8 +89,10 @@ def build_policy(agent: AgentConfig, seed: int, device: torch.device) -> Policy:
             tokenizer=llama_byte_tokenizer() if llama else None,
         )
     else:
-        logger.info("loading model %s (%s) on %s", agent.model, agent.precision, device)
-        policy = Policy.from_pretrained(agent.model, device=device, dtype=precision.weights)
+        logger.info("loading model %s (precision %s) on %s", agent.model, agent.precision, device)
+        policy = Policy.from_pretrained(agent.model, device=device, dtype=loaded.weights)
+    policy.precision = resolve(agent.precision, policy.model, resolve_device(agent.device))
+    precision = PRECISIONS[policy.precision]
     policy.generation = generation_config(agent, policy)
     policy.model.to(precision.weights)
     policy.autocast = precision.compute
@@ -154,7 +158,8 @@ def lora_policy(agent: AgentConfig, agent_id: str, seed: int, bases: dict[tuple,
         seed=seed,
     )
     policy.generation = generation_config(agent, policy)
-    policy.autocast = PRECISIONS[agent.precision].compute
+    policy.precision = bases[key].precision
+    policy.autocast = PRECISIONS[policy.precision].compute
     return policy
 
 
@@ -221,6 +226,28 @@ def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
             policy = build_policy(agent, seed, build_device(agent.device))
         actors.append(AgentActor(role, policy, trainable=agent.trainable, prompt_format=prompt_format(agent, policy)))
     return actors
+
+
+def resolved_config(cfg: TrainConfig, actors: list[Actor]) -> TrainConfig:
+    """``cfg`` with each agent's precision "auto" replaced by what its built model resolved to
+    (`Policy.precision`): what the run's config.json records, so a resumed run computes as this one did.
+    `agent` takes the first inheriting role's; a role that resolved otherwise gets its own override."""
+    overrides = {role: dict(values) for role, values in cfg.agent_overrides.items()}
+    agent_precision = cfg.agent.precision
+    for actor in actors:
+        if cfg.agent_config(actor.id).precision != AUTO:
+            continue
+        value = actor.policy.precision
+        if overrides.get(actor.id, {}).get("precision") == AUTO:
+            overrides[actor.id]["precision"] = value
+        elif agent_precision == AUTO:
+            agent_precision = value
+        elif value != agent_precision:
+            overrides.setdefault(actor.id, {})["precision"] = value
+    if agent_precision == cfg.agent.precision and overrides == cfg.agent_overrides:
+        return cfg
+    agent = dataclasses.replace(cfg.agent, precision=agent_precision)
+    return dataclasses.replace(cfg, agent=agent, agent_overrides=overrides)
 
 
 def build_learner(model: torch.nn.Module, agent: AgentConfig, total_steps: int) -> Learner:

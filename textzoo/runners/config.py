@@ -17,6 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import tyro
 
 from textzoo.agents.settings import (
+    AUTO,
     CREDITS,
     JOINT_FORMATS,
     LEGACY_DTYPES,
@@ -112,9 +113,11 @@ class AgentConfig(SamplingConfig):
     """False freezes the agent: it acts but never updates."""
     device: str = "auto"
     """"auto" or a torch device string."""
-    precision: str = "fp32"
-    """fp32 | bf16-mixed (fp32 weights and AdamW state, bf16 autocast forwards) | bf16-weights |
-    fp16-weights (the weights, and so the optimizer state, in that dtype)."""
+    precision: str = "auto"
+    """auto (bf16-mixed for a real model on a device with native bf16 matmuls, else fp32; resolved when the
+    model is built and recorded in the run's config.json) | fp32 | bf16-mixed (fp32 weights and AdamW
+    state, bf16 autocast forwards) | bf16-weights | fp16-weights (the weights, and so the optimizer
+    state, in that dtype)."""
     dtype: str | None = None
     """Deprecated (configs written before `precision`): float32 | bfloat16 | float16 weights, read as
     precision fp32 | bf16-weights | fp16-weights."""
@@ -173,7 +176,7 @@ class AgentConfig(SamplingConfig):
                 f"agent.precision ({', '.join(PRECISION_NAMES)})"
             )
         meant = LEGACY_DTYPES[self.dtype]
-        if self.precision not in ("fp32", meant):
+        if self.precision not in (AUTO, "fp32", meant):
             raise ConfigError(
                 f"agent.dtype={self.dtype!r} (precision {meant!r}) contradicts agent.precision={self.precision!r}; "
                 "drop agent.dtype, which agent.precision replaces"
@@ -426,6 +429,19 @@ def load_config(path: str | Path, cls: type = TrainConfig) -> Any:
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"cannot parse config file {str(path)!r}: {e}") from e
     return from_dict(cls, data)
+
+
+def precisions_as_in(cfg: TrainConfig, saved: TrainConfig) -> TrainConfig:
+    """``cfg`` with each precision "auto" (of `agent` and of `agent_overrides`) replaced by ``saved``'s,
+    which a run resolved when it was built: the config a resumed run of ``cfg`` compares with ``saved``."""
+    agent = cfg.agent
+    if agent.precision == AUTO:
+        agent = dataclasses.replace(agent, precision=saved.agent.precision)
+    overrides = {role: dict(values) for role, values in cfg.agent_overrides.items()}
+    for role, values in saved.agent_overrides.items():
+        if "precision" in values and cfg.agent_config(role).precision == AUTO:
+            overrides.setdefault(role, {})["precision"] = values["precision"]
+    return dataclasses.replace(cfg, agent=agent, agent_overrides=overrides)
 
 
 def save_config(config: Any, path: str | Path) -> None:

@@ -23,7 +23,7 @@ from textzoo.agents.batch import Rollout
 from textzoo.errors import CheckpointError, ConfigError
 from textzoo.runners import sharding
 from textzoo.runners.algorithms import resolve_algorithm
-from textzoo.runners.build import ItemSampler, build_actors, build_learner, env_factory
+from textzoo.runners.build import ItemSampler, build_actors, build_learner, env_factory, resolved_config
 from textzoo.runners.checkpoint import (
     apply_weights,
     capture_rng,
@@ -35,7 +35,7 @@ from textzoo.runners.checkpoint import (
     restore_rng,
     write_checkpoint,
 )
-from textzoo.runners.config import TrainConfig, from_dict, save_config, to_dict
+from textzoo.runners.config import TrainConfig, from_dict, precisions_as_in, save_config, to_dict
 from textzoo.runners.distributed import DistContext, merge_rows
 from textzoo.runners.placement import format_placement, place_models, team_models, visible_devices
 from textzoo.runners.preemption import GracefulStop, agree
@@ -101,7 +101,7 @@ def find_resumable(cfg: TrainConfig, root: str | Path = "runs") -> Path | None:
             saved = from_dict(TrainConfig, json.loads((checkpoints[-1] / "config.json").read_text()))
         except (OSError, ValueError):
             continue
-        if not config_diff(saved, cfg, RESUME_SAFE):
+        if not config_diff(saved, precisions_as_in(cfg, saved), RESUME_SAFE):
             found.append((checkpoints[-1].stat().st_mtime, run_dir))
     return max(found)[1] if found else None
 
@@ -144,6 +144,9 @@ class Trainer:
         algorithm.check_team(cfg, self.roles)
         self.actors = build_actors(cfg, self.roles)
         self.family = algorithm.build(cfg, self.actors)
+        cfg = self.cfg = resolved_config(cfg, self.actors)  # precision "auto" as built: config.json records it
+        for actor in self.actors:
+            logger.info("agent %s: precision %s", actor.id, actor.policy.precision)
         overrides = {
             a.id: cfg.agent_config(a.id).device
             for a in self.actors
