@@ -72,6 +72,9 @@ class ReinforceConfig:
     """"aligned": sample g of every agent forms joint action g; "cross": all G^N combinations."""
     reinforce_baseline: str = "none"
     """For estimator reinforce: "none" or "running_mean" (mean of past returns, momentum 0.9)."""
+    tree_rollout: bool = False
+    """atgrpo only: after each turn keep each prompt's best branch (team reward of the turn; ties: the first)
+    and copy it to the prompt's other G − 1 env copies, so every turn's G samples come from one state."""
 
     def __post_init__(self) -> None:
         if self.advantage_scale not in ("std", "none"):
