@@ -27,7 +27,15 @@ import tyro
 from textzoo.runners.bench import Grid, load_grid, run_grid, write_report
 from textzoo.runners.config import TrainConfig
 
-_MODEL_KEYS = ("model", "precision", "dtype", "prompt_format", "lora_target_modules", "max_new_tokens", "max_prompt_tokens")
+_MODEL_KEYS = (
+    "model",
+    "precision",
+    "dtype",
+    "prompt_format",
+    "lora_target_modules",
+    "max_new_tokens",
+    "max_prompt_tokens",
+)
 
 
 @dataclass

@@ -59,12 +59,29 @@ from pettingzoo.utils.conversions import parallel_to_aec
 
 from textzoo.envs._sources import check_split, load_records, split_indices
 from textzoo.envs.base import StepResult, TextParallelEnv
+from textzoo.envs.presets import TaskPreset
 from textzoo.errors import EnvError
 
 WEIGHTS: dict[str, float] = {"solved": 0.7, "agreement": 0.2, "valid": 0.1}
 TERMS = tuple(WEIGHTS)
 ITEM_SEED = 53
 ANSWER_MARK = "####"
+
+
+def one_digit_sums() -> list[dict[str, Any]]:
+    """The 100 questions "What is a + b?" for one-digit a, b (in a fixed shuffled order), with their sums."""
+    pairs = [(a, b) for a in range(10) for b in range(10)]
+    random.Random(ITEM_SEED).shuffle(pairs)
+    return [{"question": f"What is {a} + {b}?", "answer": a + b} for a, b in pairs]
+
+
+PRESETS: dict[str, TaskPreset] = {
+    "one-digit-sums": TaskPreset(
+        {"dataset": one_digit_sums(), "num_agents": 2, "turns": 2, "response_chars": 200},
+        {"debater_0": 48, "debater_1": 48},
+    ),
+}
+"""Settings a small model can start from (module docstring, Presets)."""
 
 FIRST_PROMPT = (
     "Solve the problem.\n{question}\n"

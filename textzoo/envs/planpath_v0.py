@@ -47,11 +47,16 @@ from typing import Any
 from pettingzoo.utils.conversions import parallel_to_aec
 
 from textzoo.envs._toolplan import Outcome, ToolPlanEnv, parse_moves
+from textzoo.envs.presets import TaskPreset
 from textzoo.envs.sandbox import SandboxLimits
 from textzoo.errors import EnvError
 
 MOVES: dict[str, tuple[int, int]] = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
 ITEM_SEED = 29
+PRESETS: dict[str, TaskPreset] = {
+    "open-4x4": TaskPreset({"size": 4, "wall_prob": 0.0, "min_distance": 2, "turns": 2}, {"tool": 160, "plan": 32}),
+}
+"""Settings a small model can start from (module docstring, Presets)."""
 _ATTEMPTS = 1000
 Cell = tuple[int, int]
 

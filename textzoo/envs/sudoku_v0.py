@@ -47,6 +47,7 @@ from typing import Any
 from pettingzoo.utils.conversions import parallel_to_aec
 
 from textzoo.envs._toolplan import Outcome, ToolPlanEnv
+from textzoo.envs.presets import TaskPreset
 from textzoo.envs.sandbox import SandboxLimits
 from textzoo.errors import EnvError
 
@@ -55,6 +56,10 @@ BOX = 2
 CELLS = SIZE * SIZE
 MAX_BLANKS = 12  # a 4x4 Sudoku needs at least 4 givens for a unique solution
 ITEM_SEED = 17
+PRESETS: dict[str, TaskPreset] = {
+    "4x4-2-blanks": TaskPreset({"blanks": 2, "turns": 2}, {"tool": 160, "plan": 48}),
+}
+"""Settings a small model can start from (module docstring, Presets)."""
 _ATTEMPTS = 500
 Grid = tuple[tuple[int, ...], ...]
 
