@@ -43,7 +43,7 @@ TASKS: dict[str, tuple[str, str, str]] = {  # name -> env id, module, preset
     "sudoku": ("textzoo/Sudoku-v0", "textzoo.envs.sudoku_v0", "4x4-2-blanks"),
 }
 FORMAT_TERMS = ("valid", "plan_valid", "tool_valid", "tool_ran", "agreement")
-QUICK = {"task": "debate", "algo": "magrpo", "collaboration": "decentralized", "steps": 12}
+QUICK = {"task": "debate", "algo": "magrpo", "collaboration": "decentralized", "steps": 6}
 """The `--quick` cell."""
 
 
