@@ -9,7 +9,8 @@ A group never mixes agents, turns or histories. At turn 0 the G samples of a pro
 so most later samples are groups of one (advantage 0). With `reinforce.tree_rollout` the runner keeps,
 after each turn, the branch with the best team reward of each prompt and copies it to the other G − 1
 (`RolloutNeeds.tree`), so every turn's G candidates come from one state; a branch's later turns then
-continue another branch's action, so its credit is its own turn's reward.
+continue another branch's action, so its credit is its own turn's reward (and the rollout's reward
+columns, summed over turns, mix a branch's own turn with the chosen branch's later ones).
 Loss and its settings (aggregation, clip, epochs, reference KL) are the reinforce family's.
 
 The math is `textzoo.agents.rlmath.state_group_ids` and `state_group_advantages`.
