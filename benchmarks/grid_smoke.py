@@ -4,9 +4,10 @@ minutes, before the real grid spends hours.
 
 Every cell keeps its grid config except: each agent's model (and every `model` in agent_overrides)
 becomes a tiny GPT-2 built locally ("tiny", `--n-layer`/`--n-embd`; LoRA, when the grid uses it, on
-peft's default modules), float32 on the CPU, at most
+peft's default modules), float32 on the CPU, its prompts raw (a tiny model has no chat template), at most
 `--max-new-tokens` tokens per turn (and `--max-prompt-tokens` of prompt), `--steps` steps of
-`--batch-prompts` x `--group-size`, `--eval-prompts` held-out prompts. It prints the cells as they
+`--batch-prompts` x `--group-size`, `--eval-prompts` held-out prompts (`--one-per-algo`: only the first
+cell of each algorithm). It prints the cells as they
 finish and the path of results.md; the figures are those of untrained tiny models, a check of the
 pipeline, not a result.
 
@@ -26,7 +27,15 @@ import tyro
 from textzoo.runners.bench import Grid, load_grid, run_grid, write_report
 from textzoo.runners.config import TrainConfig
 
-_MODEL_KEYS = ("model", "dtype", "lora_target_modules", "max_new_tokens", "max_prompt_tokens")
+_MODEL_KEYS = (
+    "model",
+    "precision",
+    "dtype",
+    "prompt_format",
+    "lora_target_modules",
+    "max_new_tokens",
+    "max_prompt_tokens",
+)
 
 
 @dataclass
@@ -45,6 +54,9 @@ class Args:
     n_embd: int = 32
     workers: int = 1
     """Cells trained at once, each in its own process."""
+    one_per_algo: bool = False
+    """Train only the first cell of each algorithm (first task, mode and seed); every cell's config is still
+    built and checked."""
 
 
 def tiny_config(cfg: TrainConfig, args: Args, run_dir: Path) -> TrainConfig:
@@ -55,7 +67,9 @@ def tiny_config(cfg: TrainConfig, args: Args, run_dir: Path) -> TrainConfig:
         n_layer=args.n_layer,
         n_embd=args.n_embd,
         n_head=2,
-        dtype="float32",
+        precision="fp32",  # the field itself: a grid's precision (or its migrated legacy dtype) is replaced
+        dtype=None,
+        prompt_format="auto",  # a tiny model has no chat template: "chat" would be refused
         lora_target_modules=(),
         max_new_tokens=min(cfg.agent.max_new_tokens, args.max_new_tokens),
         max_prompt_tokens=min(cfg.agent.max_prompt_tokens, args.max_prompt_tokens),
@@ -90,6 +104,8 @@ def tiny_grid(grid: Grid, args: Args) -> Grid:
     cells = [
         dataclasses.replace(c, config=tiny_config(c.config, args, out / c.task / c.run_dir.name)) for c in grid.cells
     ]
+    if args.one_per_algo:
+        cells = [c for i, c in enumerate(cells) if c.algo not in {d.algo for d in cells[:i]}]
     return dataclasses.replace(grid, name=f"{grid.name} (tiny models)", out_dir=out, cells=cells)
 
 

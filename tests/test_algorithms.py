@@ -10,6 +10,7 @@ import torch
 torch.set_num_threads(1)
 
 from textzoo.agents.actor_critic import ActorCriticConfig, ActorCriticFamily  # noqa: E402
+from textzoo.agents.atgrpo import ATGRPOFamily  # noqa: E402
 from textzoo.agents.family import RolloutNeeds  # noqa: E402
 from textzoo.agents.preference import MADPOFamily  # noqa: E402
 from textzoo.agents.reinforce import ReinforceConfig, ReinforceFamily  # noqa: E402
@@ -29,11 +30,12 @@ def test_every_algorithm_builds_its_family(tmp_path):
     kinds = {"reinforce": ReinforceFamily, "actor_critic": ActorCriticFamily, "preference": MADPOFamily}
     for name, algorithm in ALGORITHMS.items():
         trainer = trainer_module.Trainer(small(algo=name, run_dir=str(tmp_path / name)))
-        expected = kinds["reinforce"] if name == "marlhf" else kinds[algorithm.family]  # marlhf learns with magrpo
+        # marlhf learns with magrpo; atgrpo is the reinforce family's loss with its own grouping
+        expected = {"marlhf": ReinforceFamily, "atgrpo": ATGRPOFamily}.get(name, kinds[algorithm.family])
         assert isinstance(trainer.family, expected), name
         assert isinstance(trainer.family.needs, RolloutNeeds)
     assert resolve_algorithm("grpo") is ALGORITHMS["magrpo"] and resolve_algorithm("IPPO") is ALGORITHMS["ippo"]
-    with pytest.raises(ConfigError, match="unknown algo 'nope'; choose one of iac"):
+    with pytest.raises(ConfigError, match="unknown algo 'nope'; choose one of atgrpo, iac"):
         resolve_algorithm("nope")
 
 
@@ -43,6 +45,8 @@ def test_families_declare_the_extra_rollouts_they_need(tmp_path):
     needs = trainer_module.Trainer(cross).family.needs
     assert needs == RolloutNeeds(greedy=False, cross=True)
     assert trainer_module.Trainer(small(algo="iac", run_dir=str(tmp_path / "c"))).family.needs == RolloutNeeds()
+    tree = small(algo="atgrpo", reinforce=ReinforceConfig(tree_rollout=True), run_dir=str(tmp_path / "d"))
+    assert trainer_module.Trainer(tree).family.needs == RolloutNeeds(tree=True)
 
 
 def test_a_registered_algorithm_is_configured_built_and_trained(tmp_path, monkeypatch):

@@ -37,6 +37,8 @@ from textzoo.agents.rlmath import (  # noqa: E402
     running_mean_update,
     spearman,
     standardize,
+    state_group_advantages,
+    state_group_ids,
 )
 
 
@@ -516,3 +518,26 @@ def test_role_baselines_are_moving_averages_per_role():
     mask = torch.tensor([True, True])
     adv = rlmath.advantages(torch.tensor([2.0, 0.0]), mask, "reinforce", "none", running_mean=baseline)
     assert torch.allclose(adv, torch.tensor([2.2, -0.2]))
+
+
+# ---- AT-GRPO: groups of (state, agent, turn) -------------------------------------------------------
+def test_state_groups_by_hand():
+    """Five samples: three from state x (returns 1, 0, 2), one alone from y, one from z with another x key."""
+    keys = [(0, "x"), (1, "y"), (0, "x"), (0, "x"), (1, "z")]
+    groups = state_group_ids(keys)
+    assert groups.tolist() == [0, 1, 0, 0, 2]
+    returns = torch.tensor([1.0, 5.0, 0.0, 2.0, -3.0])
+    # group x: mean 1, unbiased std sqrt((0 + 1 + 1) / 2) = 1; groups of one get 0
+    adv = state_group_advantages(returns, groups, scale="none")
+    assert torch.allclose(adv, torch.tensor([0.0, 0.0, -1.0, 1.0, 0.0]))
+    adv = state_group_advantages(returns, groups, scale="std")
+    assert torch.allclose(adv, torch.tensor([0.0, 0.0, -1.0, 1.0, 0.0]) / (1 + 1e-6))
+    # a std floor of 4 divides by 4 instead
+    adv = state_group_advantages(returns, groups, scale="std", std_floor=4.0)
+    assert torch.allclose(adv, torch.tensor([0.0, 0.0, -0.25, 0.25, 0.0]), atol=1e-6)
+
+
+def test_state_groups_of_one_prompt_are_grpo():
+    """When every sample of a group shares its state (turn 0), AT-GRPO's advantages are MAGRPO's."""
+    grpo = advantages(group(R), ONES, "grpo", scale="std").flatten()
+    assert torch.allclose(state_group_advantages(torch.tensor(R), state_group_ids(["s"] * 4)), grpo)

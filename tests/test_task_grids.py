@@ -65,3 +65,36 @@ def test_real_model_grid_runs_with_tiny_models(tmp_path):
     md = write_report(grid, results).read_text()
     assert "## sokoban (`textzoo/Sokoban-v0`)" in md and "| magrpo | centralized | 1/1 |" in md
     assert (tmp_path / "curves-debate.png").is_file()
+
+
+def test_the_smoke_replaces_a_grids_precision_and_legacy_dtype(tmp_path):
+    """A grid's bf16 precision (or the legacy dtype it migrated from) becomes fp32 for the tiny models."""
+    from textzoo.runners.config import AgentConfig, TrainConfig
+
+    smoke = smoke_module()
+    args = smoke.Args(grid="unused")
+    for agent in (
+        AgentConfig(precision="bf16-weights"),
+        AgentConfig(dtype="bfloat16"),
+        AgentConfig(precision="bf16-mixed"),
+    ):
+        cfg = TrainConfig(agent=agent, agent_overrides={"summary": {"precision": "bf16-mixed", "lr": 1e-4}})
+        tiny = smoke.tiny_config(cfg, args, tmp_path)
+        assert tiny.agent.precision == "fp32" and tiny.agent.dtype is None
+        assert tiny.agent_config("summary").precision == "fp32" and tiny.agent_config("summary").lr == 1e-4
+
+
+@pytest.mark.parametrize("path", GRIDS, ids=[p.stem for p in GRIDS])
+def test_every_grid_smokes_with_tiny_models(path, tmp_path, capsys):
+    """benchmarks/grid_smoke.py on each shipped grid: every cell's tiny config is built, and the first cell of
+    each algorithm trains one step end to end (the README's check before a real run)."""
+    smoke = smoke_module()
+    args = smoke.Args(
+        grid=str(path), out_dir=str(tmp_path), steps=1, batch_prompts=1, eval_prompts=1, one_per_algo=True
+    )
+    smoke.main(args)  # exits 1 when a cell fails
+    out = capsys.readouterr().out
+    assert "results: " in out and (tmp_path / "results.md").is_file()
+    algos = {c.algo for c in load_grid(path).cells}
+    assert len([line for line in out.splitlines() if line.startswith("grid time")]) == 1
+    assert f"({len(algos)} cells, tiny models)" in out

@@ -29,6 +29,8 @@ class RolloutNeeds:
     """One greedy (argmax) rollout of each prompt, as `rollout.greedy` (ReMax's baseline)."""
     cross: bool = False
     """The reward of every combination of the actors' samples, as `rollout.cross_rewards` (joint mode cross)."""
+    tree: bool = False
+    """Tree rollout (AT-GRPO): after each turn every prompt's best branch is copied to its other env copies."""
 
 
 class Family(Protocol):

@@ -15,7 +15,7 @@ tokens, token budget of the whole (mini)batch) is passed in, never recomputed fr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -208,6 +208,32 @@ def advantages(
     if scale == "std":
         adv = std_scale(adv, returns, mask, std_floor)
     return adv * mask
+
+
+# ---- agent- and turn-wise grouping by state (AT-GRPO) ---------------------------------------------
+def state_group_ids(keys: Sequence[Hashable]) -> torch.Tensor:
+    """The group of each sample: samples whose keys are equal (same agent, turn and state, e.g. the prompt
+    it was sampled from) share one; groups are numbered in order of first appearance. [S] keys -> [S] long."""
+    index: dict[Hashable, int] = {}
+    return torch.tensor([index.setdefault(k, len(index)) for k in keys], dtype=torch.long)
+
+
+def state_group_advantages(
+    returns: torch.Tensor, groups: torch.Tensor, scale: str = "std", std_floor: float = 0.0
+) -> torch.Tensor:
+    """AT-GRPO (PettingLLMs, arXiv 2510.11062): A_s = R_s − mean of R over the samples of
+    its (state, agent, turn) group, divided with `scale` "std" by max(std of the group, floor) + 1e-6
+    (unbiased std, as `group_std`); "none" leaves it unscaled. A group of one gets 0.
+    Shapes: returns, groups [S] (groups from `state_group_ids`) -> [S]."""
+    groups = groups.to(returns.device)
+    k = int(groups.max()) + 1 if groups.numel() else 0
+    n = torch.zeros(k, dtype=returns.dtype, device=returns.device).index_add_(0, groups, torch.ones_like(returns))
+    mean = torch.zeros_like(n).index_add_(0, groups, returns) / n  # [K]
+    adv = returns - mean[groups]
+    if scale == "std":
+        var = torch.zeros_like(n).index_add_(0, groups, adv**2) / (n - 1).clamp(min=1)
+        adv = adv / (var.sqrt().clamp(min=std_floor)[groups] + 1e-6)
+    return adv
 
 
 def running_mean_update(

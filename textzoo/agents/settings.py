@@ -133,6 +133,9 @@ class ReinforceConfig:
     reinforce_baseline: str = "none"
     """For estimator reinforce: "none", "running_mean" (mean of past returns, momentum 0.9) or "per_role"
     (RAE: an average of the returns of the role each sample played, momentum 0.95; for self-play)."""
+    tree_rollout: bool = False
+    """atgrpo only: after each turn keep each prompt's best branch (team reward of the turn; ties: the first)
+    and copy it to the prompt's other G − 1 env copies, so every turn's G samples come from one state."""
 
     def __post_init__(self) -> None:
         check_fields(self, "reinforce.")

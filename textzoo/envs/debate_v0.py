@@ -39,6 +39,12 @@ path, a `datasets.Dataset` or a list of dicts with a question and an answer (fie
 `answer_field`; the answer a number or a string holding one). `split="train"|"eval"|"all"` keeps
 items k with k % 5 != 4 | k % 5 == 4 | all (`textzoo.envs._sources`).
 
+Presets (`PRESETS`, `textzoo.envs.presets`): `one-digit-sums`, the 100 questions "What is a + b?" for
+one-digit a, b (`one_digit_sums`; 20 held out), 2 debaters, 2 turns, 48 tokens each. Measured zero-shot
+(`benchmarks/preset_probe.py`, SmolLM2-135M-Instruct, chat format, 12 held-out items, G = 4 at
+temperature 1): greedy solved 0.667, sampled 0.073, pass@4 0.583; valid 0.88; 53% / 68% of the two
+debaters' sampled completions hit the 48-token budget (the last number of a cut reply is its answer).
+
 Version history:
 - v0: first version.
 """
@@ -59,12 +65,29 @@ from pettingzoo.utils.conversions import parallel_to_aec
 
 from textzoo.envs._sources import check_split, load_records, split_indices
 from textzoo.envs.base import StepResult, TextParallelEnv
+from textzoo.envs.presets import TaskPreset
 from textzoo.errors import EnvError
 
 WEIGHTS: dict[str, float] = {"solved": 0.7, "agreement": 0.2, "valid": 0.1}
 TERMS = tuple(WEIGHTS)
 ITEM_SEED = 53
 ANSWER_MARK = "####"
+
+
+def one_digit_sums() -> list[dict[str, Any]]:
+    """The 100 questions "What is a + b?" for one-digit a, b (in a fixed shuffled order), with their sums."""
+    pairs = [(a, b) for a in range(10) for b in range(10)]
+    random.Random(ITEM_SEED).shuffle(pairs)
+    return [{"question": f"What is {a} + {b}?", "answer": a + b} for a, b in pairs]
+
+
+PRESETS: dict[str, TaskPreset] = {
+    "one-digit-sums": TaskPreset(
+        {"dataset": one_digit_sums(), "num_agents": 2, "turns": 2, "response_chars": 200},
+        {"debater_0": 48, "debater_1": 48},
+    ),
+}
+"""Settings a small model can start from (module docstring, Presets)."""
 
 FIRST_PROMPT = (
     "Solve the problem.\n{question}\n"

@@ -32,6 +32,10 @@ order while the puzzle keeps exactly one solution (checked by an exhaustive solv
 `num_items` (default 1000) sets the pool; `split="train"|"eval"|"all"` keeps puzzles k with
 k % 5 != 4 | k % 5 == 4 | all (`textzoo.envs._sources`).
 
+Presets (`PRESETS`, `textzoo.envs.presets`): `4x4-2-blanks`, two empty cells, 2 turns; budgets tool
+256, plan 64 tokens (16 digits and a few words). Not measured: the probe of PlanPath's preset took 17
+minutes on the loaded 2-core machine and this one did not fit the session.
+
 Version history:
 - v0: first version.
 """
@@ -47,6 +51,7 @@ from typing import Any
 from pettingzoo.utils.conversions import parallel_to_aec
 
 from textzoo.envs._toolplan import Outcome, ToolPlanEnv
+from textzoo.envs.presets import TaskPreset
 from textzoo.envs.sandbox import SandboxLimits
 from textzoo.errors import EnvError
 
@@ -55,6 +60,10 @@ BOX = 2
 CELLS = SIZE * SIZE
 MAX_BLANKS = 12  # a 4x4 Sudoku needs at least 4 givens for a unique solution
 ITEM_SEED = 17
+PRESETS: dict[str, TaskPreset] = {
+    "4x4-2-blanks": TaskPreset({"blanks": 2, "turns": 2}, {"tool": 256, "plan": 64}),
+}
+"""Settings a small model can start from (module docstring, Presets)."""
 _ATTEMPTS = 500
 Grid = tuple[tuple[int, ...], ...]
 

@@ -20,6 +20,7 @@ from textzoo.errors import ConfigError
 
 if TYPE_CHECKING:
     from textzoo.agents.actor_critic import ActorCriticFamily
+    from textzoo.agents.atgrpo import ATGRPOFamily
     from textzoo.agents.critic import Critic
     from textzoo.agents.family import Family
     from textzoo.agents.preference import MADPOFamily
@@ -88,6 +89,13 @@ def build_reinforce(cfg: TrainConfig, actors: list[Actor], estimator: str) -> Re
     )
 
 
+def build_atgrpo(cfg: TrainConfig, actors: list[Actor]) -> ATGRPOFamily:
+    """AT-GRPO: the reinforce family's loss on advantages grouped by (state, agent, turn)."""
+    from textzoo.agents.atgrpo import ATGRPOFamily
+
+    return ATGRPOFamily(cfg.reinforce, actors, cfg.gamma, cfg.credit, cfg.normalize_per_agent)
+
+
 def build_actor_critic(cfg: TrainConfig, actors: list[Actor], centralized: bool) -> ActorCriticFamily:
     """IAC / IPPO (a critic per trainable actor) or MAAC / MAPPO (one centralized critic)."""
     from textzoo.agents.actor_critic import ActorCriticFamily, critic_name
@@ -143,6 +151,24 @@ def build_marlhf(cfg: TrainConfig, actors: list[Actor]) -> Family:
 
 
 # ---- rules -----------------------------------------------------------------------------------------
+def _check_no_tree(cfg: TrainConfig) -> None:
+    if cfg.reinforce.tree_rollout:
+        raise ConfigError(f"reinforce.tree_rollout is AT-GRPO's rollout and {cfg.algo} ignores it: use algo='atgrpo'")
+
+
+def _check_atgrpo(cfg: TrainConfig) -> None:
+    if cfg.group_size < 2:
+        raise ConfigError(f"atgrpo compares the samples of a state: set group_size >= 2 (got {cfg.group_size})")
+    if cfg.reinforce.joint_mode == "cross":
+        raise ConfigError("atgrpo groups aligned samples by state: use reinforce.joint_mode='aligned'")
+    _check_acting_role(cfg)
+    if cfg.reinforce.reinforce_baseline != "none":
+        raise ConfigError(
+            "reinforce.reinforce_baseline is estimator reinforce's (algo mareinforce); atgrpo's baseline "
+            "is its state group's mean: leave it 'none'"
+        )
+
+
 def _check_reinforce(cfg: TrainConfig, estimator: str) -> None:
     check_estimator(estimator, cfg.group_size)
     if cfg.credit == "acting_role" and (estimator == "remax" or cfg.reinforce.joint_mode == "cross"):
@@ -156,6 +182,7 @@ def _check_reinforce(cfg: TrainConfig, estimator: str) -> None:
             f"reinforce.reinforce_baseline='per_role' is the baseline of estimator reinforce (algo mareinforce), "
             f"not {estimator}: use --algo mareinforce"
         )
+    _check_no_tree(cfg)
     if cfg.reinforce.joint_mode == "cross" and cfg.collaboration == "centralized":
         raise ConfigError(
             "reinforce.joint_mode='cross' combines the samples of different agents, and a centralized team "
@@ -182,6 +209,7 @@ def _check_acting_role(cfg: TrainConfig) -> None:
 def _check_actor_critic(cfg: TrainConfig, centralized: bool) -> None:
     _check_acting_role(cfg)
     check_actor_critic(cfg.actor_critic, centralized, cfg.credit)
+    _check_no_tree(cfg)
     if cfg.reinforce.joint_mode == "cross":
         raise ConfigError(
             f"{cfg.algo} learns from aligned joint samples and would ignore reinforce.joint_mode='cross' "
@@ -193,6 +221,8 @@ def _check_preference(cfg: TrainConfig) -> None:
     _check_acting_role(cfg)
     if cfg.iterations < 1 or cfg.steps % cfg.iterations:
         raise ConfigError(f"iterations ({cfg.iterations}) must be >= 1 and divide steps ({cfg.steps})")
+    if cfg.algo.lower() != "marlhf":  # marlhf's online algorithm checks its own rollout settings
+        _check_no_tree(cfg)
     if cfg.reinforce.joint_mode == "cross":
         raise ConfigError("preference algorithms pair aligned joint samples: set reinforce.joint_mode='aligned'")
 
@@ -258,6 +288,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "marloo": _reinforce("rloo"),
     "maremax": _reinforce("remax"),
     "mareinforce": _reinforce("reinforce"),
+    "atgrpo": Algorithm("reinforce", build_atgrpo, check=_check_atgrpo),
     "iac": _actor_critic(centralized=False, clip_range=None, epochs=1),
     "maac": _actor_critic(centralized=True, clip_range=None, epochs=1),
     "ippo": _actor_critic(centralized=False, clip_range=0.2, epochs=2),

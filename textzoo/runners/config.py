@@ -195,7 +195,7 @@ class TrainConfig:
     eval_env_kwargs: JsonDict = field(default_factory=lambda: {"split": "eval"})
     """Extra env arguments for held-out evaluation (merged over env_kwargs)."""
     algo: str = "magrpo"
-    """magrpo | marloo | maremax | mareinforce | iac | maac | ippo | mappo | madpo | marlhf (ippo/mappo =
+    """magrpo | marloo | maremax | mareinforce | atgrpo | iac | maac | ippo | mappo | madpo | marlhf (ippo/mappo =
     iac/maac with actor_critic.clip_range 0.2 and epochs 2 unless those are set; marlhf trains `rl_algo`
     on a reward model's rewards)."""
     collaboration: Literal["decentralized", "centralized"] = "decentralized"
@@ -246,6 +246,9 @@ class TrainConfig:
     """torch intra-op threads (0 = leave torch's default)."""
     progress: bool = True
     """Show a progress bar on the console (and a table of held-out completions at each evaluation)."""
+    no_signal_steps: int = 5
+    """Warn (log) when this many consecutive steps had no gradient signal (every advantage 0, or every
+    group's rewards equal; `textzoo.runners.diagnostics`); 0 = never."""
     log_completions: int = 2
     """Episodes per step (and per evaluation) whose prompts as sent, completions and rewards go to
     RUN_DIR/samples.jsonl (and TensorBoard / W&B when on); 0 = none."""
@@ -287,6 +290,8 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.credit not in CREDITS:
             raise ConfigError(f"credit must be one of {CREDITS}, got {self.credit!r}")
+        if self.no_signal_steps < 0:
+            raise ConfigError(f"no_signal_steps must be >= 0 (0 = never warn), got {self.no_signal_steps}")
         if self.log_completions < 0:
             raise ConfigError(f"log_completions must be >= 0 (0 = none), got {self.log_completions}")
         if self.joint_format not in JOINT_FORMATS:

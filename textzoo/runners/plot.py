@@ -27,7 +27,9 @@ PANELS = (
     ("reward model", lambda k: k in RM_KEYS),
     ("loss", lambda k: k.startswith("agent/") and k.endswith("/loss")),
     ("KL", lambda k: k.startswith("agent/") and k.endswith("/kl")),
-    ("completion tokens", lambda k: k.endswith("/completion_len")),
+    ("completion tokens", lambda k: k.endswith("/completion_len") and "/turn" not in k),
+    # groups with no reward variance (no gradient) and completions cut by the token budget, per agent
+    ("learning signal", lambda k: k.endswith(("/frac_reward_zero_std", "/truncated")) and "/turn" not in k),
     ("action characters per role", lambda k: k.startswith("role/") and k.endswith("/completion_chars")),
 )
 

@@ -70,15 +70,18 @@ class Collector:
         *,
         greedy: bool = False,
         cross: bool = False,
+        tree: bool = False,
     ) -> Rollout:
         """Play every prompt `items[b]` (env seed `seeds[b]`) `group_size` times, turn by turn until every
-        env copy is done; with `cross`, also score every combination of the actors' samples."""
+        env copy is done; with `cross`, also score every combination of the actors' samples; with `tree`,
+        after each turn continue every prompt's best branch in all its copies (`_branch`)."""
         B, G = len(items), group_size
         envs = [self._env(e) for e in range(B * G)]
         resets = [envs[e].reset(seed=int(seeds[e // G]), options={"index": int(items[e // G])}) for e in range(B * G)]
         obs, infos = [r[0] for r in resets], [r[1] for r in resets]
         record = _Record(len(envs), self.roles, len(self.actors))
         live, t = list(range(len(envs))), 0
+        paths: list[list[dict[str, str]]] = [[] for _ in envs]  # each copy's joint actions so far (tree)
         while live:
             record.states.append([envs[e].state() if e in set(live) else "" for e in range(len(envs))])
             requests = self._requests(live, obs, infos)
@@ -88,13 +91,53 @@ class Collector:
             actions = self._actions(requests, gens, live, t, greedy, record)
             start = time.perf_counter()
             results = self._map(lambda e, actions=actions: envs[e].step(actions[e]), live)
-            record.time_env += time.perf_counter() - start
+            played = live
             live = record.step(live, results, obs, infos)
+            if tree:
+                live = self._branch(envs, played, live, actions, paths, record.rewards[-1], obs, infos, items, seeds, G)
+            record.time_env += time.perf_counter() - start
             t += 1
         rollout = record.rollout(B, G, self.actors, items)
         if cross:
             rollout.cross_rewards = self._cross(rollout, items, seeds)
         return rollout
+
+    def _branch(
+        self,
+        envs: list[Any],
+        played: list[int],
+        live: list[int],
+        actions: dict[int, dict[str, str]],
+        paths: list[list[dict[str, str]]],
+        rewards: torch.Tensor,
+        obs: list[dict],
+        infos: list[dict],
+        items: Sequence[int],
+        seeds: Sequence[int],
+        G: int,
+    ) -> list[int]:
+        """Tree rollout: of each prompt's copies that played this turn, the one with the best team reward
+        (`rewards` [E, R]; ties: the first) is rebuilt in the others (reset, then its joint actions replayed:
+        tasks are deterministic given seed, item and actions). Returns the copies still live."""
+        for e in played:
+            paths[e].append(dict(actions[e]))
+        team = rewards.mean(-1)  # [E]
+        still = set(live)
+        for b in sorted({e // G for e in played}):
+            copies = [e for e in played if e // G == b]
+            best = max(copies, key=lambda e: (float(team[e]), -e))
+            for e in copies:
+                if e == best:
+                    continue
+                paths[e] = [dict(a) for a in paths[best]]
+                o, info = envs[e].reset(seed=int(seeds[b]), options={"index": int(items[b])})
+                for joint in paths[e]:
+                    o, _, _, _, info = envs[e].step(joint)
+                obs[e], infos[e] = o, info
+                still.discard(e)
+                if best in still:
+                    still.add(e)
+        return sorted(still)
 
     def _requests(self, live: list[int], obs: list[dict], infos: list[dict]) -> list[_Request]:
         """Who generates this turn: per actor, the live env copies where one of its roles is active."""

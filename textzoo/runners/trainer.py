@@ -36,6 +36,7 @@ from textzoo.runners.checkpoint import (
     write_checkpoint,
 )
 from textzoo.runners.config import TrainConfig, from_dict, precisions_as_in, save_config, to_dict
+from textzoo.runners.diagnostics import no_signal_streak, signal_metrics
 from textzoo.runners.distributed import DistContext, merge_rows
 from textzoo.runners.placement import format_placement, place_models, team_models, visible_devices
 from textzoo.runners.preemption import GracefulStop, agree
@@ -81,6 +82,7 @@ RESUME_SAFE = frozenset(
         "num_processes",
         "sharding",
         "agent.device",
+        "no_signal_steps",
     }
 )
 """Config fields a resumed run may change: they do not alter what was learned so far. A longer `steps`
@@ -220,7 +222,7 @@ class Trainer:
         needs = self.family.needs
         with self.full_weights():  # sharded models whole from sampling to the jobs (no collectives inside)
             with self._phase("generate"):
-                rollout = self.collector.collect(items, seeds, cfg.group_size, cross=needs.cross)
+                rollout = self.collector.collect(items, seeds, cfg.group_size, cross=needs.cross, tree=needs.tree)
                 self.rollouts["train"] = rollout
                 if needs.greedy:
                     rollout.greedy = self.collector.collect(items, seeds, 1, greedy=True)
@@ -239,6 +241,9 @@ class Trainer:
         t_update = time.perf_counter()
         self.step += 1
         row = {"step": self.step, **rollout_metrics(rollout), **hook_stats, **family_stats}
+        budgets = {a.id: a.policy.generation.max_new_tokens for a in self.actors}
+        ends = {a.id: getattr(a.policy, "eos_ids", ()) for a in self.actors}
+        row.update(signal_metrics(rollout, budgets, ends, cfg.credit, cfg.gamma))
         for learner, stats in update_stats.items():
             row.update({f"agent/{learner}/{k}": v for k, v in stats.items()})
         for actor_id, learner in self.learners.items():
@@ -330,6 +335,9 @@ class Trainer:
                         self.save_checkpoint()
                     break
                 row = self.train_step()
+                if main:  # the streak continues from the last logged row (resume-safe)
+                    previous = self.history[-1] if self.history else None
+                    row["no_signal_streak"] = no_signal_streak(row, previous, cfg.no_signal_steps)
                 last = self.step == cfg.steps
                 evaluated = (cfg.eval_every and self.step % cfg.eval_every == 0) or last
                 if evaluated:

@@ -1,0 +1,51 @@
+"""Task presets (`textzoo.envs.presets`): the fields they set, and that each one makes its task."""
+
+import pytest
+
+from textzoo.envs import make
+from textzoo.envs.debate_v0 import PRESETS as DEBATE
+from textzoo.envs.debate_v0 import one_digit_sums
+from textzoo.envs.planpath_v0 import PRESETS as PLANPATH
+from textzoo.envs.presets import TaskPreset
+from textzoo.envs.sudoku_v0 import PRESETS as SUDOKU
+from textzoo.runners.config import TrainConfig
+
+ALL = [
+    ("textzoo/Debate-v0", DEBATE),
+    ("textzoo/PlanPath-v0", PLANPATH),
+    ("textzoo/Sudoku-v0", SUDOKU),
+]
+
+
+def test_train_fields_by_hand():
+    preset = TaskPreset({"size": 4}, {"tool": 160, "plan": 32})
+    assert preset.train_fields() == {
+        "env_kwargs": {"size": 4},
+        "agent_overrides": {"tool": {"max_new_tokens": 160}, "plan": {"max_new_tokens": 32}},
+    }
+    assert preset.train_fields("centralized") == {"env_kwargs": {"size": 4}, "joint_max_new_tokens": 192}
+
+
+@pytest.mark.parametrize("env_id,presets", ALL, ids=[e for e, _ in ALL])
+def test_every_preset_makes_its_task_and_a_valid_config(env_id, presets):
+    for name, preset in presets.items():
+        env = make(env_id, split="eval", **preset.env_kwargs)
+        obs, _ = env.reset(seed=0, options={"index": 0})
+        assert sorted(preset.max_new_tokens) == sorted(env.possible_agents), name
+        for mode in ("decentralized", "centralized"):
+            TrainConfig(env=env_id, collaboration=mode, **preset.train_fields(mode))
+        env.close()
+
+
+def test_the_presets_are_the_easy_settings_they_name():
+    sums = one_digit_sums()
+    assert len(sums) == 100 and len({s["question"] for s in sums}) == 100
+    for s in sums:
+        a, b = (int(x) for x in s["question"].removeprefix("What is ").removesuffix("?").split(" + "))
+        assert s["answer"] == a + b and 0 <= a <= 9 and 0 <= b <= 9
+    env = make("textzoo/PlanPath-v0", **PLANPATH["open-4x4"].env_kwargs)
+    env.reset(seed=0, options={"index": 3})
+    assert "#" not in "".join(env.puzzle.rows) and len(env.puzzle.rows) == 4
+    env = make("textzoo/Sudoku-v0", **SUDOKU["4x4-2-blanks"].env_kwargs)
+    obs, _ = env.reset(seed=0, options={"index": 3})
+    assert len(env.puzzle.blanks) == 2
