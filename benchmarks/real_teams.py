@@ -10,7 +10,8 @@ Per task (a preset of its module, `textzoo.envs.presets`), on the same held-out 
 - **trained, decentralized** and **trained, centralized** (one joint actor): MAGRPO and AT-GRPO (with its
   tree rollout), plus IAC (decentralized, value heads on the actors' trunks) on the first task.
 
-Each trained cell is one `Trainer` run (LoRA rank 16 on one shared base, fp32, chat format), evaluated
+Each trained cell is one `Trainer` run (LoRA rank 16 on one shared base, chat format, the default
+precision "auto": bf16-mixed on a CPU or GPU with native bf16, else fp32; each run's config.json records it), evaluated
 greedily on `--eval-prompts` held-out items at step 0 and at the end; the table shows `solved` (the
 share of final answers that solve the item: `eval/greedy/reward/solved`), the format terms apart from
 solving, the command that reproduces the cell, steps, samples (steps x B x G episodes), and wall time.
