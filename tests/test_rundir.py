@@ -8,6 +8,7 @@ import torch
 
 from textzoo.errors import ConfigError
 from textzoo.runners import checkpoint as ck
+from textzoo.runners.cli import main as cli_main
 from textzoo.runners.config import AgentConfig, TrainConfig
 from textzoo.runners.rundir import holds_run, start_fresh
 from textzoo.runners.trainer import Trainer
@@ -74,3 +75,16 @@ def test_resume_auto_that_finds_nothing_is_refused_too(tmp_path):
     with pytest.raises(ConfigError, match="--resume auto cannot continue"):
         Trainer(dataclasses.replace(CFG, run_dir=str(tmp_path)), resume="auto").train()
     assert _steps(tmp_path) == [0]
+
+
+def test_cli_refuses_a_rerun_and_overwrite_starts_over(tmp_path, capsys):
+    args = ["train", "--run-dir", str(tmp_path), "--steps", "1", "--batch-prompts", "2", "--group-size", "2"]
+    args += ["--agent.max-new-tokens", "4", "--eval-prompts", "1", "--threads", "1", "--no-progress", "--no-plot"]
+    assert cli_main(args) == 0
+    capsys.readouterr()
+    assert cli_main(args) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run" in err and "--resume auto" in err and "--overwrite" in err
+    assert _steps(tmp_path) == [0, 1]
+    assert cli_main([*args, "--overwrite"]) == 0
+    assert _steps(tmp_path) == [0, 1]
