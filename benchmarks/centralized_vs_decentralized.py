@@ -112,6 +112,7 @@ def run_one(algo: str, env: str, mode: str, seed: int, args: Args, n_layer: int,
         group_size=args.group_size,
         eval_prompts=args.eval_prompts,
         run_dir=str(run_dir),
+        overwrite=True,  # a rerun of the benchmark starts its runs over
         progress=False,
         plot=False,
         threads=1,

@@ -151,6 +151,7 @@ def textzoo_config(a: Args, batch_prompts: int) -> TrainConfig:
         progress=False,
         plot=False,
         run_dir="runs/peer-comlrl-textzoo",
+        overwrite=True,  # each measurement starts over
         generate_workers=a.workers,
         update=UpdateConfig(micro_batch_size=a.micro_batch_size, parallel_jobs=a.workers),
     )

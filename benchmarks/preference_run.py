@@ -79,7 +79,7 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def build(task: str, variant: dict[str, Any], seed: int, args, steps: int | None = None) -> TrainConfig:
     base = to_dict(TrainConfig())
     data = merge(merge(base, TASKS[task]), variant)
-    data.update(seed=seed, progress=False, plot=True, eval_prompts=args.eval_prompts, threads=1)
+    data.update(seed=seed, progress=False, plot=True, eval_prompts=args.eval_prompts, threads=1, overwrite=True)
     data["steps"] = steps or args.steps
     return from_dict(TrainConfig, data)
 

@@ -190,7 +190,7 @@ def config_for(args: Args, mode: str, precision: str = "auto"):
 
     run_dir = str(Path(args.out) / (mode if mode == "tiny" else f"{mode}-{precision}"))
     if mode == "tiny":
-        return TrainConfig(run_dir=run_dir, progress=False, threads=args.threads, seed=args.seed)
+        return TrainConfig(run_dir=run_dir, overwrite=True, progress=False, threads=args.threads, seed=args.seed)
     if args.model:
         model = args.model
     else:
@@ -219,6 +219,7 @@ def config_for(args: Args, mode: str, precision: str = "auto"):
         seed=args.seed,
         progress=False,
         run_dir=run_dir,
+        overwrite=True,  # a rerun of the benchmark starts its runs over
     )
 
 

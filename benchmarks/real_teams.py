@@ -123,6 +123,7 @@ def cell_config(args: Args, model: str, task: str, algo: str, mode: str, seed: i
         progress=False,
         log_completions=1,
         run_dir=str(Path(args.out) / task / f"{label}-s{seed}"),
+        overwrite=True,  # a rerun of the benchmark starts its runs over
     )
 
 

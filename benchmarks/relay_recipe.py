@@ -148,6 +148,7 @@ def train_config(args: RecipeArgs, sender_dir: str, symbols: list[str], code_len
         group_size=args.group_size,
         seed=args.seed,
         run_dir=args.run_dir,
+        overwrite=True,  # a rerun starts over (the warmed-up sender in sender-sft/ is not the run's: it stays)
         eval_every=args.eval_every,
         threads=args.threads,
         progress=args.progress,

@@ -98,6 +98,7 @@ def config(a: Args) -> TrainConfig:
         plot=False,
         generate_workers=a.generate_workers,
         run_dir="/tmp/textzoo-throughput",
+        overwrite=True,  # each measurement starts over
         update=UpdateConfig(
             micro_batch_size=a.micro_batch_size,
             per_sample_backward=a.per_sample_backward,

@@ -232,6 +232,9 @@ class TrainConfig:
     """Seed of models, data order and sampling."""
     run_dir: str = ""
     """Output folder; empty = runs/<env>-<algo>-<seed>-<timestamp>."""
+    overwrite: bool = False
+    """Start over in a run dir that already holds a run (its metrics, samples and checkpoints are deleted
+    first); without it such a run dir is refused (continue it with --resume auto instead)."""
     eval_every: int = 0
     """Evaluate on held-out items every k steps (0 = only at the start and the end)."""
     eval_prompts: int = 16

@@ -49,6 +49,7 @@ from textzoo.runners.resources import (
     write_failure,
 )
 from textzoo.runners.rollout import Collector, prompt_seed
+from textzoo.runners.rundir import start_fresh
 from textzoo.runners.samples import SamplesLog, sample_rows, samples_table
 from textzoo.runners.schedule import build_schedule
 from textzoo.runners.tracking import build_trackers
@@ -67,6 +68,7 @@ RESUME_SAFE = frozenset(
     {
         "steps",
         "run_dir",
+        "overwrite",
         "progress",
         "log_completions",
         "plot",
@@ -183,6 +185,7 @@ class Trainer:
         self.hooks = algorithm.hooks(cfg)
         for hook in self.hooks:
             hook.attach(self)
+        self._resume_tried = resume == "auto"
         if resume == "auto":
             found = find_resumable(cfg) if self.dist.is_main else None
             resume = self.dist.broadcast(found) if self.dist.enabled else found
@@ -208,6 +211,7 @@ class Trainer:
         self.resumed_step: int | None = None  # the step of the checkpoint this run resumed from
         self._team_models = team_models(self.actors, self.family)
         self.history: list[dict[str, Any]] = []
+        self._claimed = False  # whether train() has checked (or cleared) the run dir for this run
         if resume:
             self._resume()
 
@@ -308,10 +312,14 @@ class Trainer:
 
         Replica 0 writes every file; the other replicas only train. A SIGTERM or first Ctrl-C (on any
         replica) ends the run after the current step with a checkpoint; `stopped_by` then names the
-        signal (None after a full run). The run dir is checked for room first (`ResourceError`).
+        signal (None after a full run). The run dir is checked for room first (`ResourceError`); a fresh
+        run refuses a run dir that already holds a run unless `cfg.overwrite` (`ConfigError`).
         """
         cfg = self.cfg
         main = self.dist.is_main
+        if main and self.resumed_step is None and not self._claimed:
+            start_fresh(self.run_dir, cfg.overwrite, self._resume_tried)  # refuses a run dir holding a run
+        self._claimed = True
         if main:
             check_run_dir(self.run_dir, *checkpoint_bytes(self.learners))  # writable, with room for a checkpoint
             save_config(cfg, self.run_dir / "config.json")
