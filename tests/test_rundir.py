@@ -70,11 +70,18 @@ def test_rerun_refused_then_overwrite_starts_over_then_resume(tmp_path):
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
-def test_resume_auto_that_finds_nothing_is_refused_too(tmp_path):
-    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n')  # a run killed before its first checkpoint
+def test_resume_auto_restarts_a_run_without_checkpoints_and_refuses_another_configs(tmp_path):
+    # a run killed before its first checkpoint: resume auto starts it over (no duplicated rows)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "stale": 1}\n')
+    Trainer(dataclasses.replace(CFG, run_dir=str(tmp_path)), resume="auto").train()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1] and not any("stale" in r for r in rows)
+    # checkpoints of another config are not this run's to delete: refused, nothing touched
+    other = dataclasses.replace(CFG, run_dir=str(tmp_path), seed=CFG.seed + 1)
     with pytest.raises(ConfigError, match="--resume auto cannot continue"):
-        Trainer(dataclasses.replace(CFG, run_dir=str(tmp_path)), resume="auto").train()
-    assert _steps(tmp_path) == [0]
+        Trainer(other, resume="auto").train()
+    assert _steps(tmp_path) == [0, 1]
+    assert ck.list_checkpoints(tmp_path)
 
 
 def test_cli_refuses_a_rerun_and_overwrite_starts_over(tmp_path, capsys):
