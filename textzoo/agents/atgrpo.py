@@ -24,14 +24,11 @@ import torch
 
 from textzoo.agents.batch import Job, Rollout
 from textzoo.agents.family import RolloutNeeds, policy_jobs, trainable_samples
-from textzoo.agents.inference import score_no_grad
 from textzoo.agents.policy import Policy
-from textzoo.agents.reinforce import ReinforceConfig, reinforce_loss
+from textzoo.agents.reinforce import ReinforceConfig, reference_log_ratios, reinforce_loss
 from textzoo.agents.rlmath import (
     credited_rewards,
     discounted_returns,
-    k1_log_ratio,
-    k3_kl,
     kl_shaped_rewards,
     state_group_advantages,
     state_group_ids,
@@ -81,18 +78,9 @@ class ATGRPOFamily:
         rewards = credited_rewards(rollout.rewards, rollout.actor_roles, self.credit)  # [E, A, T]
         samples = trainable_samples(rollout, self.actors)
         stats: dict[str, float] = {}
-        refs: dict[str, torch.Tensor] = {}
-        if cfg.kl_coef > 0:
-            log_ratio = torch.zeros_like(rewards)  # [E, A, T]
-            for ai, actor_id in enumerate(rollout.actors):
-                if actor_id in samples and actor_id in self.references:
-                    s = samples[actor_id]
-                    refs[actor_id] = score_no_grad(self.references[actor_id], s.gen)
-                    lp, ref, mask = s.gen.logprobs.cpu(), refs[actor_id].cpu(), s.gen.completion_mask.cpu().float()
-                    log_ratio[s.env_ids, ai, s.turns] = k1_log_ratio(lp, ref, mask).to(log_ratio.dtype)
-                    stats[f"agent/{actor_id}/kl"] = float(k3_kl(lp, ref, mask).mean())
-            if cfg.kl_in == "reward":
-                rewards = kl_shaped_rewards(rewards, log_ratio, cfg.kl_coef)
+        refs, log_ratio = reference_log_ratios(rollout, samples, self.references, rewards, stats)
+        if cfg.kl_coef > 0 and cfg.kl_in == "reward":
+            rewards = kl_shaped_rewards(rewards, log_ratio, cfg.kl_coef)
         returns = rewards if cfg.tree_rollout else discounted_returns(rewards, self.gamma)  # [E, A, T]
         adv = torch.zeros_like(returns)
         for ai, actor_id in enumerate(rollout.actors):

@@ -27,7 +27,7 @@ from functools import partial
 
 import torch
 
-from textzoo.agents.batch import Job, Rollout, SampleBatch
+from textzoo.agents.batch import ActorSamples, Job, Rollout, SampleBatch
 from textzoo.agents.family import RolloutNeeds, policy_jobs, trainable_samples
 from textzoo.agents.inference import score_no_grad
 from textzoo.agents.policy import Policy
@@ -50,6 +50,28 @@ from textzoo.agents.rlmath import (
 from textzoo.agents.settings import ReinforceConfig, check_estimator
 from textzoo.agents.team import Actor, frozen_references, reference_models
 from textzoo.errors import ConfigError
+
+
+def reference_log_ratios(
+    rollout: Rollout,
+    samples: dict[str, ActorSamples],
+    references: dict[str, Policy],
+    like: torch.Tensor,
+    stats: dict[str, float],
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Each sample's reference log-probs (actor -> [S, C], on the reference's device) and its k1 log-ratio
+    to the reference, summed over tokens ([E, A, T], shaped and typed as `like`); logs the k3 KL per actor."""
+    refs: dict[str, torch.Tensor] = {}
+    log_ratio = torch.zeros_like(like)  # [E, A, T]
+    for ai, actor_id in enumerate(rollout.actors):
+        if actor_id not in samples or actor_id not in references:
+            continue
+        s = samples[actor_id]
+        refs[actor_id] = score_no_grad(references[actor_id], s.gen)
+        lp, ref, mask = s.gen.logprobs.cpu(), refs[actor_id].cpu(), s.gen.completion_mask.cpu().float()
+        log_ratio[s.env_ids, ai, s.turns] = k1_log_ratio(lp, ref, mask).to(log_ratio.dtype)
+        stats[f"agent/{actor_id}/kl"] = float(k3_kl(lp, ref, mask).mean())  # the low-variance estimate
+    return refs, log_ratio
 
 
 # ---- the family ---------------------------------------------------------------------------------
@@ -101,16 +123,7 @@ class ReinforceFamily:
         T = rewards.shape[-1]
         stats: dict[str, float] = {}
         samples = trainable_samples(rollout, self.actors)
-        refs: dict[str, torch.Tensor] = {}  # actor -> reference log-probs [S, C] (on the reference's device)
-        log_ratio = torch.zeros_like(rewards)  # [E, A, T] k1 of each sample
-        for ai, actor_id in enumerate(rollout.actors):
-            if actor_id not in samples or actor_id not in self.references:
-                continue
-            s = samples[actor_id]
-            refs[actor_id] = score_no_grad(self.references[actor_id], s.gen)
-            lp, ref, mask = s.gen.logprobs.cpu(), refs[actor_id].cpu(), s.gen.completion_mask.cpu().float()
-            log_ratio[s.env_ids, ai, s.turns] = k1_log_ratio(lp, ref, mask).to(log_ratio.dtype)
-            stats[f"agent/{actor_id}/kl"] = float(k3_kl(lp, ref, mask).mean())  # the low-variance estimate
+        refs, log_ratio = reference_log_ratios(rollout, samples, self.references, rewards, stats)
         shaping = cfg.kl_coef > 0 and cfg.kl_in == "reward"
 
         mask = rollout.active.to(rewards.dtype).view(B, G, A, T)
