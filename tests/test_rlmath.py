@@ -134,9 +134,16 @@ def test_four_estimators_differ_on_same_rewards():
 
 
 def test_zero_variance_group_has_zero_advantage():
-    for est in ("grpo", "rloo"):
-        adv = advantages(group([0.7] * 4), ONES, est, scale="std")
-        assert torch.count_nonzero(adv) == 0
+    # remax and reinforce leave A = 0.7 − 0.25 and A = 0.7 before scaling: dividing those by 0 + 1e-6
+    # gave 4.5e5 and 7e5 (issue: mareinforce with G=2 equal rewards logged ~8e6 losses)
+    greedy = torch.tensor([0.25]).view(1, 1, 1)
+    for est in ("grpo", "rloo", "remax", "reinforce"):
+        adv = advantages(group([0.7] * 4), ONES, est, scale="std", greedy_returns=greedy)
+        assert torch.count_nonzero(adv) == 0, est
+    floored = advantages(group([0.7] * 4), ONES, "reinforce", scale="std", std_floor=0.5).flatten()
+    assert torch.allclose(floored, torch.full((4,), 0.7 / (0.5 + 1e-6)))
+    unscaled = advantages(group([0.7] * 4), ONES, "reinforce", scale="none").flatten()
+    assert torch.allclose(unscaled, torch.full((4,), 0.7))
 
 
 def test_std_floor_bounds_the_scale():

@@ -174,8 +174,11 @@ def group_std(returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def std_scale(adv: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, std_floor: float = 0.0) -> torch.Tensor:
     """A / (max(std_g R, floor) + 1e-6). It never re-centres, so the four baselines stay four different
-    estimators (CoMLRL re-centres by default, which makes all four GRPO). Shapes [B, G, ...]."""
-    return adv / (group_std(returns, mask).clamp(min=std_floor) + 1e-6)
+    estimators (CoMLRL re-centres by default, which makes all four GRPO). A group whose returns are all
+    equal (std 0, no floor) gets advantage 0: the remax and reinforce baselines leave A ≠ 0 there, and
+    A / 1e-6 would be a 10⁶-fold update from a group that carries no signal. Shapes [B, G, ...]."""
+    scale = group_std(returns, mask).clamp(min=std_floor)
+    return torch.where(scale > 0, adv / (scale + 1e-6), torch.zeros_like(adv))
 
 
 def advantages(
