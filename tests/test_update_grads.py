@@ -1,0 +1,37 @@
+"""`run_jobs` frees each learner's gradients after its job: the same weights as `run_job`, no gradients kept."""
+
+import torch
+
+from textzoo.agents.batch import Job, SampleBatch
+from textzoo.agents.policy import Policy
+from textzoo.agents.reinforce import ReinforceConfig, reinforce_loss
+from textzoo.runners.update import Learner, UpdateConfig, run_job, run_jobs
+
+
+def _setup():
+    policies = [Policy.tiny(seed=s) for s in (1, 2)]
+    jobs, learners = [], {}
+    for name, policy in zip("ab", policies):
+        torch.manual_seed(0)
+        gen = policy.generate([f"prompt {i} " * (i + 1) for i in range(6)])
+        batch = SampleBatch(gen, torch.linspace(-1, 1, 6))
+        loss = (lambda p: lambda b, n: reinforce_loss(p, ReinforceConfig(), b, n))(policy)
+        jobs.append(Job(name, batch, loss, max_new_tokens=32))
+        learners[name] = Learner(policy.model, torch.optim.AdamW(policy.model.parameters(), lr=1e-2))
+    return jobs, learners
+
+
+def test_run_jobs_frees_gradients_and_steps_like_run_job():
+    cfg = UpdateConfig(micro_batch_size=2)
+    jobs, learners = _setup()
+    kept = [run_job(job, learners[job.learner], cfg) for job in jobs]
+    assert all(p.grad is not None for x in learners.values() for p in x.params)  # run_job keeps them by default
+    want = [torch.cat([p.detach().flatten() for p in x.params]) for x in learners.values()]
+    jobs, learners = _setup()
+    freed = run_jobs(jobs, learners, cfg)
+    assert all(p.grad is None for x in learners.values() for p in x.params)
+    got = [torch.cat([p.detach().flatten() for p in x.params]) for x in learners.values()]
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    assert [freed[j.learner]["optimizer_steps"] for j in jobs] == [k["optimizer_steps"] for k in kept] == [1, 1]
+    assert not torch.equal(want[0], torch.cat([p.detach().flatten() for p in Policy.tiny(seed=1).model.parameters()]))
