@@ -5,7 +5,7 @@ vLLM is imported here only, when an engine is built (``pip install vllm`` on a G
 where the torchvision wheel it brings does not load with the installed torch). The engine runs in
 this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no engine-core subprocess), colocated with the
 trainer, from a private copy of the trainer's weights written at build time (a temporary folder,
-on tmpfs where there is one).
+on tmpfs where there is one, deleted once the engine has loaded it).
 
 Sampling settings map one to one onto ``SamplingParams``: ``max_tokens``, ``temperature`` (0 for
 greedy), ``top_p``, ``top_k`` (0 -> -1, off), ``stop`` with the stop string kept in the output,
@@ -26,12 +26,14 @@ timeout and raise `EngineError` instead of hanging.
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import importlib.util
 import itertools
 import logging
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -85,16 +87,27 @@ def _base_state_dict(base: Any) -> dict[str, torch.Tensor]:
 class VLLMEngine:
     """One in-process vLLM engine over a copy of a policy's model (module docstring)."""
 
-    def __init__(self, folder: Path, agent: Any, *, lora_rank: int = 0, max_loras: int = 0, seed: int = 0):
+    def __init__(
+        self,
+        folder: Path,
+        agent: Any,
+        *,
+        lora_rank: int = 0,
+        max_loras: int = 0,
+        seed: int = 0,
+        weights: torch.dtype = torch.float32,
+    ):
         vllm = _vllm()
+        dtype = agent.engine_dtype if agent.engine_dtype != "auto" else str(weights).removeprefix("torch.")
         self.folder = folder
         self._ids = itertools.count(1)
         self._adapters: dict[str, Any] = {}  # adapter key -> its current LoRARequest
         self._adapter_dirs: dict[str, Path] = {}
+        weakref.finalize(self, _remove, self._adapter_dirs)  # however the engine goes, its adapter folders go too
         kwargs: dict[str, Any] = dict(
             model=str(folder),
             tokenizer=str(folder),
-            dtype=agent.engine_dtype,
+            dtype=dtype,
             seed=seed,
             enforce_eager=agent.engine_enforce_eager,
             enable_prefix_caching=agent.engine_prefix_caching,
@@ -110,12 +123,13 @@ class VLLMEngine:
         try:
             self.llm = vllm.LLM(**kwargs)
         except Exception as e:
-            shutil.rmtree(folder, ignore_errors=True)
             raise EngineError(
                 f"the vLLM engine for {agent.model!r} did not start ({type(e).__name__}: {e}); check the model "
                 "(a folder or hub id vLLM supports), agent.engine_kv_cache_gb / agent.engine_memory (the memory it "
                 "may take) and agent.engine_max_model_len, or use --agent.engine local"
             ) from e
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)  # loaded: the weights live in the engine now (tmpfs is memory)
         self._params = vllm.SamplingParams
         from vllm.lora.request import LoRARequest
 
@@ -129,7 +143,7 @@ class VLLMEngine:
         folder = _private_dir("textzoo-engine-")
         policy.model.save_pretrained(folder)
         policy.tokenizer.save_pretrained(folder)
-        return cls(folder, agent, seed=_seed(agent))
+        return cls(folder, agent, seed=_seed(agent), weights=next(policy.model.parameters()).dtype)
 
     @classmethod
     def for_lora_base(cls, base: Any, agent: Any, max_loras: int) -> VLLMEngine:
@@ -139,7 +153,8 @@ class VLLMEngine:
         model = base.model.get_base_model()
         model.save_pretrained(folder, state_dict=_base_state_dict(base))
         base.tokenizer.save_pretrained(folder)
-        return cls(folder, agent, lora_rank=agent.lora_rank, max_loras=max_loras, seed=_seed(agent))
+        weights = next(model.parameters()).dtype
+        return cls(folder, agent, lora_rank=agent.lora_rank, max_loras=max_loras, seed=_seed(agent), weights=weights)
 
     # ---- sampling ----------------------------------------------------------------------------
     def params(self, settings: SamplingSettings) -> Any:
@@ -179,6 +194,18 @@ class VLLMEngine:
             by_stop = isinstance(c.stop_reason, str)  # a stop string (an EOS id gives an int or None)
             out.append(Completion(ids, logprobs, c.text, by_stop))
         return out
+
+    def score(
+        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], adapter: Any = None
+    ) -> list[list[float]]:
+        """The engine's log-probs (temperature 1, every token allowed) of fixed ``completions`` after ``prompts``."""
+        params = self._params(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        requests = [{"prompt_token_ids": [*p, *c]} for p, c in zip(prompts, completions)]
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=adapter)
+        return [
+            [float(o.prompt_logprobs[len(p) + i][t].logprob) for i, t in enumerate(c)]
+            for o, p, c in zip(outputs, prompts, completions)
+        ]
 
     def adapter(self, key: str) -> Any:
         """The current ``LoRARequest`` of adapter ``key``."""
@@ -239,8 +266,13 @@ class VLLMEngine:
             shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
             if callable(shutdown):
                 shutdown()
-        for folder in [self.folder, *self._adapter_dirs.values()]:
-            shutil.rmtree(folder, ignore_errors=True)
+        _remove(self._adapter_dirs)
+        gc.collect()
+
+
+def _remove(folders: dict[str, Path]) -> None:
+    for folder in folders.values():
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _lora_rank_slot(rank: int) -> int:
