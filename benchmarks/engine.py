@@ -112,7 +112,7 @@ def main() -> None:
     for name, rate, per_call in rows:
         print(f"{name:<36} {rate:8.1f} {per_call:8.2f}")
     print("\nwhole MAGRPO step, Writing-v0        joint actions/s   s/step   generate s")
-    for engine, dtype in [("local", "auto"), *(("vllm", d) for d in args.engine_dtypes.split(","))]:
+    for engine, dtype in [("local", "auto"), ("vllm", args.engine_dtypes.split(",")[0])]:
         row = train_steps(args.model, engine, dtype, args.B, args.G, args.budget, Path(args.run_dir))
         name = f"{engine} ({dtype})" if engine == "vllm" else "local (fp32)"
         print(
