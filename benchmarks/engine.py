@@ -65,6 +65,7 @@ def train_steps(model: str, engine: str, dtype: str, B: int, G: int, budget: int
     trainer = Trainer(cfg)
     trainer.train_step()
     row = trainer.train_step()
+    row["precision"] = trainer.actors[0].policy.precision
     close_engines(trainer.actors)
     return row
 
@@ -114,7 +115,7 @@ def main() -> None:
     print("\nwhole MAGRPO step, Writing-v0        joint actions/s   s/step   generate s")
     for engine, dtype in [("local", "auto"), ("vllm", args.engine_dtypes.split(",")[0])]:
         row = train_steps(args.model, engine, dtype, args.B, args.G, args.budget, Path(args.run_dir))
-        name = f"{engine} ({dtype})" if engine == "vllm" else "local (fp32)"
+        name = f"{engine} (trainer {row['precision']}" + (f", engine {dtype})" if engine == "vllm" else ")")
         print(
             f"{name:<36} {row['time/joint_actions_per_s']:15.2f} {row['time/step']:8.1f} {row['time/generate']:12.1f}"
         )

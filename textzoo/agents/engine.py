@@ -363,11 +363,12 @@ def run_scripts(
 
 
 # ---- building and syncing --------------------------------------------------------------------------
-def attach_engines(actors: Sequence[Any], agents: Sequence[Any]) -> None:
+def attach_engines(actors: Sequence[Any], agents: Sequence[Any], seed: int = 0) -> None:
     """Give each actor whose agent config (``agents[i]``, an `AgentConfig`) says ``engine="vllm"`` an
-    `EngineClient`: LoRA agents of one shared base share one engine, a fully fine-tuned agent gets its own."""
+    `EngineClient`: LoRA agents of one shared base share one engine, a fully fine-tuned agent gets its own.
+    Engine i samples with seed ``seed * 1000 + i``."""
     shared: dict[int, Any] = {}  # id(SharedBase) -> its engine
-    for actor, agent in zip(actors, agents):
+    for i, (actor, agent) in enumerate(zip(actors, agents)):
         if agent.engine == "local":
             continue
         from textzoo.agents.lora import AdapterView
@@ -379,12 +380,14 @@ def attach_engines(actors: Sequence[Any], agents: Sequence[Any]) -> None:
             base = policy.model.shared
             if id(base) not in shared:
                 loras = [a for a, c in zip(actors, agents) if isinstance(a.policy.model, AdapterView)]
-                shared[id(base)] = VLLMEngine.for_lora_base(base, agent, max_loras=len(loras))
+                shared[id(base)] = VLLMEngine.for_lora_base(base, agent, max_loras=len(loras), seed=seed * 1000 + i)
             engine = shared[id(base)]
             engine.update_adapter(policy.model.adapter, policy.model, 0, agent.engine_sync_timeout_s)
             policy.engine = EngineClient(engine, policy.model.adapter, **client_args)
         else:
-            policy.engine = EngineClient(VLLMEngine.for_policy(policy, agent), None, **client_args)
+            policy.engine = EngineClient(
+                VLLMEngine.for_policy(policy, agent, seed=seed * 1000 + i), None, **client_args
+            )
 
 
 def sync_engines(actors: Sequence[Any], versions: dict[str, int], force: bool = False) -> dict[str, float]:

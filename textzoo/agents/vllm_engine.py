@@ -14,7 +14,7 @@ sample only when the agent's set has it), ``allowed_token_ids`` = the allowed id
 and ``logprobs=0`` under ``logprobs_mode="processed_logprobs"``: the sampled token's log-prob after
 the temperature, the allowed-token mask and top-k / top-p (the distribution it was drawn from; with
 top_k=0 and top_p=1 that is textzoo's sampling distribution). Seeds: vLLM's per-request seed is not
-available on CPU, so the engine has one seed (the agent's), and its draws are not the local
+available on CPU, so the engine has one seed (from the run's), and its draws are not the local
 decoder's.
 
 Weights: `load_weights` streams the trainer's tensors into the running model
@@ -97,6 +97,7 @@ class VLLMEngine:
         seed: int = 0,
         weights: torch.dtype = torch.float32,
     ):
+        """``weights``: the dtype the trainer computes in, which ``engine_dtype="auto"`` serves in."""
         vllm = _vllm()
         dtype = agent.engine_dtype if agent.engine_dtype != "auto" else str(weights).removeprefix("torch.")
         self.folder = folder
@@ -138,24 +139,27 @@ class VLLMEngine:
 
     # ---- building ----------------------------------------------------------------------------
     @classmethod
-    def for_policy(cls, policy: Any, agent: Any) -> VLLMEngine:
+    def for_policy(cls, policy: Any, agent: Any, seed: int = 0) -> VLLMEngine:
         """An engine over a copy of ``policy``'s whole model (a fully fine-tuned agent)."""
         _vllm()
         folder = _private_dir("textzoo-engine-")
         policy.model.save_pretrained(folder)
         policy.tokenizer.save_pretrained(folder)
-        return cls(folder, agent, seed=_seed(agent), weights=next(policy.model.parameters()).dtype)
+        computes = policy.autocast or next(policy.model.parameters()).dtype
+        return cls(folder, agent, seed=seed, weights=computes)
 
     @classmethod
-    def for_lora_base(cls, base: Any, agent: Any, max_loras: int) -> VLLMEngine:
+    def for_lora_base(cls, base: Any, agent: Any, max_loras: int, seed: int = 0) -> VLLMEngine:
         """An engine over a LoRA `SharedBase`'s frozen weights, with room for ``max_loras`` adapters."""
         _vllm()
         folder = _private_dir("textzoo-engine-")
         model = base.model.get_base_model()
         model.save_pretrained(folder, state_dict=_base_state_dict(base))
         base.tokenizer.save_pretrained(folder)
-        weights = next(model.parameters()).dtype
-        return cls(folder, agent, lora_rank=agent.lora_rank, max_loras=max_loras, seed=_seed(agent), weights=weights)
+        from textzoo.agents.precision import PRECISIONS
+
+        computes = PRECISIONS[base.precision].compute or next(model.parameters()).dtype
+        return cls(folder, agent, lora_rank=agent.lora_rank, max_loras=max_loras, seed=seed, weights=computes)
 
     # ---- sampling ----------------------------------------------------------------------------
     def params(self, settings: SamplingSettings) -> Any:
@@ -287,7 +291,3 @@ def _lora_rank_slot(rank: int) -> int:
         if rank <= slot:
             return slot
     return rank
-
-
-def _seed(agent: Any) -> int:
-    return int(getattr(agent, "engine_seed", 0))

@@ -159,9 +159,9 @@ class AgentConfig(SamplingConfig):
     engine_prefix_caching: bool = True
     """vllm: share the KV cache of repeated prefixes (a group's prompt, a structured answer's earlier sections)."""
     engine_dtype: str = "auto"
-    """vllm: the engine's weight dtype: auto (the trainer's weights' dtype: float32 unless precision is
-    bf16-weights / fp16-weights) | bfloat16 | float16 | float32. A bfloat16 engine under float32 weights
-    is faster but rounds each synced weight to bf16, so updates below bf16's resolution do not reach it."""
+    """vllm: the engine's weight dtype: auto (the dtype the trainer computes in: bfloat16 under bf16-mixed or
+    bf16-weights, float16 under fp16-weights, else float32) | bfloat16 | float16 | float32. A bfloat16
+    engine under fp32 training is faster but rounds each synced weight, so small updates do not reach it."""
     engine_sync_timeout_s: float = 120.0
     """vllm: a weight sync that takes longer fails the run with an error instead of hanging."""
     engine_tis_cap: float = 2.0
