@@ -87,6 +87,9 @@ class Policy:
         """Let finished rows go during decoding once at most half the rows run are live (same samples)."""
         self.logits_chunk = sampling.LOGITS_CHUNK
         """Logit elements scoring computes at a time (positions x vocabulary; 0 = all logits at once)."""
+        self.engine = None
+        """Where samples come from: None = this policy's own decoder; else an `EngineClient` of
+        `textzoo.agents.engine` (e.g. a vLLM engine), which `generate_ids` / `generate_script` hand requests to."""
         self._share_prompts = True
         self._decode_mode = "auto"
         self._bound: torch.nn.Module | None = None  # the model the backends were built for
@@ -278,8 +281,11 @@ class Policy:
         """Sample one completion per prompt given as ids ([S, P]) and mask; see `generate`.
 
         ``generator`` (on the policy's device) makes sampling reproducible without touching the
-        global RNG; without it, the global RNG is used (runners checkpoint it).
+        global RNG; without it, the global RNG is used (runners checkpoint it). With an `engine`, the engine
+        samples (its own seed; ``generator`` unused).
         """
+        if self.engine is not None:
+            return self.engine.generate_ids(self, prompt_ids, prompt_mask, greedy)
         gen, out = self._decode(prompt_ids, prompt_mask, None, greedy, generator)
         gen.texts = sampling.completion_texts(self.tokenizer, out, self.eos_ids, self.generation.stop_strings)
         return gen
@@ -300,6 +306,8 @@ class Policy:
         stop strings (each segment has its own) are ``generation``'s."""
         if prompt_ids.shape[0] != len(scripts):
             raise ValueError(f"{len(scripts)} scripts for {prompt_ids.shape[0]} prompts")
+        if self.engine is not None:
+            return self.engine.generate_script(self, prompt_ids, prompt_mask, scripts, greedy)
         gen, out = self._decode(prompt_ids, prompt_mask, scripts, greedy, generator)
         rows = [row[:n] for row, n in zip(out.completion_ids.tolist(), out.lengths.tolist())]
         gen.texts = self.tokenizer.batch_decode(rows, skip_special_tokens=True)

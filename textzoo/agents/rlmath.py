@@ -144,6 +144,31 @@ def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor
     return k3_per_token(logprobs, ref_logprobs, mask).sum(-1)
 
 
+def engine_gap(
+    trainer_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """How far a rollout engine's sampling log-probs are from the trainer's on the tokens the engine
+    sampled: (mean |ℓ_trainer − ℓ_engine|, mean k3 estimate of KL(π_engine‖π_trainer)) per token over
+    ``mask``. Shapes [S, C] -> two scalars."""
+    mask = mask.to(trainer_logprobs.dtype)
+    n = mask.sum().clamp(min=1)
+    gap = ((trainer_logprobs - engine_logprobs).abs() * mask).sum() / n
+    kl = k3_per_token(engine_logprobs, trainer_logprobs, mask).sum() / n
+    return gap, kl
+
+
+def truncated_importance_weights(
+    trainer_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """Truncated importance sampling (Yao et al. 2025): min(π_trainer/π_engine, C) per token, 0 off
+    ``mask``; the weight that corrects a loss for samples drawn by an engine whose log-probs differ from
+    the trainer's. Shapes [S, C] -> [S, C]."""
+    if not cap > 0:
+        raise ValueError(f"the truncation cap C must be > 0, got {cap}")
+    ratio = torch.exp((trainer_logprobs - engine_logprobs) * mask)
+    return ratio.clamp(max=cap) * mask
+
+
 # ---- baselines and scaling (REINFORCE family) ---------------------------------------------------
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
     return (x * mask).sum(dim, keepdim=True) / mask.sum(dim, keepdim=True).clamp(min=1)

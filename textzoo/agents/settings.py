@@ -37,6 +37,10 @@ JOINT_FORMATS = ("structured", "tags", "labels", "json")
 """Joint formats of the centralized actor (`textzoo.agents.joint`); the free-form ones are all but "structured"."""
 TINY_MODELS = ("tiny", "tiny-gpt2", "tiny-llama")
 """Model names built locally from a config (byte-level tokenizers, no chat template)."""
+ENGINES = ("local", "vllm")
+"""`AgentConfig.engine` values: where rollouts are sampled (`textzoo.agents.engine`)."""
+ENGINE_DTYPES = ("bfloat16", "float16", "float32", "auto")
+"""`AgentConfig.engine_dtype` values (the vLLM engine's weights)."""
 SELECTIONS = ("gap", "random", "all")
 REFERENCES = ("initial", "none")
 COMPARATORS = ("current", "copy", "history", "model")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from textzoo.agents.engine import attach_engines
 from textzoo.agents.joint import JointActor
 from textzoo.agents.lora import SharedBase
 from textzoo.agents.policy import GenerationConfig, Policy
@@ -214,6 +215,7 @@ def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
             intro = len(policy.tokenizer(joint.build_prompt(dict.fromkeys(roles, "")))["input_ids"])
             joint.task_tokens = max((room.max_prompt_tokens - intro) // len(roles), 1)
             policy.generation = dataclasses.replace(room, max_new_tokens=budget)
+        attach_engines([joint], [agent], cfg.seed)
         return [joint]
     actors: list[Actor] = []
     bases: dict[tuple, SharedBase] = {}  # LoRA agents of one model share its base
@@ -225,6 +227,9 @@ def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
         else:
             policy = build_policy(agent, seed, build_device(agent.device))
         actors.append(AgentActor(role, policy, trainable=agent.trainable, prompt_format=prompt_format(agent, policy)))
+    attach_engines(
+        actors, [cfg.agent_config(role) for role in roles], cfg.seed
+    )  # agent.engine="vllm": rollouts on vLLM
     return actors
 
 

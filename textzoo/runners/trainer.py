@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from textzoo.agents.batch import Rollout
+from textzoo.agents.engine import engine_metrics, sync_engines
 from textzoo.errors import CheckpointError, ConfigError
 from textzoo.runners import sharding
 from textzoo.runners.algorithms import resolve_algorithm
@@ -224,6 +225,7 @@ class Trainer:
         items = self.sampler.next(cfg.batch_prompts)[share]
         seeds = [prompt_seed(cfg.seed, self.step, b) for b in range(cfg.batch_prompts)][share]
         needs = self.family.needs
+        engine_metrics(self.actors)  # an engine's log-prob gap of the training rollout only (not of evaluations)
         with self.full_weights():  # sharded models whole from sampling to the jobs (no collectives inside)
             with self._phase("generate"):
                 rollout = self.collector.collect(items, seeds, cfg.group_size, cross=needs.cross, tree=needs.tree)
@@ -231,7 +233,7 @@ class Trainer:
                 if needs.greedy:
                     rollout.greedy = self.collector.collect(items, seeds, 1, greedy=True)
             t_collect = time.perf_counter()
-            hook_stats: dict[str, float] = {}
+            hook_stats: dict[str, float] = engine_metrics(self.actors)
             with self._phase("score"):
                 for hook in self.hooks:
                     rollout, stats = hook.before_jobs(self, rollout, items, seeds)
@@ -244,6 +246,8 @@ class Trainer:
             update_stats = run_jobs(jobs, self.learners, cfg.update, grad_sync=sync)
         t_update = time.perf_counter()
         self.step += 1
+        # the engines sample the next rollout with the weights this update made
+        hook_stats.update(sync_engines(self.actors, {k: v.version for k, v in self.learners.items()}))
         row = {"step": self.step, **rollout_metrics(rollout), **hook_stats, **family_stats}
         budgets = {a.id: a.policy.generation.max_new_tokens for a in self.actors}
         ends = {a.id: getattr(a.policy, "eos_ids", ()) for a in self.actors}
@@ -495,6 +499,7 @@ class Trainer:
         for hook, hook_state in zip(self.hooks, own.get("hooks", [])):
             hook.load_state_dict(hook_state)
         restore_rng(own["rng"])
+        sync_engines(self.actors, {k: v.version for k, v in self.learners.items()})  # engines get the loaded weights
         if self.dist.is_main:
             self._truncate_metrics(state["metrics_rows"], rows)
             self.samples.truncate(self.step)
@@ -532,6 +537,7 @@ class Trainer:
             check_weights(self._checkpointed(self.learners[name].model), weights, name)
         for name, weights in ck.weights.items():
             apply_weights(self._checkpointed(self.learners[name].model), weights)
+        sync_engines(self.actors, {k: v.version for k, v in self.learners.items()}, force=True)
         return ck.step
 
 

