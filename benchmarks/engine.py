@@ -53,8 +53,8 @@ def rollout_tokens_per_s(policy, prompts: list[str], group: int, repeats: int) -
 
 def train_steps(model: str, engine: str, dtype: str, B: int, G: int, budget: int, run_dir: Path) -> dict:
     """The second of two MAGRPO steps on Writing-v0 with agents on `engine`."""
-    from textzoo.agents.engine import close_engines
     from textzoo.runners.config import AgentConfig, TrainConfig
+    from textzoo.runners.engines import close_engines
     from textzoo.runners.trainer import Trainer
 
     agent = AgentConfig(model=model, max_new_tokens=budget, lr=1e-5, engine=engine, engine_dtype=dtype)

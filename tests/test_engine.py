@@ -6,19 +6,14 @@ import math
 import pytest
 import torch
 
-from textzoo.agents.engine import (
-    EngineClient,
-    LocalEngine,
-    SamplingSettings,
-    engine_metrics,
-    sync_engines,
-)
+from textzoo.agents.engine import EngineClient, LocalEngine, SamplingSettings
 from textzoo.agents.generation import GenerationConfig
 from textzoo.agents.policy import Policy
 from textzoo.agents.rlmath import engine_gap, truncated_importance_weights
 from textzoo.agents.sampling import Segment
 from textzoo.errors import ConfigError
 from textzoo.runners.config import AgentConfig, TrainConfig
+from textzoo.runners.engines import engine_metrics, sync_engines
 
 
 # ---- arithmetic, by hand ----------------------------------------------------------------------------

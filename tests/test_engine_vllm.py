@@ -13,12 +13,13 @@ import torch
 
 pytest.importorskip("vllm")
 
-from textzoo.agents.engine import EngineClient, close_engines, engine_metrics  # noqa: E402
+from textzoo.agents.engine import EngineClient  # noqa: E402
 from textzoo.agents.inference import score_no_grad  # noqa: E402
 from textzoo.agents.lora import SharedBase  # noqa: E402
 from textzoo.agents.policy import Policy  # noqa: E402
 from textzoo.agents.vllm_engine import EngineError, VLLMEngine  # noqa: E402
 from textzoo.runners.config import ActorCriticConfig, AgentConfig, TrainConfig  # noqa: E402
+from textzoo.runners.engines import close_engines, engine_metrics  # noqa: E402
 from textzoo.runners.trainer import Trainer  # noqa: E402
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -19,13 +19,13 @@ repeated prefix cheap).
 
 The engine's log-probs are not the trainer's (other kernels, bf16). The client scores every sampled
 completion with the trainer's model at once (no gradients, eval mode) and hands the losses the
-trainer's log-probs as the behaviour policy's, so the loss arithmetic is the local path's; it records
-the gap (`rlmath.engine_gap`: mean |Δ log p| and the k3 KL engine ‖ trainer on the sampled tokens) and
-the truncated importance weights min(π_trainer/π_engine, C) (`rlmath.truncated_importance_weights`)
-for the trainer's log (`engine_metrics`). Greedy requests (evaluation, ReMax's baseline) keep the
-engine's log-probs: nothing learns from them.
+trainer's log-probs as the behaviour policy's, so the loss arithmetic is the local path's; it keeps
+both log-probs of the sampled tokens, from which `textzoo.runners.engines.engine_metrics` logs the gap
+(`rlmath.engine_gap`) and the truncated importance weights (`rlmath.truncated_importance_weights`).
+Greedy requests (evaluation, ReMax's baseline) keep the engine's log-probs: nothing learns from them.
 
-After every optimizer step the trainer calls `sync_engines`: a fully fine-tuned agent's weights go to
+Engines are built, synced and closed by `textzoo.runners.engines`. After every optimizer step the
+trainer syncs them: a fully fine-tuned agent's weights go to
 its engine as tensors (no disk); a LoRA agent's adapter is written to a private folder and becomes a
 new adapter request. Each engine holds a weight version per agent (the learner's step count).
 """
@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from textzoo.agents.generation import Generation, GenerationConfig
-from textzoo.agents.rlmath import engine_gap, truncated_importance_weights
 from textzoo.agents.sampling import Segment
 from textzoo.agents.settings import ENGINES
 from textzoo.errors import ConfigError
@@ -161,12 +160,12 @@ def padded(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device | st
 # ---- a policy's requests on an engine -------------------------------------------------------------
 @dataclass
 class EngineStats:
-    """What a client measured since the trainer last read it (`EngineClient.drain`)."""
+    """What a client recorded since the trainer last read it (`EngineClient.drain`): per sampled request
+    batch, the trainer's and the engine's log-probs of the sampled tokens and their mask ([S, C] each)."""
 
-    gap: list[float] = field(default_factory=list)  # per request batch: mean |Δ log p|
-    kl: list[float] = field(default_factory=list)  # per request batch: mean k3 KL(engine ‖ trainer)
-    tis: list[float] = field(default_factory=list)  # per request batch: mean truncated importance weight
-    tokens: list[float] = field(default_factory=list)
+    trainer: list[torch.Tensor] = field(default_factory=list)
+    engine: list[torch.Tensor] = field(default_factory=list)
+    mask: list[torch.Tensor] = field(default_factory=list)
 
 
 class EngineClient:
@@ -237,13 +236,9 @@ class EngineClient:
 
         engine = gen.logprobs
         trainer = score_no_grad(policy, gen).to(engine.device)
-        mask = gen.completion_mask.to(engine.dtype)
-        gap, kl = engine_gap(trainer, engine, mask)
-        weights = truncated_importance_weights(trainer, engine, mask, self.tis_cap)
-        self.stats.gap.append(float(gap))
-        self.stats.kl.append(float(kl))
-        self.stats.tis.append(float(weights.sum() / mask.sum().clamp(min=1)))
-        self.stats.tokens.append(float(mask.sum()))
+        self.stats.trainer.append(trainer.detach().cpu())
+        self.stats.engine.append(engine.detach().cpu())
+        self.stats.mask.append(gen.completion_mask.detach().cpu().to(engine.dtype))
         gen.logprobs = trainer
         return gen
 
@@ -360,78 +355,3 @@ def run_scripts(
                 after_stop[r] = c.by_stop
                 at[r] += 1
     return list(zip(ids, lps, masks)), texts
-
-
-# ---- building and syncing --------------------------------------------------------------------------
-def attach_engines(actors: Sequence[Any], agents: Sequence[Any], seed: int = 0) -> None:
-    """Give each actor whose agent config (``agents[i]``, an `AgentConfig`) says ``engine="vllm"`` an
-    `EngineClient`: LoRA agents of one shared base share one engine, a fully fine-tuned agent gets its own.
-    Engine i samples with seed ``seed * 1000 + i``."""
-    shared: dict[int, Any] = {}  # id(SharedBase) -> its engine
-    for i, (actor, agent) in enumerate(zip(actors, agents)):
-        if agent.engine == "local":
-            continue
-        from textzoo.agents.lora import AdapterView
-        from textzoo.agents.vllm_engine import VLLMEngine
-
-        policy = actor.policy
-        client_args = dict(tis_cap=agent.engine_tis_cap, sync_timeout=agent.engine_sync_timeout_s)
-        if isinstance(policy.model, AdapterView):
-            base = policy.model.shared
-            if id(base) not in shared:
-                loras = [a for a, c in zip(actors, agents) if isinstance(a.policy.model, AdapterView)]
-                shared[id(base)] = VLLMEngine.for_lora_base(base, agent, max_loras=len(loras), seed=seed * 1000 + i)
-            engine = shared[id(base)]
-            engine.update_adapter(policy.model.adapter, policy.model, 0, agent.engine_sync_timeout_s)
-            policy.engine = EngineClient(engine, policy.model.adapter, **client_args)
-        else:
-            policy.engine = EngineClient(
-                VLLMEngine.for_policy(policy, agent, seed=seed * 1000 + i), None, **client_args
-            )
-
-
-def sync_engines(actors: Sequence[Any], versions: dict[str, int], force: bool = False) -> dict[str, float]:
-    """Sync every engine-backed actor whose learner moved on (``versions``: actor id -> learner version;
-    ``force``: whether or not it did) and return the log row's engine columns (`engine/<id>/weight_version`,
-    `engine/<id>/sync_s`)."""
-    row: dict[str, float] = {}
-    for actor in actors:
-        client = getattr(actor.policy, "engine", None)
-        if client is None:
-            continue
-        if actor.id in versions:
-            client.sync(actor.policy, versions[actor.id], force)
-        row[f"engine/{actor.id}/weight_version"] = float(client.version)
-        row[f"engine/{actor.id}/sync_s"] = client.sync_s
-    return row
-
-
-def engine_metrics(actors: Sequence[Any]) -> dict[str, float]:
-    """The log-prob gap columns of every engine-backed actor since the last call: `engine/<id>/logp_gap`
-    (mean |Δ log p|), `engine/<id>/kl_k3` and `engine/<id>/tis_weight` (mean min(π_trainer/π_engine, C)),
-    token-weighted over the requests."""
-    row: dict[str, float] = {}
-    for actor in actors:
-        client = getattr(actor.policy, "engine", None)
-        if client is None:
-            continue
-        s = client.drain()
-        total = sum(s.tokens)
-        if not total:
-            continue
-        for name, values in (("logp_gap", s.gap), ("kl_k3", s.kl), ("tis_weight", s.tis)):
-            row[f"engine/{actor.id}/{name}"] = sum(v * n for v, n in zip(values, s.tokens)) / total
-    return row
-
-
-def close_engines(actors: Sequence[Any]) -> None:
-    """Shut every engine of ``actors`` down (once each) and detach it."""
-    seen: set[int] = set()
-    for actor in actors:
-        client = getattr(actor.policy, "engine", None)
-        if client is None:
-            continue
-        if id(client.engine) not in seen:
-            seen.add(id(client.engine))
-            client.engine.close()
-        actor.policy.engine = None

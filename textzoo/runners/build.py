@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from textzoo.agents.engine import attach_engines
 from textzoo.agents.joint import JointActor
 from textzoo.agents.lora import SharedBase
 from textzoo.agents.policy import GenerationConfig, Policy
@@ -26,6 +25,7 @@ from textzoo.agents.team import Actor, AgentActor
 from textzoo.agents.tokenizer import llama_byte_tokenizer
 from textzoo.envs import make as make_env
 from textzoo.errors import ConfigError, EnvError
+from textzoo.runners.engines import attach_engines
 from textzoo.runners.update import Learner
 
 if TYPE_CHECKING:

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from textzoo.agents.batch import Rollout
-from textzoo.agents.engine import engine_metrics, sync_engines
 from textzoo.errors import CheckpointError, ConfigError
 from textzoo.runners import sharding
 from textzoo.runners.algorithms import resolve_algorithm
@@ -39,6 +38,7 @@ from textzoo.runners.checkpoint import (
 from textzoo.runners.config import TrainConfig, from_dict, precisions_as_in, save_config, to_dict
 from textzoo.runners.diagnostics import no_signal_streak, signal_metrics
 from textzoo.runners.distributed import DistContext, merge_rows
+from textzoo.runners.engines import engine_metrics, sync_engines
 from textzoo.runners.placement import format_placement, place_models, team_models, visible_devices
 from textzoo.runners.preemption import GracefulStop, agree
 from textzoo.runners.resources import (
