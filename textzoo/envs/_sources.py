@@ -18,19 +18,10 @@ from textzoo.errors import EnvError
 from textzoo.jsonl import read_jsonl
 
 EVAL_EVERY = 5
-SPLITS = ("train", "eval", "all")
-
-
-def check_split(split: Any) -> str:
-    """Validate the `split` argument."""
-    if split not in SPLITS:
-        raise EnvError(f"split must be one of {', '.join(map(repr, SPLITS))}, got {split!r}")
-    return split
 
 
 def split_indices(total: int, split: str) -> list[int]:
-    """Global indices of the items of `split` among `total` items (see the module docstring)."""
-    check_split(split)
+    """Global indices of the items of `split` (declared as `textzoo.envs.declare.SPLIT`) among `total` items."""
     if split == "all":
         return list(range(total))
     held_out = EVAL_EVERY - 1

@@ -50,20 +50,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pettingzoo.utils.conversions import parallel_to_aec
-
-from textzoo.envs._sources import check_split, load_records, split_indices
+from textzoo.envs._sources import load_records, split_indices
 from textzoo.envs.base import StepResult, TextParallelEnv
-from textzoo.envs.rewards import ERRORS_TERM, RewardFn, RewardFunctions, is_messages
+from textzoo.envs.declare import RENDER_MODE, SPLIT, anything, entry_points, integer, number, one_of, task
+from textzoo.envs.rewards import ERRORS_TERM, RewardFunctions, is_messages
 from textzoo.errors import EnvError
 
 RESERVED = ("prompts", "completions", "agent_id", "other_completions")
 
 
 def _agent_names(agents: Any) -> list[str]:
-    if isinstance(agents, int) and not isinstance(agents, bool):
-        if agents < 1:
-            raise EnvError(f"agents must be >= 1, got {agents}")
+    if integer(2, low=1).accepts(agents):
         return [f"agent_{i}" for i in range(agents)]
     if isinstance(agents, Sequence) and not isinstance(agents, str):
         names = list(agents)
@@ -81,26 +78,40 @@ def render_prompt(prompt: Any) -> str:
     return str(prompt)
 
 
+@task(
+    "team_v0",
+    prompts=anything(None, doc="a list of str or dicts, a JSONL path or a datasets.Dataset (required)"),
+    agents=anything(2, doc="N (agent_0 .. agent_{N-1}) or a list of distinct names"),
+    reward_fns=anything(None, doc="TRL-style reward function(s), or a dict agent -> function(s)"),
+    reward_weights=anything(None, doc="one weight per reward function (a dict agent -> weights for a dict)"),
+    team_reward_fn=anything(None, doc="one reward of the whole team's completions"),
+    prompt_field=anything("prompt", doc="the row field holding the prompt, or a dict agent -> field"),
+    split=SPLIT,
+    max_prompt_chars=integer(2048, low=1),
+    max_action_chars=integer(4096, low=1),
+    on_reward_error=one_of("raise", "raise", "score", doc="stop on a raising reward function, or score it"),
+    reward_error_value=number(0.0, doc="the score of a reward function that raised (on_reward_error='score')"),
+    reward_format=anything("auto", doc="'auto', 'standard' or 'conversational'; one per function or per agent"),
+    render_mode=RENDER_MODE,
+)
 class TeamEnv(TextParallelEnv):
     """Team-v0: a dataset of prompts answered by N agents, scored by TRL-style reward functions."""
 
-    metadata = {"name": "team_v0", "render_modes": ["ansi"], "is_parallelizable": True}
-
     def __init__(
         self,
-        prompts: Any = None,
-        agents: int | Sequence[str] = 2,
-        reward_fns: RewardFn | Sequence[RewardFn] | Mapping[str, RewardFn | Sequence[RewardFn]] | None = None,
-        reward_weights: Sequence[float] | Mapping[str, Sequence[float]] | None = None,
-        team_reward_fn: RewardFn | None = None,
-        prompt_field: str | Mapping[str, str] = "prompt",
-        split: str = "train",
-        max_prompt_chars: int = 2048,
-        max_action_chars: int = 4096,
-        on_reward_error: str = "raise",
-        reward_error_value: float = 0.0,
-        reward_format: str | Sequence[str] | Mapping[str, str | Sequence[str]] = "auto",
-        render_mode: str | None = None,
+        prompts,
+        agents,
+        reward_fns,
+        reward_weights,
+        team_reward_fn,
+        prompt_field,
+        split,
+        max_prompt_chars,
+        max_action_chars,
+        on_reward_error,
+        reward_error_value,
+        reward_format,
+        render_mode,
     ):
         names = _agent_names(agents)
         super().__init__(
@@ -110,7 +121,7 @@ class TeamEnv(TextParallelEnv):
             max_action_chars=max_action_chars,
             render_mode=render_mode,
         )
-        self.split = check_split(split)
+        self.split = split
         if prompts is None:
             raise EnvError("prompts is required: a list of str or dicts, a JSONL path or a datasets.Dataset")
         if reward_fns is None and team_reward_fn is None:
@@ -230,10 +241,4 @@ class TeamEnv(TextParallelEnv):
         return StepResult(rewards=rewards, reward_terms=terms, notes=extra)
 
 
-parallel_env = TeamEnv
-"""PettingZoo entry point: `parallel_env(**kwargs)` builds a `TeamEnv`."""
-
-
-def env(**kwargs: Any):
-    """The AEC version (PettingZoo's `parallel_to_aec`), for tools that step agents in turn."""
-    return parallel_to_aec(TeamEnv(**kwargs))
+parallel_env, env, raw_env = entry_points(TeamEnv)
