@@ -10,8 +10,8 @@ from pettingzoo.test import parallel_api_test
 
 from textzoo.envs import code_v0, make
 from textzoo.envs.code_v0 import WEIGHTS, CodeEnv, extract_code, load_problems, score_batch
-from textzoo.envs.sandbox import SandboxLimits, isolation_report
 from textzoo.errors import EnvError
+from textzoo.sandbox import SandboxLimits, isolation_report
 
 LIMITS = SandboxLimits(timeout_s=3.0, cpu_s=2, test_timeout_s=1.0)
 LIMITS_NONE = SandboxLimits(timeout_s=3.0, cpu_s=2, test_timeout_s=1.0, isolation=())
@@ -280,7 +280,7 @@ def _two_turn_step(main: str):
 
 
 def _isolating(attack: str) -> bool:
-    """Whether this machine gives the sandbox a layer that stops `attack` (see textzoo.envs.sandbox)."""
+    """Whether this machine gives the sandbox a layer that stops `attack` (see textzoo.sandbox)."""
     report = isolation_report(LIMITS)
     have = set(report.mechanisms)
     network = "netns" in have or "seccomp" in have or ("landlock" in have and report.landlock_abi >= 4)

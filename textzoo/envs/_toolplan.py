@@ -3,7 +3,7 @@
 `ToolPlanEnv` plays one `Game` (Sudoku-v0, PlanPath-v0, Sokoban-v0) with two roles that act at
 the same time in every turn:
 
-- `tool` writes a Python program. The program runs in `textzoo.envs.sandbox` after a preamble
+- `tool` writes a Python program. The program runs in `textzoo.sandbox` after a preamble
   that binds the puzzle's data to variables (`Game.variables`); what it prints is read as the
   tool's answer, with the same parser as the plan agent's text.
 - `plan` answers in text: the team's answer.
@@ -45,8 +45,8 @@ from textzoo.envs._sources import split_indices
 from textzoo.envs.base import StepResult, TextParallelEnv
 from textzoo.envs.code_v0 import extract_code
 from textzoo.envs.declare import RENDER_MODE, SPLIT, Declaration, instance_of, integer
-from textzoo.envs.sandbox import Program, SandboxLimits, SandboxResult, run
 from textzoo.errors import EnvError
+from textzoo.sandbox import Program, SandboxLimits, SandboxResult, run
 
 AGENTS = ("tool", "plan")
 TERMS = ("solved", "plan_valid", "plan_progress", "tool_ran", "tool_valid", "tool_progress")

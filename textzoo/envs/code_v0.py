@@ -16,7 +16,7 @@ Combined program: the prompt's preamble (everything before `def entry_point`, e.
 helper functions the tests use) + helper code + main code. The problem's test (`check(candidate)`)
 is split into one test per top-level statement of `check` that holds an `assert` (other statements
 are setup, run before the next test; `assert <constant>` is skipped); each runs in the sandbox
-(`textzoo.envs.sandbox`) after the program, so one failure or time-out does not hide the others.
+(`textzoo.sandbox`) after the program, so one failure or time-out does not hide the others.
 
 Reward terms, each in [0, 1]:
 - `helper_defined`: the helper code parses and defines a top-level function `aux`;
@@ -58,9 +58,9 @@ from typing import Any
 from textzoo.envs._sources import split_indices
 from textzoo.envs.base import StepResult, TextParallelEnv
 from textzoo.envs.declare import RENDER_MODE, SPLIT, anything, entry_points, instance_of, one_of, task
-from textzoo.envs.sandbox import Program, SandboxLimits, SandboxResult, run_many
 from textzoo.errors import EnvError
 from textzoo.jsonl import read_jsonl
+from textzoo.sandbox import Program, SandboxLimits, SandboxResult, run_many
 
 HELPER_NAME = "aux"
 WEIGHTS: dict[str, float] = {

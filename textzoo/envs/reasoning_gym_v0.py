@@ -65,9 +65,9 @@ from textzoo.envs.base import StepResult, TextParallelEnv
 from textzoo.envs.debate_v0 import OTHER, agent_names
 from textzoo.envs.declare import RENDER_MODE, SPLIT, Arg, anything, entry_points, instance_of, integer, one_of, task
 from textzoo.envs.rewards import RewardFn, RewardFunctions
-from textzoo.envs.sandbox import SandboxLimits
 from textzoo.envs.team_v0 import RESERVED
 from textzoo.errors import EnvError
+from textzoo.sandbox import SandboxLimits
 
 ARRANGEMENTS = ("single", "team", "debate", "toolplan")
 WEIGHTS: dict[str, dict[str, float]] = {
