@@ -13,6 +13,7 @@ from textzoo.envs.declare import (
     number,
     one_of,
     task,
+    text_args,
 )
 from textzoo.envs.registry import EnvSpec, make, register, registry, spec
 
@@ -37,6 +38,7 @@ __all__ = [
     "registry",
     "spec",
     "task",
+    "text_args",
 ]
 
 register("textzoo/Writing-v0", "textzoo.envs.writing_v0:parallel_env")

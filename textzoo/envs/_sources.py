@@ -9,6 +9,7 @@ the index only, so it is deterministic and the two splits are disjoint.
 
 from __future__ import annotations
 
+import importlib
 import os
 import random
 from collections.abc import Mapping, Sequence
@@ -18,6 +19,16 @@ from textzoo.errors import EnvError
 from textzoo.jsonl import read_jsonl
 
 EVAL_EVERY = 5
+
+
+def import_extra(module: str, needed_by: str, extra: str, requirement: str) -> Any:
+    """`module` imported, or an `EnvError` saying which textzoo extra (or requirement) installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise EnvError(
+            f"{needed_by} needs {module}: pip install 'textzoo[{extra}]' (or pip install '{requirement}')"
+        ) from e
 
 
 def split_indices(total: int, split: str) -> list[int]:

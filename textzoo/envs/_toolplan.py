@@ -44,7 +44,7 @@ from typing import Any, Protocol
 from textzoo.envs._sources import split_indices
 from textzoo.envs.base import StepResult, TextParallelEnv
 from textzoo.envs.code_v0 import extract_code
-from textzoo.envs.declare import RENDER_MODE, SPLIT, Declaration, instance_of, integer
+from textzoo.envs.declare import SPLIT, Declaration, instance_of, integer, text_args
 from textzoo.errors import EnvError
 from textzoo.sandbox import Program, SandboxLimits, SandboxResult, run
 
@@ -176,9 +176,7 @@ TOOLPLAN_ARGS = {
     "split": SPLIT,
     "turns": integer(3, low=1, doc="turns before the episode ends unsolved"),
     "sandbox_limits": instance_of(SandboxLimits, doc="time and memory limits of the tool's programs"),
-    "max_prompt_chars": integer(8192, low=1),
-    "max_action_chars": integer(4096, low=1),
-    "render_mode": RENDER_MODE,
+    **text_args(),
 }
 """The arguments every tool/plan task takes after its game's own: spread into its `@task(...)`."""
 
@@ -190,15 +188,8 @@ class ToolPlanEnv(TextParallelEnv):
     def __init__(self, game: Game, name: str, **args: Any):
         """`game` played under the metadata name `name`; `args` are `TOOLPLAN_ARGS` (checked here)."""
         values = Declaration(name, TOOLPLAN_ARGS).bind((), args)
-        num_items, split, turns = values["num_items"], values["split"], values["turns"]
-        max_prompt_chars, max_action_chars = values["max_prompt_chars"], values["max_action_chars"]
-        super().__init__(
-            list(AGENTS),
-            num_turns=turns,
-            max_prompt_chars=max_prompt_chars,
-            max_action_chars=max_action_chars,
-            render_mode=values["render_mode"],
-        )
+        num_items, split, max_prompt_chars = values["num_items"], values["split"], values["max_prompt_chars"]
+        super().__init__(list(AGENTS), num_turns=values["turns"], **{k: values[k] for k in text_args()})
         self.metadata = {"name": name, "render_modes": ["ansi"], "is_parallelizable": True}
         self.game = game
         self.split = split

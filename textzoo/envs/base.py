@@ -34,7 +34,7 @@ from gymnasium import spaces
 from gymnasium.utils import seeding
 from pettingzoo import ParallelEnv
 
-from textzoo.envs.declare import RENDER_MODE, Declaration, integer
+from textzoo.envs.declare import Declaration, integer, text_args
 from textzoo.errors import EnvError
 
 _RANGES = [(0x20, 0x7E), (0xA0, 0xD7FF), (0xE000, 0xFFFD)]
@@ -125,15 +125,7 @@ class StepResult:
     info: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-_BASE_ARGS = Declaration(
-    "TextParallelEnv",
-    {
-        "num_turns": integer(1, low=1),
-        "max_prompt_chars": integer(8192, low=1),
-        "max_action_chars": integer(4096, low=1),
-        "render_mode": RENDER_MODE,
-    },
-)
+_BASE_ARGS = Declaration("TextParallelEnv", {"num_turns": integer(1, low=1), **text_args()})
 
 
 class TextParallelEnv(ParallelEnv):

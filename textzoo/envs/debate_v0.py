@@ -61,7 +61,7 @@ from typing import Any
 
 from textzoo.envs._sources import load_records, split_indices
 from textzoo.envs.base import StepResult, TextParallelEnv
-from textzoo.envs.declare import RENDER_MODE, SPLIT, Arg, anything, entry_points, integer, task
+from textzoo.envs.declare import SPLIT, Arg, anything, entry_points, integer, task, text_args
 from textzoo.envs.presets import TaskPreset
 from textzoo.errors import EnvError
 
@@ -251,9 +251,7 @@ def agent_names(n: int) -> list[str]:
     answer_field=Arg("answer", str),
     split=SPLIT,
     response_chars=integer(400, low=1, doc="the longest reply the others are shown"),
-    max_prompt_chars=integer(8192, low=1),
-    max_action_chars=integer(4096, low=1),
-    render_mode=RENDER_MODE,
+    **text_args(),
 )
 class DebateEnv(TextParallelEnv):
     """Debate-v0: N agents answer, read each other's answers and revise; see the module docstring."""
@@ -269,17 +267,10 @@ class DebateEnv(TextParallelEnv):
         answer_field,
         split,
         response_chars,
-        max_prompt_chars,
-        max_action_chars,
-        render_mode,
+        **text: Any,
     ):
-        super().__init__(
-            agent_names(num_agents),
-            num_turns=turns,
-            max_prompt_chars=max_prompt_chars,
-            max_action_chars=max_action_chars,
-            render_mode=render_mode,
-        )
+        super().__init__(agent_names(num_agents), num_turns=turns, **text)
+        max_prompt_chars = text["max_prompt_chars"]
         self.split = split
         self.steps = steps
         self.response_chars = response_chars

@@ -129,6 +129,16 @@ SPLIT = one_of("train", "train", "eval", "all", doc="which items: train, held-ou
 RENDER_MODE = one_of(None, None, "ansi", doc="None, or 'ansi' for render() to return the text view")
 
 
+def text_args(max_prompt_chars: int = 8192, max_action_chars: int = 4096) -> dict[str, Arg]:
+    """The arguments a `TextParallelEnv` passes to its base, with this task's defaults: spread last
+    into `@task(...)` and forward them with `super().__init__(agents, num_turns, **text)`."""
+    return {
+        "max_prompt_chars": integer(max_prompt_chars, low=1, doc="the longest prompt, in characters"),
+        "max_action_chars": integer(max_action_chars, low=1, doc="the longest action kept, in characters"),
+        "render_mode": RENDER_MODE,
+    }
+
+
 class Declaration:
     """A task's declared arguments, in order: binds a call to values, defaults filled in."""
 
@@ -164,8 +174,9 @@ class Declaration:
 def task(name: str, **args: Arg) -> Callable[[Any], Any]:
     """Declare a task's arguments on its class (or on a function that builds it); see the module docstring.
 
-    The class's `__init__` (or the function) takes exactly the declared names, without defaults,
-    and is called with every value checked and every default filled in. A class's
+    The class's `__init__` (or the function) takes the declared names in order, without defaults
+    (a trailing `**kwargs` takes the rest, e.g. `**text` for `text_args()`), and is called with
+    every value checked and every default filled in. A class's
     `metadata["name"]` becomes `name`.
     """
 
@@ -174,13 +185,16 @@ def task(name: str, **args: Arg) -> Callable[[Any], Any]:
     def decorate(build: Any) -> Any:
         target = build.__init__ if isinstance(build, type) else build
         params = list(inspect.signature(target).parameters.values())[1 if isinstance(build, type) else 0 :]
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-            names = [p.name for p in params]
-            if names != list(args) or any(p.default is not inspect.Parameter.empty for p in params):
-                raise TypeError(
-                    f"task {name!r}: {getattr(build, '__qualname__', build)} must take the declared arguments "
-                    f"{list(args)}, in order and without defaults (it takes {names})"
-                )
+        named = [p for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        names = [p.name for p in named]
+        rest = len(named) < len(params)  # a **kwargs takes the declared names it does not list
+        if (names != list(args)[: len(names)] if rest else names != list(args)) or any(
+            p.default is not inspect.Parameter.empty for p in named
+        ):
+            raise TypeError(
+                f"task {name!r}: {getattr(build, '__qualname__', build)} must take the declared arguments "
+                f"{list(args)}, in order and without defaults (it takes {names}{' and **kwargs' if rest else ''})"
+            )
         if isinstance(build, type):
             init = build.__init__
 

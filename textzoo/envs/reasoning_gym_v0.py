@@ -60,10 +60,11 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from textzoo.envs._sources import import_extra
 from textzoo.envs._toolplan import ANSWER_MARK, Outcome, ToolPlanEnv, answer_region
 from textzoo.envs.base import StepResult, TextParallelEnv
 from textzoo.envs.debate_v0 import OTHER, agent_names
-from textzoo.envs.declare import RENDER_MODE, SPLIT, Arg, anything, entry_points, instance_of, integer, one_of, task
+from textzoo.envs.declare import SPLIT, Arg, anything, entry_points, instance_of, integer, one_of, task, text_args
 from textzoo.envs.rewards import RewardFn, RewardFunctions
 from textzoo.envs.team_v0 import RESERVED
 from textzoo.errors import EnvError
@@ -88,14 +89,7 @@ REVISE_PROMPT = (
 
 
 def _rg() -> Any:
-    try:
-        import reasoning_gym
-    except ImportError as e:
-        raise EnvError(
-            "textzoo/ReasoningGym-v0 needs reasoning-gym: pip install 'textzoo[reasoning-gym]' "
-            "(or pip install 'reasoning-gym>=0.1.25')"
-        ) from e
-    return reasoning_gym
+    return import_extra("reasoning_gym", "textzoo/ReasoningGym-v0", "reasoning-gym", "reasoning-gym>=0.1.25")
 
 
 def dataset_names() -> list[str]:
@@ -364,9 +358,7 @@ ARGS = dict(
     reward_format=anything("auto"),
     response_chars=integer(400, low=1, doc="the longest reply the others are shown ('debate')"),
     sandbox_limits=instance_of(SandboxLimits, doc="limits of the tool's programs ('toolplan')"),
-    max_prompt_chars=integer(8192, low=1),
-    max_action_chars=integer(4096, low=1),
-    render_mode=RENDER_MODE,
+    **text_args(),
 )
 """The declared arguments of ReasoningGym-v0."""
 
@@ -391,9 +383,7 @@ def _build(**args: Any) -> TextParallelEnv:
         split="all",  # the items are already the split's (by seed)
         turns=args["turns"],
         sandbox_limits=args["sandbox_limits"],
-        max_prompt_chars=args["max_prompt_chars"],
-        max_action_chars=args["max_action_chars"],
-        render_mode=args["render_mode"],
+        **{k: args[k] for k in text_args()},
     )
 
 

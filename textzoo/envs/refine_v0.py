@@ -44,10 +44,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import Any
 
 from textzoo.envs._sources import split_indices
 from textzoo.envs.base import StepResult, TextParallelEnv, words
-from textzoo.envs.declare import RENDER_MODE, SPLIT, anything, entry_points, integer, task
+from textzoo.envs.declare import SPLIT, anything, entry_points, integer, task, text_args
 from textzoo.errors import EnvError
 
 TOPICS = (
@@ -114,32 +115,15 @@ def refiner_names(n: int) -> list[str]:
     num_items=integer(200, low=1),
     split=SPLIT,
     rewrite_chars=integer(160, low=1, doc="the longest rewrite the generator is shown"),
-    max_prompt_chars=integer(1024, low=1),
-    max_action_chars=integer(4096, low=1),
-    render_mode=RENDER_MODE,
+    **text_args(max_prompt_chars=1024),
 )
 class RefineEnv(TextParallelEnv):
     """Refine-v0: N refiners rewrite a prompt, one generator answers it; see the module docstring."""
 
-    def __init__(
-        self,
-        num_refiners,
-        keywords,
-        num_items,
-        split,
-        rewrite_chars,
-        max_prompt_chars,
-        max_action_chars,
-        render_mode,
-    ):
+    def __init__(self, num_refiners, keywords, num_items, split, rewrite_chars, **text: Any):
         self.refiners = refiner_names(num_refiners)
-        super().__init__(
-            [*self.refiners, "generator"],
-            num_turns=2,
-            max_prompt_chars=max_prompt_chars,
-            max_action_chars=max_action_chars,
-            render_mode=render_mode,
-        )
+        super().__init__([*self.refiners, "generator"], num_turns=2, **text)
+        max_prompt_chars = text["max_prompt_chars"]
         self.split = split
         self.pools = self._pools(keywords, num_refiners)
         self.rewrite_chars = rewrite_chars

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from textzoo.envs.base import StepResult, TextParallelEnv
-from textzoo.envs.declare import RENDER_MODE, SPLIT, anything, entry_points, integer, task
+from textzoo.envs.declare import SPLIT, anything, entry_points, integer, task, text_args
 from textzoo.errors import EnvError
 
 SENDER_PROMPTS = (
@@ -83,21 +83,14 @@ def match_symbol(answer: str, symbols: Sequence[str]) -> str | None:
     symbols=anything(None, doc="the symbols, a list or a space-separated string; None: the first num_symbols letters"),
     message_chars=integer(32, low=1, doc="the longest message the receiver is shown"),
     split=SPLIT,
-    max_prompt_chars=integer(256, low=1),
-    max_action_chars=integer(4096, low=1),
-    render_mode=RENDER_MODE,
+    **text_args(max_prompt_chars=256),
 )
 class RelayEnv(TextParallelEnv):
     """Relay-v0: sender relays a secret symbol to a receiver; see the module docstring."""
 
-    def __init__(self, num_symbols, symbols, message_chars, split, max_prompt_chars, max_action_chars, render_mode):
-        super().__init__(
-            ["sender", "receiver"],
-            num_turns=2,
-            max_prompt_chars=max_prompt_chars,
-            max_action_chars=max_action_chars,
-            render_mode=render_mode,
-        )
+    def __init__(self, num_symbols, symbols, message_chars, split, **text: Any):
+        super().__init__(["sender", "receiver"], num_turns=2, **text)
+        max_prompt_chars = text["max_prompt_chars"]
         if symbols is None:
             if num_symbols > 26:
                 raise EnvError(f"num_symbols must be an int in [2, 26] with the default symbols, got {num_symbols!r}")

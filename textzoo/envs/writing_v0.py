@@ -53,7 +53,7 @@ from typing import Any
 
 from textzoo.envs._sources import load_records, procedural_paragraph, split_indices
 from textzoo.envs.base import StepResult, TextParallelEnv, words
-from textzoo.envs.declare import RENDER_MODE, SPLIT, Arg, anything, entry_points, integer, number, task
+from textzoo.envs.declare import SPLIT, Arg, anything, entry_points, integer, number, task, text_args
 from textzoo.errors import EnvError
 
 TERMS = ("length_ratio", "diversity", "length_limits", "coordination")
@@ -149,9 +149,7 @@ def _parse_terms(terms: Any) -> dict[str, float]:
     summary_max_words=integer(30, low=1),
     elaboration_max_words=integer(90, low=1),
     ratio_band=anything((2.0, 3.0), doc="(lo, hi) with 0 < lo <= hi: the band of n(E) / n(S) that scores 1"),
-    max_prompt_chars=integer(512, low=1),
-    max_action_chars=integer(4096, low=1),
-    render_mode=RENDER_MODE,
+    **text_args(max_prompt_chars=512),
 )
 class WritingEnv(TextParallelEnv):
     """Writing-v0: a summary writer and an elaboration writer; see the module docstring."""
@@ -166,17 +164,10 @@ class WritingEnv(TextParallelEnv):
         summary_max_words,
         elaboration_max_words,
         ratio_band,
-        max_prompt_chars,
-        max_action_chars,
-        render_mode,
+        **text: Any,
     ):
-        super().__init__(
-            ["summary", "elaboration"],
-            num_turns=1,
-            max_prompt_chars=max_prompt_chars,
-            max_action_chars=max_action_chars,
-            render_mode=render_mode,
-        )
+        super().__init__(["summary", "elaboration"], num_turns=1, **text)
+        max_prompt_chars = text["max_prompt_chars"]
         self.split = split
         if (
             not isinstance(ratio_band, Sequence)

@@ -46,22 +46,16 @@ from gymnasium.utils import seeding
 from pettingzoo import AECEnv
 from pettingzoo.utils.conversions import aec_to_parallel_wrapper
 
-from textzoo.envs._sources import split_indices
+from textzoo.envs._sources import import_extra, split_indices
 from textzoo.envs.base import clean_text, text_space
-from textzoo.envs.declare import RENDER_MODE, SPLIT, Arg, integer, number, task
+from textzoo.envs.declare import SPLIT, Arg, integer, number, task, text_args
 from textzoo.errors import EnvError
 
 ILLEGAL_NOTE = "illegal move: {reason}"
 
 
 def _ta() -> Any:
-    try:
-        import textarena
-    except ImportError as e:
-        raise EnvError(
-            "textzoo.interop.textarena needs TextArena: pip install 'textzoo[textarena]' (or 'textarena>=0.7.4')"
-        ) from e
-    return textarena
+    return import_extra("textarena", "textzoo.interop.textarena", "textarena", "textarena>=0.7.4")
 
 
 def game_ids() -> list[str]:
@@ -92,9 +86,7 @@ def _make_game(game: str) -> Any:
     num_items=integer(1000, low=1, doc="seeds of the game (the eval split keeps every 5th)"),
     illegal_reward=number(-1.0, doc="the reward of a move the game refuses"),
     max_moves=integer(200, low=1, doc="moves before the episode is truncated"),
-    max_prompt_chars=integer(8192, low=1),
-    max_action_chars=integer(1024, low=1),
-    render_mode=RENDER_MODE,
+    **text_args(max_action_chars=1024),
 )
 class TextArenaAEC(AECEnv):
     """A TextArena game as a PettingZoo AEC env; `cycle=True` steps every agent each cycle (module docstring)."""
