@@ -289,17 +289,11 @@ def _isolating(attack: str) -> bool:
 
 
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
-def test_model_code_cannot_reach_the_network_or_leave_files(attack, listener, tmp_path_factory):
+def test_model_code_cannot_reach_the_network_or_leave_files(attack, listener, world_readable):
     if not _isolating(attack):
         pytest.skip(f"no isolation layer against {attack} on this machine: {isolation_report(LIMITS).missing}")
     port, received = listener
-    public = tmp_path_factory.mktemp("public")
-    for p in (public, *public.parents):
-        if str(p).startswith("/tmp/"):
-            p.chmod(0o755)
-    secret = public / "notes.txt"
-    secret.write_text("WORLD-READABLE-SECRET")
-    secret.chmod(0o644)
+    secret = world_readable
     marker = f"textzoo-code-v0-{os.getpid()}-{attack}"
     # the attack runs at the top level of main's code, after the entry point is defined
     attack_code = ATTACKS[attack].format(port=port, marker=marker, secret=str(secret))

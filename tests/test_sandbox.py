@@ -312,17 +312,6 @@ def test_limits_validate():
 
 
 # ---- isolation, mechanism by mechanism ---------------------------------------------------------
-@pytest.fixture
-def world_readable(tmp_path_factory):
-    """A world-readable secret outside any working dir (every folder above it traversable)."""
-    folder = tmp_path_factory.mktemp("public")
-    for p in (folder, *folder.parents):
-        if str(p).startswith("/tmp/"):
-            p.chmod(0o755)
-    secret = folder / "notes.txt"
-    secret.write_text("WORLD-READABLE-SECRET")
-    secret.chmod(0o644)
-    return secret
 
 
 def _connect(port: int) -> str:
