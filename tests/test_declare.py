@@ -162,3 +162,13 @@ def test_every_built_in_task_is_declared(env_id):
         assert fn.declaration is declaration
         assert list(inspect.signature(fn).parameters) == list(declaration.args)
     assert "split" in declaration.args and declaration.args["split"] is SPLIT
+
+
+def test_entry_points_pickle_by_reference():
+    import pickle
+
+    from textzoo.envs import writing_v0
+
+    for name in ("parallel_env", "env", "raw_env"):
+        fn = getattr(writing_v0, name)
+        assert pickle.loads(pickle.dumps(fn)) is fn

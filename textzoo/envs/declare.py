@@ -242,6 +242,7 @@ def entry_points(build: Any) -> tuple[Callable[..., Any], Callable[..., Any], Ca
     }
     for fn, doc in docs.items():
         fn.__doc__ = doc
+        fn.__qualname__ = fn.__name__  # found by pickle as `module.parallel_env`, like a def at module level
         fn.__signature__ = declaration.signature  # type: ignore[attr-defined]
         fn.declaration = declaration  # type: ignore[attr-defined]
         fn.__module__ = build.__module__
