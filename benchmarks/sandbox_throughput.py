@@ -26,7 +26,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 def measure(workers: list[int], repeat: int) -> dict:
     """One round: {"first_s", "isolation", "rows": [{workers, seconds, programs_per_s, ms, passed}]}."""
-    from textzoo.envs import sandbox
+    try:
+        from textzoo import sandbox
+    except ImportError:  # a --baseline checkout from before the sandbox had its own package
+        from textzoo.envs import sandbox
     from textzoo.envs.code_v0 import load_problems, score_batch
 
     problems = load_problems() * repeat

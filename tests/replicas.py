@@ -10,8 +10,10 @@ import torch
 
 
 def run_script(script, mode, out, run_dir) -> None:
-    """Run ``script mode out run_dir`` in a fresh interpreter (one thread, offline); it must exit 0."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    """Run ``script mode out run_dir`` in a fresh interpreter (one thread, offline, `tests/helpers.py`
+    importable); it must exit 0."""
+    path = os.pathsep.join(p for p in (os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
     argv = [sys.executable, str(script), mode, str(out), str(run_dir)]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr

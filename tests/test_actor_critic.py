@@ -7,6 +7,8 @@ import torch
 
 torch.set_num_threads(1)
 
+from helpers import tiny_config  # noqa: E402
+
 from textzoo.agents import actor_critic as ac  # noqa: E402
 from textzoo.agents.actor_critic import (  # noqa: E402
     ActorCriticConfig,
@@ -23,7 +25,7 @@ from textzoo.agents.rlmath import BatchNorm, policy_gradient_loss  # noqa: E402
 from textzoo.agents.team import AgentActor  # noqa: E402
 from textzoo.envs import make  # noqa: E402
 from textzoo.errors import ConfigError  # noqa: E402
-from textzoo.runners.config import TrainConfig  # noqa: E402
+from textzoo.runners.config import AgentConfig, TrainConfig  # noqa: E402
 from textzoo.runners.rollout import Collector  # noqa: E402
 from textzoo.runners.update import Learner, UpdateConfig, run_job  # noqa: E402
 
@@ -405,16 +407,7 @@ def test_the_fast_critic_gives_the_module_values_and_gradients(arch, critic_type
 def test_iac_critic_on_the_actors_trunk_trains_only_a_head_on_stored_features(tmp_path):
     from textzoo.runners.trainer import Trainer
 
-    cfg = TrainConfig(
-        algo="iac",
-        steps=3,
-        batch_prompts=2,
-        group_size=2,
-        progress=False,
-        plot=False,
-        threads=1,
-        run_dir=str(tmp_path / "run"),
-    )
+    cfg = tiny_config(agent=AgentConfig(), eval_prompts=16, algo="iac", steps=3, threads=1, run_dir=tmp_path / "run")
     cfg.actor_critic.critic_model = "actor"
     trainer = Trainer(cfg)
     for actor in trainer.actors:

@@ -5,6 +5,7 @@ import torch
 
 torch.set_num_threads(1)
 
+from helpers import tiny_config  # noqa: E402
 from toy import CategoricalPolicy, TargetWordEnv  # noqa: E402
 
 from textzoo.agents.atgrpo import ATGRPOFamily  # noqa: E402
@@ -133,17 +134,13 @@ def test_atgrpo_team_learns_both_turns_over_seeds(tree):
 
 @pytest.mark.parametrize("collaboration", ["decentralized", "centralized"])
 def test_trainer_runs_atgrpo_with_the_tree_on_a_multi_turn_task(tmp_path, collaboration):
-    cfg = TrainConfig(
+    cfg = tiny_config(
         env="textzoo/Debate-v0",
         env_kwargs={"turns": 2},
         algo="atgrpo",
         collaboration=collaboration,
         reinforce=ReinforceConfig(tree_rollout=True),
         steps=1,
-        batch_prompts=2,
-        group_size=2,
-        progress=False,
-        plot=False,
         eval_prompts=1,
         eval_modes=("greedy",),
         agent=AgentConfig(max_new_tokens=6),

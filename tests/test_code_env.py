@@ -10,8 +10,8 @@ from pettingzoo.test import parallel_api_test
 
 from textzoo.envs import code_v0, make
 from textzoo.envs.code_v0 import WEIGHTS, CodeEnv, extract_code, load_problems, score_batch
-from textzoo.envs.sandbox import SandboxLimits, isolation_report
 from textzoo.errors import EnvError
+from textzoo.sandbox import SandboxLimits, isolation_report
 
 LIMITS = SandboxLimits(timeout_s=3.0, cpu_s=2, test_timeout_s=1.0)
 LIMITS_NONE = SandboxLimits(timeout_s=3.0, cpu_s=2, test_timeout_s=1.0, isolation=())
@@ -280,7 +280,7 @@ def _two_turn_step(main: str):
 
 
 def _isolating(attack: str) -> bool:
-    """Whether this machine gives the sandbox a layer that stops `attack` (see textzoo.envs.sandbox)."""
+    """Whether this machine gives the sandbox a layer that stops `attack` (see textzoo.sandbox)."""
     report = isolation_report(LIMITS)
     have = set(report.mechanisms)
     network = "netns" in have or "seccomp" in have or ("landlock" in have and report.landlock_abi >= 4)
@@ -289,17 +289,11 @@ def _isolating(attack: str) -> bool:
 
 
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
-def test_model_code_cannot_reach_the_network_or_leave_files(attack, listener, tmp_path_factory):
+def test_model_code_cannot_reach_the_network_or_leave_files(attack, listener, world_readable):
     if not _isolating(attack):
         pytest.skip(f"no isolation layer against {attack} on this machine: {isolation_report(LIMITS).missing}")
     port, received = listener
-    public = tmp_path_factory.mktemp("public")
-    for p in (public, *public.parents):
-        if str(p).startswith("/tmp/"):
-            p.chmod(0o755)
-    secret = public / "notes.txt"
-    secret.write_text("WORLD-READABLE-SECRET")
-    secret.chmod(0o644)
+    secret = world_readable
     marker = f"textzoo-code-v0-{os.getpid()}-{attack}"
     # the attack runs at the top level of main's code, after the entry point is defined
     attack_code = ATTACKS[attack].format(port=port, marker=marker, secret=str(secret))

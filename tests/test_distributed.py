@@ -25,7 +25,7 @@ import torch
 from textzoo.agents.batch import Job, SampleBatch
 from textzoo.agents.policy import GenerationConfig, Policy
 from textzoo.agents.reinforce import ReinforceConfig, reinforce_loss
-from textzoo.runners.config import AgentConfig, TrainConfig
+from helpers import tiny_config
 from textzoo.runners.distributed import launch
 from textzoo.runners.trainer import Trainer
 from textzoo.runners.update import Learner, UpdateConfig, run_job
@@ -56,8 +56,7 @@ def replica(ctx, mode, out, run_dir):
     if mode == "train":
         share = torch.arange(N)[ctx.shard(N)]
         torch.save(fixed_update(share, ctx.grad_sync), Path(out) / f"fixed-rank{ctx.rank}.pt")
-    cfg = TrainConfig(steps=3, batch_prompts=2, group_size=2, agent=AgentConfig(max_new_tokens=8), eval_prompts=2,
-                      threads=1, progress=False, plot=False, save_every=1, keep_last=3, run_dir=run_dir)
+    cfg = tiny_config(steps=3, threads=1, save_every=1, keep_last=3, run_dir=run_dir)
     trainer = Trainer(cfg, dist=ctx, resume=run_dir if mode == "resume" else None)
     trainer.train()
     weights = {n: {k: v.clone() for k, v in l.model.state_dict().items()} for n, l in trainer.learners.items()}

@@ -4,6 +4,7 @@ import threading
 
 import pytest
 import torch
+from helpers import tiny_config
 
 from textzoo.agents.backends.module import ModuleBackend
 from textzoo.agents.backends.plain import PlainBackend
@@ -196,16 +197,13 @@ def test_single_token_completions_share_prompts():
 
 
 def _train_two_steps(parallel_jobs: int = 1, **overrides):
-    from textzoo.runners.config import TrainConfig
+    from textzoo.runners.config import AgentConfig
     from textzoo.runners.trainer import Trainer
     from textzoo.runners.update import UpdateConfig
 
-    cfg = TrainConfig(
-        steps=2,
-        batch_prompts=2,
-        group_size=2,
-        progress=False,
-        plot=False,
+    cfg = tiny_config(
+        agent=AgentConfig(),
+        eval_prompts=16,
         threads=1,
         update=UpdateConfig(micro_batch_size=4, parallel_jobs=parallel_jobs),
         **overrides,

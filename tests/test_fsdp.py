@@ -25,7 +25,7 @@ from textzoo.agents.batch import Job, SampleBatch
 from textzoo.agents.policy import GenerationConfig, Policy
 from textzoo.agents.reinforce import ReinforceConfig, reinforce_loss
 from textzoo.runners import sharding
-from textzoo.runners.config import AgentConfig, TrainConfig
+from helpers import tiny_config
 from textzoo.runners.distributed import launch
 from textzoo.runners.trainer import Trainer
 from textzoo.runners.update import Learner, UpdateConfig, run_job
@@ -58,9 +58,7 @@ def replica(ctx, mode, out, run_dir):
         for arch in ("gpt2", "llama"):
             weights = fixed_update(arch, torch.arange(N)[ctx.shard(N)], ctx)
             torch.save(weights, Path(out) / f"fixed-{arch}-rank{ctx.rank}.pt")
-    cfg = TrainConfig(steps=3, batch_prompts=2, group_size=2, agent=AgentConfig(max_new_tokens=8), eval_prompts=2,
-                      threads=1, progress=False, plot=False, save_every=1, keep_last=3, run_dir=run_dir,
-                      sharding="fsdp")
+    cfg = tiny_config(steps=3, threads=1, save_every=1, keep_last=3, run_dir=run_dir, sharding="fsdp")
     trainer = Trainer(cfg, dist=ctx, resume=run_dir if mode == "resume" else None)
     assert all(sharding.is_sharded(learner.model) for learner in trainer.learners.values())
     trainer.train()

@@ -14,6 +14,7 @@ import tyro
 
 torch.set_num_threads(1)
 
+from helpers import tiny_config  # noqa: E402
 from toy import CategoricalPolicy  # noqa: E402
 
 from textzoo.agents.reinforce import ReinforceConfig, ReinforceFamily  # noqa: E402
@@ -236,12 +237,10 @@ def refine_config(tmp_path, n: int, **kwargs) -> TrainConfig:
         batch_prompts=4,
         group_size=8,
         eval_prompts=1,
-        progress=False,
-        plot=False,
-        run_dir=str(tmp_path),
+        run_dir=tmp_path,
         credit="per_agent",
     )
-    return TrainConfig(**{**base, **kwargs})
+    return tiny_config(**{**base, **kwargs})
 
 
 def weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -10,6 +10,8 @@ from safetensors.torch import load_file
 
 torch.set_num_threads(1)
 
+from helpers import tiny_config  # noqa: E402
+
 from textzoo.agents.lora import SharedBase, adapter_state_dict, load_adapter_state_dict  # noqa: E402
 from textzoo.agents.policy import GenerationConfig, Policy  # noqa: E402
 from textzoo.errors import ConfigError, ModelError  # noqa: E402
@@ -108,17 +110,14 @@ def lora_config(run_dir, **kwargs) -> TrainConfig:
         agent=AgentConfig(max_new_tokens=4, lr=1e-2, lora_rank=4),
         agent_overrides=overrides,
         steps=4,
-        batch_prompts=2,
         group_size=4,
         eval_prompts=1,
-        progress=False,
-        plot=False,
-        run_dir=str(run_dir),
+        run_dir=run_dir,
         credit="per_agent",
         save_every=2,
         keep_last=0,
     )
-    return TrainConfig(**{**base, **kwargs})
+    return tiny_config(**{**base, **kwargs})
 
 
 def test_lora_team_trains_adapters_only_and_resumes_exactly(tmp_path):
@@ -201,16 +200,7 @@ def test_lora_dropout_is_off_in_a_frozen_reference():
 def test_iac_value_heads_on_lora_agents_read_each_agents_adapter(tmp_path):
     from textzoo.agents.actor_critic import critic_name
 
-    cfg = TrainConfig(
-        algo="iac",
-        steps=2,
-        batch_prompts=2,
-        group_size=2,
-        progress=False,
-        plot=False,
-        run_dir=str(tmp_path / "run"),
-        agent=AgentConfig(lora_rank=4),
-    )
+    cfg = tiny_config(eval_prompts=16, algo="iac", run_dir=tmp_path / "run", agent=AgentConfig(lora_rank=4))
     cfg.actor_critic.critic_model = "actor"
     trainer = Trainer(cfg)
     trainer.train_step()

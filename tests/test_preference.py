@@ -9,6 +9,7 @@ import torch
 
 torch.set_num_threads(1)
 
+from helpers import tiny_config  # noqa: E402
 from toy import CategoricalPolicy, TargetWordEnv  # noqa: E402
 
 from textzoo.agents.joint import JointActor  # noqa: E402
@@ -231,13 +232,11 @@ def test_madpo_raises_the_writing_reward(tmp_path):
     """Two tiny GPT-2s trained with MADPO raise Writing-v0's length-ratio reward (3 seeds, CI-sized)."""
     gains = []
     for seed in (0, 1, 2):
-        cfg = TrainConfig(
+        cfg = tiny_config(
             algo="madpo",
             steps=30,
             batch_prompts=4,
             group_size=4,
-            progress=False,
-            plot=False,
             seed=seed,
             env_kwargs=WRITING,
             agent=AgentConfig(max_new_tokens=24, lr=5e-3),
@@ -259,10 +258,7 @@ def test_madpo_raises_the_writing_reward(tmp_path):
 def small(tmp_path, **kw) -> TrainConfig:
     base = dict(
         steps=4,
-        batch_prompts=2,
         group_size=3,
-        progress=False,
-        plot=False,
         seed=1,
         env_kwargs=WRITING,
         agent=AgentConfig(max_new_tokens=6, n_layer=1, n_embd=32),
@@ -270,10 +266,10 @@ def small(tmp_path, **kw) -> TrainConfig:
         save_every=1,
         keep_last=0,
         iterations=2,
-        run_dir=str(tmp_path),
+        run_dir=tmp_path,
     )
     base.update(kw)
-    return TrainConfig(**base)
+    return tiny_config(**base)
 
 
 @pytest.mark.parametrize(

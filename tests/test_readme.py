@@ -35,6 +35,13 @@ def test_the_guide_has_the_task_and_algorithm_recipes():
     assert len(RECIPES) == 2 and "register(" in RECIPES[0] and "register_algorithm(" in RECIPES[1]
 
 
+def test_the_task_recipe_names_templates_and_files_that_exist():
+    recipe = GUIDE.read_text().split("## Recipe 1")[1].split("## Recipe 2")[0]
+    assert "@task(" in recipe and "entry_points(" in recipe
+    for path in ("docs/templates/task_v0.py", "tests/test_task_template.py", "textzoo/envs/__init__.py"):
+        assert path in recipe and (README.parent / path).is_file(), path
+
+
 @pytest.mark.parametrize("index", range(len(RECIPES)))
 def test_contributing_recipe_runs(index, tmp_path):
     assert 0.0 <= float(run_example(RECIPES[index], tmp_path).strip().splitlines()[-1]) <= 1.0  # the run's reward

@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 import torch
+from helpers import tiny_config
 from safetensors.torch import load_file
 
 from textzoo.agents.actor_critic import ActorCriticConfig
@@ -122,14 +123,11 @@ def _config(folder, tmp_path, **kwargs) -> TrainConfig:
         agent=AgentConfig(model=str(folder), max_new_tokens=8, lr=1e-5),
         steps=1,
         batch_prompts=1,
-        group_size=2,
         eval_prompts=1,
         threads=1,
-        progress=False,
-        plot=False,
-        run_dir=str(tmp_path / "run"),
+        run_dir=tmp_path / "run",
     )
-    return TrainConfig(**{**base, **kwargs})
+    return tiny_config(**{**base, **kwargs})
 
 
 def _weights(trainer) -> dict[str, dict[str, torch.Tensor]]:

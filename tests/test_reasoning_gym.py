@@ -6,9 +6,11 @@ import torch
 torch.set_num_threads(1)
 pytest.importorskip("reasoning_gym")
 
+from helpers import tiny_config  # noqa: E402
+
 from textzoo.envs import check_env, make  # noqa: E402
 from textzoo.errors import EnvError  # noqa: E402
-from textzoo.runners.config import AgentConfig, TrainConfig  # noqa: E402
+from textzoo.runners.config import AgentConfig  # noqa: E402
 from textzoo.runners.trainer import Trainer  # noqa: E402
 
 ID = "textzoo/ReasoningGym-v0"
@@ -105,16 +107,10 @@ def test_unknown_datasets_and_bad_configs_fail_with_the_fix():
 
 
 def test_a_training_run_on_reasoning_gym_logs_the_verifier_term(tmp_path):
-    cfg = TrainConfig(
+    cfg = tiny_config(
         env=ID,
         env_kwargs={"dataset": "chain_sum", "size": 40, "eval_size": 10},
-        steps=2,
-        batch_prompts=2,
-        group_size=2,
-        eval_prompts=2,
-        progress=False,
-        plot=False,
-        run_dir=str(tmp_path),
+        run_dir=tmp_path,
         agent=AgentConfig(n_layer=1, n_embd=16, max_new_tokens=8),
     )
     history = Trainer(cfg).train()

@@ -15,28 +15,18 @@ import sys
 import pytest
 import torch
 from confined import REPO, run_on_tiny_disk
+from helpers import tiny_config
 
 from textzoo.errors import ResourceError
 from textzoo.runners import checkpoint as ck
 from textzoo.runners import trainer as trainer_module
-from textzoo.runners.config import AgentConfig, TrainConfig, save_config
+from textzoo.runners.config import save_config
 from textzoo.runners.resources import checkpoint_bytes, optimizer_bytes
 from textzoo.runners.trainer import Trainer
 
 torch.set_num_threads(1)
 
-CFG = TrainConfig(
-    steps=3,
-    batch_prompts=2,
-    group_size=2,
-    agent=AgentConfig(max_new_tokens=8),
-    eval_prompts=2,
-    threads=1,
-    progress=False,
-    plot=False,
-    save_every=1,
-    keep_last=0,
-)
+CFG = tiny_config(steps=3, threads=1, save_every=1, keep_last=0)
 MiB = 1 << 20
 
 

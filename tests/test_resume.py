@@ -19,27 +19,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_config
 
 from textzoo.errors import CheckpointError
 from textzoo.runners import checkpoint as ck
 from textzoo.runners.cli import main as cli_main
-from textzoo.runners.config import AgentConfig, TrainConfig, save_config
+from textzoo.runners.config import AgentConfig, save_config
 from textzoo.runners.trainer import Trainer, find_resumable
 
 torch.set_num_threads(1)
 
-CFG = TrainConfig(
-    steps=4,
-    batch_prompts=2,
-    group_size=2,
-    agent=AgentConfig(max_new_tokens=8),
-    eval_prompts=2,
-    threads=1,
-    progress=False,
-    plot=False,
-    save_every=1,
-    keep_last=2,
-)
+CFG = tiny_config(steps=4, threads=1, save_every=1, keep_last=2)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
 

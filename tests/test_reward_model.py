@@ -8,6 +8,7 @@ import torch
 
 torch.set_num_threads(1)
 
+from helpers import tiny_config  # noqa: E402
 from toy import CategoricalPolicy, TargetWordEnv  # noqa: E402
 
 from textzoo.agents.batch import Job  # noqa: E402
@@ -97,15 +98,11 @@ def test_relabel_moves_task_rewards_to_terms():
 
 
 def test_marlhf_trains_the_reward_model_then_the_online_family(tmp_path):
-    cfg = TrainConfig(
+    cfg = tiny_config(
         algo="marlhf",
         rl_algo="marloo",
-        steps=2,
         iterations=2,
-        batch_prompts=2,
         group_size=3,
-        progress=False,
-        plot=False,
         env_kwargs={"terms": {"length_ratio": 1.0}, "max_prompt_chars": 128},
         agent=AgentConfig(max_new_tokens=6, n_layer=1, n_embd=32),
         eval_prompts=1,

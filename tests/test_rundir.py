@@ -5,27 +5,18 @@ import json
 
 import pytest
 import torch
+from helpers import tiny_config
 
 from textzoo.errors import ConfigError
 from textzoo.runners import checkpoint as ck
 from textzoo.runners.cli import main as cli_main
-from textzoo.runners.config import AgentConfig, TrainConfig
+from textzoo.runners.config import AgentConfig
 from textzoo.runners.rundir import holds_run, start_fresh
 from textzoo.runners.trainer import Trainer
 
 torch.set_num_threads(1)
 
-CFG = TrainConfig(
-    steps=1,
-    batch_prompts=2,
-    group_size=2,
-    agent=AgentConfig(max_new_tokens=4),
-    eval_prompts=2,
-    threads=1,
-    progress=False,
-    plot=False,
-    log_completions=1,
-)
+CFG = tiny_config(steps=1, agent=AgentConfig(max_new_tokens=4), threads=1, log_completions=1)
 
 
 def _steps(run_dir) -> list[int]:

@@ -7,77 +7,65 @@ import torch
 
 torch.set_num_threads(1)
 
+from helpers import tiny_config  # noqa: E402
+
 from textzoo.errors import ConfigError, EnvError, ModelError  # noqa: E402
 from textzoo.runners.cli import main  # noqa: E402
 from textzoo.runners.config import AgentConfig, TrainConfig, from_dict, load_config, save_config, to_dict  # noqa: E402
 from textzoo.runners.trainer import Trainer  # noqa: E402
 
 
-def small(**kw) -> TrainConfig:
-    base = dict(
-        steps=2,
-        batch_prompts=2,
-        group_size=2,
-        progress=False,
-        plot=False,
-        eval_prompts=2,
-        agent=AgentConfig(max_new_tokens=8),
-    )
-    base.update(kw)
-    return TrainConfig(**base)
-
-
 # ---- bad input fails before any work ---------------------------------------------------------------
 def test_unknown_algorithm():
     with pytest.raises(ConfigError, match="unknown algo"):
-        small(algo="magic")
+        tiny_config(algo="magic")
 
 
 def test_group_estimators_need_two_samples():
     with pytest.raises(ConfigError, match="group_size"):
-        small(algo="marloo", group_size=1)
-    small(algo="mareinforce", group_size=1)  # no group needed
+        tiny_config(algo="marloo", group_size=1)
+    tiny_config(algo="mareinforce", group_size=1)  # no group needed
 
 
 def test_unknown_env(tmp_path):
     with pytest.raises(EnvError, match="Writing-v0"):
-        Trainer(small(env="textzoo/Writting-v0"), run_dir=tmp_path)
+        Trainer(tiny_config(env="textzoo/Writting-v0"), run_dir=tmp_path)
     assert not any(tmp_path.iterdir())
 
 
 def test_missing_model_path(tmp_path):
-    cfg = small(agent=AgentConfig(model=str(tmp_path / "no-such-model")))
+    cfg = tiny_config(agent=AgentConfig(model=str(tmp_path / "no-such-model")))
     with pytest.raises(ModelError):
         Trainer(cfg, run_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()
 
 
 def test_overrides_for_agents_the_env_does_not_have(tmp_path):
-    cfg = small(agent_overrides={"writer": {"lr": 1e-4}})
+    cfg = tiny_config(agent_overrides={"writer": {"lr": 1e-4}})
     with pytest.raises(ConfigError, match="writer"):
         Trainer(cfg, run_dir=tmp_path)
 
 
 def test_override_with_unknown_field():
     with pytest.raises(ConfigError, match="learning_rate"):
-        small(agent_overrides={"summary": {"learning_rate": 1e-4}})
+        tiny_config(agent_overrides={"summary": {"learning_rate": 1e-4}})
 
 
 def test_bad_field_values_name_the_field():
     with pytest.raises(ConfigError, match="batch_prompts"):
-        small(batch_prompts=0)
+        tiny_config(batch_prompts=0)
     with pytest.raises(ConfigError, match="credit"):
-        small(credit="everyone")
+        tiny_config(credit="everyone")
     with pytest.raises(ConfigError, match="lr"):
         AgentConfig(lr=-1)
     for modes in ((), ("beam",), ("greedy", "greedy")):
         with pytest.raises(ConfigError, match="eval_modes"):
-            small(eval_modes=modes)
+            tiny_config(eval_modes=modes)
 
 
 # ---- configs round-trip; old files keep new fields' defaults -----------------------------------------
 def test_config_round_trip_and_missing_fields(tmp_path):
-    cfg = small(seed=7, agent_overrides={"summary": {"lr": 1e-4, "stop_strings": ["\n"]}})
+    cfg = tiny_config(seed=7, agent_overrides={"summary": {"lr": 1e-4, "stop_strings": ["\n"]}})
     save_config(cfg, tmp_path / "c.json")
     back = load_config(tmp_path / "c.json")
     assert to_dict(back) == to_dict(cfg)
@@ -108,7 +96,7 @@ def test_cli_errors_are_one_clear_line(capsys):
 
 
 def test_cli_train_with_file_and_overrides(tmp_path, capsys):
-    cfg = small()
+    cfg = tiny_config()
     save_config(cfg, tmp_path / "c.json")
     run = tmp_path / "run"
     assert main(["train", "--config", str(tmp_path / "c.json"), "--steps", "1", "--run-dir", str(run)]) == 0
@@ -122,7 +110,7 @@ def test_cli_train_with_file_and_overrides(tmp_path, capsys):
 
 # ---- metrics --------------------------------------------------------------------------------------
 def test_metrics_rows_have_the_documented_fields(tmp_path):
-    trainer = Trainer(small(steps=1), run_dir=tmp_path)
+    trainer = Trainer(tiny_config(steps=1), run_dir=tmp_path)
     history = trainer.train()
     row = history[-1]
     for key in (
@@ -149,7 +137,7 @@ def test_metrics_rows_have_the_documented_fields(tmp_path):
 
 def test_eval_modes_choose_the_evaluation_rollouts(tmp_path, capsys):
     """greedy only: no sampled rollout is played, logged or written to samples.jsonl; eval --show uses it."""
-    trainer = Trainer(small(steps=1, eval_modes=("greedy",)), run_dir=tmp_path)
+    trainer = Trainer(tiny_config(steps=1, eval_modes=("greedy",)), run_dir=tmp_path)
     history = trainer.train()
     assert "eval/greedy/reward/mean" in history[-1]
     assert not any(k.startswith("eval/sampled") for row in history for k in row)
@@ -163,15 +151,8 @@ def test_eval_modes_choose_the_evaluation_rollouts(tmp_path, capsys):
 # ---- learning ---------------------------------------------------------------------------------------
 def test_tiny_llm_team_learns_the_length_ratio(tmp_path):
     """Two tiny GPT-2s raise Writing-v0's length-ratio reward (seeded, CI-sized)."""
-    cfg = TrainConfig(
-        steps=40,
-        batch_prompts=8,
-        group_size=4,
-        progress=False,
-        plot=False,
-        seed=0,
-        agent=AgentConfig(max_new_tokens=24),
-        eval_prompts=4,
+    cfg = tiny_config(
+        steps=40, batch_prompts=8, group_size=4, seed=0, agent=AgentConfig(max_new_tokens=24), eval_prompts=4
     )
     trainer = Trainer(cfg, run_dir=tmp_path)
     history = trainer.train()
@@ -187,7 +168,7 @@ def test_evaluation_never_changes_training(tmp_path):
     """Evaluating more or less often leaves the training trajectory bit-identical."""
     runs = []
     for i, every in enumerate((0, 1)):
-        trainer = Trainer(small(steps=3, eval_every=every), run_dir=tmp_path / str(i))
+        trainer = Trainer(tiny_config(steps=3, eval_every=every), run_dir=tmp_path / str(i))
         history = trainer.train()
         rows = [{k: v for k, v in r.items() if not k.startswith(("eval/", "time/"))} for r in history if r["step"] > 0]
         weights = {k: v.clone() for a in trainer.actors for k, v in a.policy.model.state_dict().items()}
@@ -198,13 +179,11 @@ def test_evaluation_never_changes_training(tmp_path):
 
 def test_prompt_budget_leaves_room_for_the_completion_within_the_models_positions(tmp_path):
     # tiny GPT-2s have 512 learned positions: a 384-token prompt + 200 new tokens would index past them
-    cfg = TrainConfig(
+    cfg = tiny_config(
+        eval_prompts=16,
         steps=1,
         batch_prompts=1,
-        group_size=2,
-        progress=False,
-        plot=False,
-        run_dir=str(tmp_path / "a"),
+        run_dir=tmp_path / "a",
         agent=AgentConfig(max_new_tokens=200, max_prompt_tokens=384),
         eval_every=0,
     )

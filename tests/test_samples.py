@@ -8,28 +8,18 @@ import shutil
 
 import pytest
 import torch
+from helpers import tiny_config
 from rich.console import Console
 
 from textzoo.envs import make
 from textzoo.runners.cli import main as cli_main
-from textzoo.runners.config import AgentConfig, TrainConfig
+from textzoo.runners.config import TrainConfig
 from textzoo.runners.samples import episodes, read_samples, samples_markdown, samples_table
 from textzoo.runners.trainer import Trainer
 
 torch.set_num_threads(1)
 
-CFG = TrainConfig(
-    env="textzoo/Writing-v0",
-    agent=AgentConfig(max_new_tokens=8),
-    steps=2,
-    batch_prompts=2,
-    group_size=2,
-    eval_prompts=2,
-    log_completions=3,
-    threads=1,
-    progress=False,
-    plot=False,
-)
+CFG = tiny_config(env="textzoo/Writing-v0", log_completions=3, threads=1)
 
 
 @pytest.fixture(scope="module")

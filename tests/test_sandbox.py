@@ -15,8 +15,8 @@ import pytest
 from confined import run_unprivileged
 from conftest import wait_until
 
-from textzoo.envs import sandbox
-from textzoo.envs.sandbox import (
+from textzoo.errors import ConfigError, SandboxError
+from textzoo.sandbox import (
     ISOLATION,
     Program,
     SandboxLimits,
@@ -25,7 +25,7 @@ from textzoo.envs.sandbox import (
     run,
     run_many,
 )
-from textzoo.errors import ConfigError, SandboxError
+from textzoo.sandbox import host as sandbox
 
 FAST = SandboxLimits(timeout_s=3.0, cpu_s=2, test_timeout_s=1.0)
 HERE = isolation_report(FAST)
@@ -312,17 +312,6 @@ def test_limits_validate():
 
 
 # ---- isolation, mechanism by mechanism ---------------------------------------------------------
-@pytest.fixture
-def world_readable(tmp_path_factory):
-    """A world-readable secret outside any working dir (every folder above it traversable)."""
-    folder = tmp_path_factory.mktemp("public")
-    for p in (folder, *folder.parents):
-        if str(p).startswith("/tmp/"):
-            p.chmod(0o755)
-    secret = folder / "notes.txt"
-    secret.write_text("WORLD-READABLE-SECRET")
-    secret.chmod(0o644)
-    return secret
 
 
 def _connect(port: int) -> str:
@@ -430,7 +419,7 @@ def test_require_refuses_a_missing_mechanism():
 def test_isolation_is_logged_once(caplog):
     close_zygotes()
     sandbox._announce.cache_clear()
-    with caplog.at_level("INFO", logger="textzoo.envs.sandbox"):
+    with caplog.at_level("INFO", logger="textzoo.sandbox.host"):
         run(Program("x = 1"), FAST)
         close_zygotes()
         run(Program("x = 1"), FAST)
@@ -472,7 +461,7 @@ def test_close_kills_running_programs_and_the_zygote():
 PARENT = """
 import sys, threading, time
 sys.path.insert(0, {repo!r})
-from textzoo.envs import sandbox
+from textzoo.sandbox import host as sandbox
 limits = sandbox.SandboxLimits(timeout_s=300, cpu_s=300)
 sandbox.run(sandbox.Program("x = 1"), limits)
 sleeper = sandbox.Program("import time; time.sleep(300)")
@@ -507,7 +496,7 @@ def test_zygote_and_programs_die_with_their_parent(end):
 NONROOT = """
 import json, logging, os, socket
 logging.basicConfig(level=logging.INFO)
-from textzoo.envs.sandbox import Program, SandboxLimits, isolation_report, run
+from textzoo.sandbox import Program, SandboxLimits, isolation_report, run
 srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(); srv.settimeout(0.5)
 port = srv.getsockname()[1]
 limits = SandboxLimits(timeout_s=10, cpu_s=10)
@@ -552,3 +541,12 @@ def test_a_failed_setup_step_raises_and_runs_no_model_code(monkeypatch, tmp_path
     with pytest.raises(SandboxError, match="could not confine a program.*entering the working dir"):
         run(Program(f"open({str(marker)!r}, 'w').write('x')"), only("landlock"))
     assert not marker.exists()
+
+
+def test_the_sandbox_imports_nothing_of_textzoo_but_errors():
+    """Tasks import the sandbox, never the other way round (textzoo.sandbox's docstring)."""
+    code = "import json, sys, textzoo.sandbox; print(json.dumps([m for m in sys.modules if m.startswith('textzoo')]))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    loaded = json.loads(out)
+    assert "textzoo.sandbox.host" in loaded
+    assert [m for m in loaded if m not in ("textzoo", "textzoo.errors") and not m.startswith("textzoo.sandbox")] == []

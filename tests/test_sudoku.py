@@ -8,6 +8,7 @@ import pytest
 from textzoo.envs import make
 from textzoo.envs.sudoku_v0 import SudokuPuzzle, make_puzzle, parse_grid, score_grid, solutions
 from textzoo.errors import EnvError
+from textzoo.sandbox import SandboxLimits
 
 
 def all_grids():
@@ -92,7 +93,8 @@ def test_score_terms_by_hand():
 
 
 def test_env_rewards_by_hand():
-    env = make("textzoo/Sudoku-v0", turns=2)
+    # limits a loaded machine cannot exhaust: the brute force below ran past the default 5 s wall clock at load 8
+    env = make("textzoo/Sudoku-v0", turns=2, sandbox_limits=SandboxLimits(timeout_s=120.0, cpu_s=60))
     obs, _ = env.reset(options={"index": 0})
     p = env.puzzle
     assert "puzzle = [" in obs["tool"] and str(list(p.givens[0])) in obs["tool"]

@@ -8,8 +8,8 @@ import pytest
 from textzoo.envs import make
 from textzoo.envs._toolplan import WEIGHTS, ToolPlanEnv, answer_region, parse_moves
 from textzoo.envs.planpath_v0 import PathPuzzle, PlanPathGame
-from textzoo.envs.sandbox import SandboxLimits
 from textzoo.errors import EnvError
+from textzoo.sandbox import SandboxLimits
 
 LIMITS = SandboxLimits(timeout_s=3.0, cpu_s=1)
 # S . .

@@ -9,6 +9,8 @@ import torch
 
 torch.set_num_threads(1)
 
+from helpers import tiny_config  # noqa: E402
+
 from textzoo.envs import make  # noqa: E402
 from textzoo.errors import EnvError  # noqa: E402
 from textzoo.runners.config import AgentConfig, TrainConfig, to_dict  # noqa: E402
@@ -58,16 +60,13 @@ def test_trl_reward_functions_as_written_with_weights_columns_and_partners():
 
 
 def test_a_reward_function_in_env_kwargs_trains_and_is_recorded_by_name(tmp_path):
-    cfg = TrainConfig(
+    cfg = tiny_config(
         env="textzoo/Team-v0",
         env_kwargs={"prompts": ROWS, "agents": 2, "reward_fns": [reward_len, boxed_accuracy]},
         steps=1,
         batch_prompts=1,
-        group_size=2,
         eval_prompts=1,
-        progress=False,
-        plot=False,
-        run_dir=str(tmp_path),
+        run_dir=tmp_path,
         agent=AgentConfig(n_layer=1, n_embd=16, max_new_tokens=4),
     )
     history = Trainer(cfg).train()
@@ -141,16 +140,12 @@ def test_bad_error_settings_are_refused():
 
 
 def test_a_run_goes_on_past_failing_rewards_and_logs_their_count(tmp_path):
-    cfg = TrainConfig(
+    cfg = tiny_config(
         env="textzoo/Team-v0",
         env_kwargs={"prompts": ROWS, "agents": 2, "reward_fns": [reward_len, picky], "on_reward_error": "score"},
-        steps=2,
         batch_prompts=1,
-        group_size=2,
         eval_prompts=1,
-        progress=False,
-        plot=False,
-        run_dir=str(tmp_path),
+        run_dir=tmp_path,
         agent=AgentConfig(n_layer=1, n_embd=16, max_new_tokens=4),
     )
     history = Trainer(cfg).train()

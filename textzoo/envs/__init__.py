@@ -1,20 +1,44 @@
-"""Text tasks as PettingZoo parallel environments, their registry and the conformance check."""
+"""Text tasks as PettingZoo parallel environments: declared arguments, the registry and the conformance check."""
 
 from textzoo.envs.base import TEXT_CHARSET, StepResult, TextParallelEnv, clean_text
 from textzoo.envs.checks import check_env
+from textzoo.envs.declare import (
+    RENDER_MODE,
+    SPLIT,
+    Arg,
+    anything,
+    entry_points,
+    instance_of,
+    integer,
+    number,
+    one_of,
+    task,
+    text_args,
+)
 from textzoo.envs.registry import EnvSpec, make, register, registry, spec
 
 __all__ = [
+    "RENDER_MODE",
+    "SPLIT",
     "TEXT_CHARSET",
+    "Arg",
     "EnvSpec",
     "StepResult",
     "TextParallelEnv",
+    "anything",
     "check_env",
     "clean_text",
+    "entry_points",
+    "instance_of",
+    "integer",
     "make",
+    "number",
+    "one_of",
     "register",
     "registry",
     "spec",
+    "task",
+    "text_args",
 ]
 
 register("textzoo/Writing-v0", "textzoo.envs.writing_v0:parallel_env")

@@ -9,6 +9,7 @@ the index only, so it is deterministic and the two splits are disjoint.
 
 from __future__ import annotations
 
+import importlib
 import os
 import random
 from collections.abc import Mapping, Sequence
@@ -18,19 +19,20 @@ from textzoo.errors import EnvError
 from textzoo.jsonl import read_jsonl
 
 EVAL_EVERY = 5
-SPLITS = ("train", "eval", "all")
 
 
-def check_split(split: Any) -> str:
-    """Validate the `split` argument."""
-    if split not in SPLITS:
-        raise EnvError(f"split must be one of {', '.join(map(repr, SPLITS))}, got {split!r}")
-    return split
+def import_extra(module: str, needed_by: str, extra: str, requirement: str) -> Any:
+    """`module` imported, or an `EnvError` saying which textzoo extra (or requirement) installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise EnvError(
+            f"{needed_by} needs {module}: pip install 'textzoo[{extra}]' (or pip install '{requirement}')"
+        ) from e
 
 
 def split_indices(total: int, split: str) -> list[int]:
-    """Global indices of the items of `split` among `total` items (see the module docstring)."""
-    check_split(split)
+    """Global indices of the items of `split` (declared as `textzoo.envs.declare.SPLIT`) among `total` items."""
     if split == "all":
         return list(range(total))
     held_out = EVAL_EVERY - 1

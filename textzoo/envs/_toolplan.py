@@ -3,7 +3,7 @@
 `ToolPlanEnv` plays one `Game` (Sudoku-v0, PlanPath-v0, Sokoban-v0) with two roles that act at
 the same time in every turn:
 
-- `tool` writes a Python program. The program runs in `textzoo.envs.sandbox` after a preamble
+- `tool` writes a Python program. The program runs in `textzoo.sandbox` after a preamble
   that binds the puzzle's data to variables (`Game.variables`); what it prints is read as the
   tool's answer, with the same parser as the plan agent's text.
 - `plan` answers in text: the team's answer.
@@ -41,11 +41,12 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from textzoo.envs._sources import check_split, split_indices
+from textzoo.envs._sources import split_indices
 from textzoo.envs.base import StepResult, TextParallelEnv
 from textzoo.envs.code_v0 import extract_code
-from textzoo.envs.sandbox import Program, SandboxLimits, SandboxResult, run
+from textzoo.envs.declare import SPLIT, Declaration, instance_of, integer, text_args
 from textzoo.errors import EnvError
+from textzoo.sandbox import Program, SandboxLimits, SandboxResult, run
 
 AGENTS = ("tool", "plan")
 TERMS = ("solved", "plan_valid", "plan_progress", "tool_ran", "tool_valid", "tool_progress")
@@ -170,42 +171,32 @@ def _run_summary(result: SandboxResult) -> str:
     return ""
 
 
+TOOLPLAN_ARGS = {
+    "num_items": integer(1000, low=1, doc="puzzles (the eval split keeps every 5th)"),
+    "split": SPLIT,
+    "turns": integer(3, low=1, doc="turns before the episode ends unsolved"),
+    "sandbox_limits": instance_of(SandboxLimits, doc="time and memory limits of the tool's programs"),
+    **text_args(),
+}
+"""The arguments every tool/plan task takes after its game's own: spread into its `@task(...)`."""
+
+
 class ToolPlanEnv(TextParallelEnv):
     """A tool agent (Python programs) and a plan agent (answers) solve a `Game` over several turns;
     see the module docstring."""
 
-    def __init__(
-        self,
-        game: Game,
-        name: str,
-        num_items: int = 1000,
-        split: str = "train",
-        turns: int = 3,
-        sandbox_limits: SandboxLimits | None = None,
-        max_prompt_chars: int = 8192,
-        max_action_chars: int = 4096,
-        render_mode: str | None = None,
-    ):
-        if not isinstance(turns, int) or isinstance(turns, bool) or turns < 1:
-            raise EnvError(f"turns must be a positive int, got {turns!r}")
-        if not isinstance(num_items, int) or isinstance(num_items, bool) or num_items < 1:
-            raise EnvError(f"num_items must be a positive int, got {num_items!r}")
-        if sandbox_limits is not None and not isinstance(sandbox_limits, SandboxLimits):
-            raise EnvError(f"sandbox_limits must be a SandboxLimits or None, got {type(sandbox_limits).__name__}")
-        super().__init__(
-            list(AGENTS),
-            num_turns=turns,
-            max_prompt_chars=max_prompt_chars,
-            max_action_chars=max_action_chars,
-            render_mode=render_mode,
-        )
+    def __init__(self, game: Game, name: str, **args: Any):
+        """`game` played under the metadata name `name`; `args` are `TOOLPLAN_ARGS` (checked here)."""
+        values = Declaration(name, TOOLPLAN_ARGS).bind((), args)
+        num_items, split, max_prompt_chars = values["num_items"], values["split"], values["max_prompt_chars"]
+        super().__init__(list(AGENTS), num_turns=values["turns"], **{k: values[k] for k in text_args()})
         self.metadata = {"name": name, "render_modes": ["ansi"], "is_parallelizable": True}
         self.game = game
-        self.split = check_split(split)
+        self.split = split
         self._items = split_indices(num_items, self.split)
         if not self._items:
             raise EnvError(f"split={split!r} of {num_items} items is empty; give num_items >= 5 (or split='all')")
-        self.sandbox_limits = sandbox_limits or SandboxLimits()
+        self.sandbox_limits = values["sandbox_limits"] or SandboxLimits()
         self.puzzle: Any = None
         self._base: dict[str, str] = {}
         self._last_scores: dict[str, float] = dict.fromkeys(AGENTS, 0.0)

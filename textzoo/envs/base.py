@@ -34,6 +34,7 @@ from gymnasium import spaces
 from gymnasium.utils import seeding
 from pettingzoo import ParallelEnv
 
+from textzoo.envs.declare import Declaration, integer, text_args
 from textzoo.errors import EnvError
 
 _RANGES = [(0x20, 0x7E), (0xA0, 0xD7FF), (0xE000, 0xFFFD)]
@@ -124,6 +125,9 @@ class StepResult:
     info: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
+_BASE_ARGS = Declaration("TextParallelEnv", {"num_turns": integer(1, low=1), **text_args()})
+
+
 class TextParallelEnv(ParallelEnv):
     """Base class for text tasks: prompts in, completions out; see the module docstring."""
 
@@ -139,20 +143,13 @@ class TextParallelEnv(ParallelEnv):
     ):
         if not agents or len(set(agents)) != len(agents):
             raise EnvError(f"agents must be a non-empty list of distinct names, got {agents!r}")
-        if num_turns < 1:
-            raise EnvError(f"num_turns must be >= 1, got {num_turns}")
-        if render_mode not in (None, "ansi"):
-            raise EnvError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        _BASE_ARGS.bind((num_turns, max_prompt_chars, max_action_chars, render_mode), {})
         self.possible_agents = list(agents)
         self.agents: list[str] = []
         self.num_turns = num_turns
         self.max_prompt_chars = max_prompt_chars
         self.max_action_chars = max_action_chars
         self.render_mode = render_mode
-        if not isinstance(max_prompt_chars, int) or max_prompt_chars < 1:
-            raise EnvError(f"max_prompt_chars must be a positive int, got {max_prompt_chars!r}")
-        if not isinstance(max_action_chars, int) or max_action_chars < 1:
-            raise EnvError(f"max_action_chars must be a positive int, got {max_action_chars!r}")
         self._obs_spaces = {a: text_space(max_prompt_chars) for a in agents}
         self._act_spaces = {a: text_space(max_action_chars) for a in agents}
         self.np_random, self._seed = seeding.np_random(None)

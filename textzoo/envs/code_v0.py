@@ -16,7 +16,7 @@ Combined program: the prompt's preamble (everything before `def entry_point`, e.
 helper functions the tests use) + helper code + main code. The problem's test (`check(candidate)`)
 is split into one test per top-level statement of `check` that holds an `assert` (other statements
 are setup, run before the next test; `assert <constant>` is skipped); each runs in the sandbox
-(`textzoo.envs.sandbox`) after the program, so one failure or time-out does not hide the others.
+(`textzoo.sandbox`) after the program, so one failure or time-out does not hide the others.
 
 Reward terms, each in [0, 1]:
 - `helper_defined`: the helper code parses and defines a top-level function `aux`;
@@ -55,13 +55,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from pettingzoo.utils.conversions import parallel_to_aec
-
-from textzoo.envs._sources import check_split, split_indices
+from textzoo.envs._sources import split_indices
 from textzoo.envs.base import StepResult, TextParallelEnv
-from textzoo.envs.sandbox import Program, SandboxLimits, SandboxResult, run_many
+from textzoo.envs.declare import RENDER_MODE, SPLIT, anything, entry_points, instance_of, one_of, task
 from textzoo.errors import EnvError
 from textzoo.jsonl import read_jsonl
+from textzoo.sandbox import Program, SandboxLimits, SandboxResult, run_many
 
 HELPER_NAME = "aux"
 WEIGHTS: dict[str, float] = {
@@ -360,26 +359,21 @@ def score_batch(
 
 
 # ---- the environment ---------------------------------------------------------------------------
+@task(
+    "textzoo_code_v0",
+    split=SPLIT,
+    dataset=anything(None, doc="a JSONL path or a list of HumanEval-style rows; None: the bundled problems"),
+    turns=one_of(1, 1, 2, doc="1: helper and main write at once; 2: main sees the helper's code"),
+    sandbox_limits=instance_of(SandboxLimits, doc="time and memory limits of the tests' runs"),
+    render_mode=RENDER_MODE,
+)
 class CodeEnv(TextParallelEnv):
     """Helper + main cooperative coding on HumanEval; see the module docstring."""
 
-    metadata = {"name": "textzoo_code_v0", "render_modes": ["ansi"], "is_parallelizable": True}
-
-    def __init__(
-        self,
-        split: str = "train",
-        dataset: str | os.PathLike | Sequence[dict] | None = None,
-        turns: int = 1,
-        sandbox_limits: SandboxLimits | None = None,
-        render_mode: str | None = None,
-    ):
-        if turns not in (1, 2):
-            raise EnvError(f"turns must be 1 or 2, got {turns!r}")
-        if sandbox_limits is not None and not isinstance(sandbox_limits, SandboxLimits):
-            raise EnvError(f"sandbox_limits must be a SandboxLimits or None, got {type(sandbox_limits).__name__}")
+    def __init__(self, split, dataset, turns, sandbox_limits, render_mode):
         super().__init__(list(AGENTS), num_turns=turns, render_mode=render_mode)
         all_problems = load_problems(dataset)
-        self.split = check_split(split)
+        self.split = split
         self.problems = [all_problems[k] for k in split_indices(len(all_problems), self.split)]
         if not self.problems:
             raise EnvError(f"split {split!r} of the dataset is empty; use split='all' for a tiny dataset")
@@ -417,10 +411,4 @@ class CodeEnv(TextParallelEnv):
         )
 
 
-parallel_env = CodeEnv
-"""PettingZoo entry point: `parallel_env(**kwargs)` builds a `CodeEnv`."""
-
-
-def env(**kwargs: Any):
-    """The AEC version (PettingZoo's `parallel_to_aec`), for tools that step agents in turn."""
-    return parallel_to_aec(CodeEnv(**kwargs))
+parallel_env, env, raw_env = entry_points(CodeEnv)

@@ -53,18 +53,15 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import random
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from pettingzoo.utils.conversions import parallel_to_aec
-
-from textzoo.envs._sources import check_split, load_records, split_indices
+from textzoo.envs._sources import load_records, split_indices
 from textzoo.envs.base import StepResult, TextParallelEnv
+from textzoo.envs.declare import SPLIT, Arg, anything, entry_points, integer, task, text_args
 from textzoo.envs.presets import TaskPreset
 from textzoo.errors import EnvError
 
@@ -243,47 +240,41 @@ def agent_names(n: int) -> list[str]:
     return [f"debater_{i}" for i in range(n)]
 
 
+@task(
+    "debate_v0",
+    num_agents=integer(2, low=2, doc="debaters (a debate needs others to read)"),
+    turns=integer(3, low=1),
+    steps=integer(3, low=1, high=8, doc="additions in a procedural problem"),
+    num_items=integer(1000, low=1, doc="procedural problems (without dataset)"),
+    dataset=anything(None, doc="a JSONL path or a list of rows with a question and a numeric answer"),
+    question_field=Arg("question", str),
+    answer_field=Arg("answer", str),
+    split=SPLIT,
+    response_chars=integer(400, low=1, doc="the longest reply the others are shown"),
+    **text_args(),
+)
 class DebateEnv(TextParallelEnv):
     """Debate-v0: N agents answer, read each other's answers and revise; see the module docstring."""
 
-    metadata = {"name": "debate_v0", "render_modes": ["ansi"], "is_parallelizable": True}
-
     def __init__(
         self,
-        num_agents: int = 2,
-        turns: int = 3,
-        steps: int = 3,
-        num_items: int = 1000,
-        dataset: str | os.PathLike | Sequence[dict] | Any | None = None,
-        question_field: str = "question",
-        answer_field: str = "answer",
-        split: str = "train",
-        response_chars: int = 400,
-        max_prompt_chars: int = 8192,
-        max_action_chars: int = 4096,
-        render_mode: str | None = None,
+        num_agents,
+        turns,
+        steps,
+        num_items,
+        dataset,
+        question_field,
+        answer_field,
+        split,
+        response_chars,
+        **text: Any,
     ):
-        if not isinstance(num_agents, int) or isinstance(num_agents, bool) or num_agents < 2:
-            raise EnvError(f"num_agents must be an int >= 2 (a debate needs others to read), got {num_agents!r}")
-        if not isinstance(turns, int) or isinstance(turns, bool) or turns < 1:
-            raise EnvError(f"turns must be a positive int, got {turns!r}")
-        if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= 8:
-            raise EnvError(f"steps must be an int in [1, 8], got {steps!r}")
-        if not isinstance(response_chars, int) or isinstance(response_chars, bool) or response_chars < 1:
-            raise EnvError(f"response_chars must be a positive int, got {response_chars!r}")
-        super().__init__(
-            agent_names(num_agents),
-            num_turns=turns,
-            max_prompt_chars=max_prompt_chars,
-            max_action_chars=max_action_chars,
-            render_mode=render_mode,
-        )
-        self.split = check_split(split)
+        super().__init__(agent_names(num_agents), num_turns=turns, **text)
+        max_prompt_chars = text["max_prompt_chars"]
+        self.split = split
         self.steps = steps
         self.response_chars = response_chars
         if dataset is None:
-            if not isinstance(num_items, int) or isinstance(num_items, bool) or num_items < 1:
-                raise EnvError(f"num_items must be a positive int, got {num_items!r}")
             self._problems: list[Problem] | None = None
             self._items = split_indices(num_items, self.split)
         else:
@@ -378,10 +369,4 @@ class DebateEnv(TextParallelEnv):
         return StepResult(rewards=rewards, observations=observations, reward_terms=terms_out, notes=extra, info=info)
 
 
-parallel_env = DebateEnv
-"""PettingZoo entry point: `parallel_env(**kwargs)` builds a `DebateEnv`."""
-
-
-def env(**kwargs: Any):
-    """The AEC version (PettingZoo's `parallel_to_aec`), for tools that step agents in turn."""
-    return parallel_to_aec(DebateEnv(**kwargs))
+parallel_env, env, raw_env = entry_points(DebateEnv)

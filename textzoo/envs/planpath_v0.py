@@ -50,11 +50,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from pettingzoo.utils.conversions import parallel_to_aec
-
-from textzoo.envs._toolplan import Outcome, ToolPlanEnv, parse_moves
+from textzoo.envs._toolplan import TOOLPLAN_ARGS, Outcome, ToolPlanEnv, parse_moves
+from textzoo.envs.declare import entry_points, integer, number, task
 from textzoo.envs.presets import TaskPreset
-from textzoo.envs.sandbox import SandboxLimits
 from textzoo.errors import EnvError
 
 MOVES: dict[str, tuple[int, int]] = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
@@ -174,12 +172,8 @@ class PlanPathGame:
     answer_format = "the moves from S to G, each U (up), D (down), L (left) or R (right), e.g. #### R R D L"
 
     def __init__(self, size: int = 10, wall_prob: float = 0.25, min_distance: int | None = None):
-        if not isinstance(size, int) or isinstance(size, bool) or not 3 <= size <= 30:
-            raise EnvError(f"size must be an int in [3, 30], got {size!r}")
-        if not isinstance(wall_prob, (int, float)) or isinstance(wall_prob, bool) or not 0 <= wall_prob <= 0.5:
-            raise EnvError(f"wall_prob must be a number in [0, 0.5], got {wall_prob!r}")
         min_distance = size if min_distance is None else min_distance
-        if not isinstance(min_distance, int) or isinstance(min_distance, bool) or not 1 <= min_distance <= 2 * size - 2:
+        if not 1 <= min_distance <= 2 * size - 2:
             raise EnvError(f"min_distance must be an int in [1, 2*size - 2 = {2 * size - 2}], got {min_distance!r}")
         self.size, self.wall_prob, self.min_distance = size, float(wall_prob), min_distance
 
@@ -204,32 +198,16 @@ class PlanPathGame:
         return score_path(puzzle, answer)
 
 
-def parallel_env(
-    size: int = 10,
-    wall_prob: float = 0.25,
-    min_distance: int | None = None,
-    num_items: int = 1000,
-    split: str = "train",
-    turns: int = 3,
-    sandbox_limits: SandboxLimits | None = None,
-    max_prompt_chars: int = 8192,
-    max_action_chars: int = 4096,
-    render_mode: str | None = None,
-) -> ToolPlanEnv:
-    """PettingZoo entry point: PlanPath-v0 (see the module docstring)."""
-    return ToolPlanEnv(
-        PlanPathGame(size, wall_prob, min_distance),
-        "planpath_v0",
-        num_items=num_items,
-        split=split,
-        turns=turns,
-        sandbox_limits=sandbox_limits,
-        max_prompt_chars=max_prompt_chars,
-        max_action_chars=max_action_chars,
-        render_mode=render_mode,
-    )
+@task(
+    "planpath_v0",
+    size=integer(10, low=3, high=30, doc="the grid's side"),
+    wall_prob=number(0.25, low=0, high=0.5, doc="the chance of a wall in a cell"),
+    min_distance=integer(None, low=1, optional=True, doc="the shortest S-G path's least length (None: size)"),
+    **TOOLPLAN_ARGS,
+)
+def _build(size, wall_prob, min_distance, **common: Any) -> ToolPlanEnv:
+    """PlanPath-v0 (see the module docstring)."""
+    return ToolPlanEnv(PlanPathGame(size, wall_prob, min_distance), "planpath_v0", **common)
 
 
-def env(**kwargs: Any):
-    """The AEC version (PettingZoo's `parallel_to_aec`), for tools that step agents in turn."""
-    return parallel_to_aec(parallel_env(**kwargs))
+parallel_env, env, raw_env = entry_points(_build)

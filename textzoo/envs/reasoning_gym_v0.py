@@ -60,16 +60,15 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pettingzoo.utils.conversions import parallel_to_aec
-
-from textzoo.envs._sources import check_split
+from textzoo.envs._sources import import_extra
 from textzoo.envs._toolplan import ANSWER_MARK, Outcome, ToolPlanEnv, answer_region
 from textzoo.envs.base import StepResult, TextParallelEnv
 from textzoo.envs.debate_v0 import OTHER, agent_names
+from textzoo.envs.declare import SPLIT, Arg, anything, entry_points, instance_of, integer, one_of, task, text_args
 from textzoo.envs.rewards import RewardFn, RewardFunctions
-from textzoo.envs.sandbox import SandboxLimits
 from textzoo.envs.team_v0 import RESERVED
 from textzoo.errors import EnvError
+from textzoo.sandbox import SandboxLimits
 
 ARRANGEMENTS = ("single", "team", "debate", "toolplan")
 WEIGHTS: dict[str, dict[str, float]] = {
@@ -90,14 +89,7 @@ REVISE_PROMPT = (
 
 
 def _rg() -> Any:
-    try:
-        import reasoning_gym
-    except ImportError as e:
-        raise EnvError(
-            "textzoo/ReasoningGym-v0 needs reasoning-gym: pip install 'textzoo[reasoning-gym]' "
-            "(or pip install 'reasoning-gym>=0.1.25')"
-        ) from e
-    return reasoning_gym
+    return import_extra("reasoning_gym", "textzoo/ReasoningGym-v0", "reasoning-gym", "reasoning-gym>=0.1.25")
 
 
 def dataset_names() -> list[str]:
@@ -166,12 +158,6 @@ def read_answer(text: str) -> tuple[str, bool]:
     return answer, ANSWER_MARK in text and bool(answer)
 
 
-def _check_int(name: str, value: Any, low: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise EnvError(f"{name} must be an int >= {low}, got {value!r}")
-    return value
-
-
 class ReasoningGymEnv(TextParallelEnv):
     """ReasoningGym-v0 in the "single", "team" and "debate" arrangements; see the module docstring."""
 
@@ -179,35 +165,36 @@ class ReasoningGymEnv(TextParallelEnv):
 
     def __init__(
         self,
-        dataset: str = "mini_sudoku",
-        config: Mapping[str, Any] | None = None,
-        arrangement: str = "single",
-        num_agents: int = 2,
-        turns: int = 3,
-        seed: int = 0,
-        size: int = 1000,
-        eval_size: int = 200,
-        split: str = "train",
-        reward_fns: RewardFn | Sequence[RewardFn] | None = None,
-        reward_weights: Sequence[float] | None = None,
-        reward_format: str | Sequence[str] = "auto",
-        response_chars: int = 400,
-        max_prompt_chars: int = 8192,
-        max_action_chars: int = 4096,
-        render_mode: str | None = None,
+        dataset: str,
+        config: Mapping[str, Any] | None,
+        arrangement: str,
+        num_agents: int,
+        turns: int,
+        seed: int,
+        size: int,
+        eval_size: int,
+        split: str,
+        reward_fns: RewardFn | Sequence[RewardFn] | None,
+        reward_weights: Sequence[float] | None,
+        reward_format: str | Sequence[str],
+        response_chars: int,
+        max_prompt_chars: int,
+        max_action_chars: int,
+        render_mode: str | None,
     ):
-        if arrangement not in WEIGHTS:
-            raise EnvError(f"arrangement must be one of {ARRANGEMENTS}, got {arrangement!r}")
+        """Built by `parallel_env`, which checks the arguments against their declaration."""
         self.arrangement = arrangement
         if arrangement == "single":
             names, num_turns = ["solver"], 1
         elif arrangement == "team":
-            names, num_turns = [f"agent_{i}" for i in range(_check_int("num_agents", num_agents, 1))], 1
+            names, num_turns = [f"agent_{i}" for i in range(num_agents)], 1
         else:
-            names, num_turns = agent_names(_check_int("num_agents", num_agents, 2)), _check_int("turns", turns, 1)
+            if num_agents < 2:
+                raise EnvError(f"num_agents must be an int >= 2 for arrangement='debate', got {num_agents!r}")
+            names, num_turns = agent_names(num_agents), turns
         super().__init__(names, num_turns, max_prompt_chars, max_action_chars, render_mode)
-        self.split = check_split(split)
-        self.response_chars = _check_int("response_chars", response_chars, 1)
+        self.split = split
+        self.response_chars = response_chars
         self.dataset_name = dataset
         self.dataset, self._items = load_items(dataset, config, seed, size, eval_size, self.split)
         self.extra: RewardFunctions | None = None
@@ -321,10 +308,7 @@ def load_items(
         config_json = json.dumps(config, sort_keys=True)
     except TypeError as e:
         raise EnvError(f"config must be JSON data (numbers, strings, lists, dicts): {e}") from e
-    _check_int("seed", seed, 0)
-    _check_int("size", size, 1)
-    _check_int("eval_size", eval_size, 1)
-    verifier, items = _pool(dataset, config_json, seed, size, check_split(split), eval_size)
+    verifier, items = _pool(dataset, config_json, seed, size, split, eval_size)
     if not items:
         raise EnvError(f"split={split!r} of {dataset!r} is empty: every eval question repeats a train one")
     return verifier, items
@@ -355,42 +339,52 @@ class ReasoningGymGame:
         return Outcome(valid=bool(answer), solved=score >= 1.0, progress=score, feedback=feedback)
 
 
-def parallel_env(
-    dataset: str = "mini_sudoku",
-    config: Mapping[str, Any] | None = None,
-    arrangement: str = "single",
-    turns: int = 3,
-    seed: int = 0,
-    size: int = 1000,
-    eval_size: int = 200,
-    split: str = "train",
-    sandbox_limits: SandboxLimits | None = None,
-    **kwargs: Any,
-) -> TextParallelEnv:
-    """PettingZoo entry point: a `ReasoningGymEnv`, or for arrangement="toolplan" a `ToolPlanEnv`."""
-    if arrangement != "toolplan":
-        if sandbox_limits is not None:
-            raise EnvError("sandbox_limits is for arrangement='toolplan' (the tool agent's programs)")
-        return ReasoningGymEnv(
-            dataset, config, arrangement, turns=turns, seed=seed, size=size, eval_size=eval_size, split=split, **kwargs
-        )
-    allowed = {"max_prompt_chars", "max_action_chars", "render_mode"}
-    unknown = sorted(set(kwargs) - allowed)
-    if unknown:
-        raise EnvError(f"arrangement='toolplan' does not take {unknown}; it takes {sorted(allowed)} besides the data")
-    verifier, items = load_items(dataset, config, seed, size, eval_size, split)
-    game = ReasoningGymGame(dataset, verifier, items)
+TOOLPLAN_ONLY = ("sandbox_limits",)
+ONE_TURN_ONLY = ("num_agents", "reward_fns", "reward_weights", "reward_format", "response_chars")
+
+
+ARGS = dict(
+    dataset=Arg("mini_sudoku", str, doc="a reasoning-gym dataset name"),
+    config=anything(None, doc="the dataset's settings (JSON data)"),
+    arrangement=one_of("single", *ARRANGEMENTS),
+    num_agents=integer(2, low=1, doc="agents of 'team' (>= 1) and 'debate' (>= 2)"),
+    turns=integer(3, low=1, doc="turns of 'debate' and 'toolplan'"),
+    seed=integer(0, low=0, doc="the seed of the generated questions"),
+    size=integer(1000, low=1, doc="questions generated for the train split"),
+    eval_size=integer(200, low=1, doc="questions generated for the eval split"),
+    split=SPLIT,
+    reward_fns=anything(None, doc="extra TRL-style reward function(s) ('single' and 'team')"),
+    reward_weights=anything(None),
+    reward_format=anything("auto"),
+    response_chars=integer(400, low=1, doc="the longest reply the others are shown ('debate')"),
+    sandbox_limits=instance_of(SandboxLimits, doc="limits of the tool's programs ('toolplan')"),
+    **text_args(),
+)
+"""The declared arguments of ReasoningGym-v0."""
+
+
+@task("reasoning_gym_v0", **ARGS)
+def _build(**args: Any) -> TextParallelEnv:
+    """A `ReasoningGymEnv`, or for arrangement="toolplan" a `ToolPlanEnv`."""
+    toolplan = args["arrangement"] == "toolplan"
+    given = [k for k in (ONE_TURN_ONLY if toolplan else TOOLPLAN_ONLY) if args[k] != ARGS[k].default]
+    if given and not toolplan:
+        raise EnvError("sandbox_limits is for arrangement='toolplan' (the tool agent's programs)")
+    if given:
+        raise EnvError(f"arrangement='toolplan' does not take {given}; they are for the other arrangements")
+    if not toolplan:
+        return ReasoningGymEnv(**{k: v for k, v in args.items() if k not in TOOLPLAN_ONLY})
+    verifier, items = load_items(*(args[k] for k in ("dataset", "config", "seed", "size", "eval_size", "split")))
+    game = ReasoningGymGame(args["dataset"], verifier, items)
     return ToolPlanEnv(
         game,
         "reasoning_gym_v0",
         num_items=len(items),
         split="all",  # the items are already the split's (by seed)
-        turns=_check_int("turns", turns, 1),
-        sandbox_limits=sandbox_limits,
-        **kwargs,
+        turns=args["turns"],
+        sandbox_limits=args["sandbox_limits"],
+        **{k: args[k] for k in text_args()},
     )
 
 
-def env(**kwargs: Any):
-    """The AEC version (PettingZoo's `parallel_to_aec`), for tools that step agents in turn."""
-    return parallel_to_aec(parallel_env(**kwargs))
+parallel_env, env, raw_env = entry_points(_build)

@@ -46,10 +46,9 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from pettingzoo.utils.conversions import parallel_to_aec
-
-from textzoo.envs._sources import check_split, split_indices
+from textzoo.envs._sources import split_indices
 from textzoo.envs.base import StepResult, TextParallelEnv, words
+from textzoo.envs.declare import SPLIT, anything, entry_points, integer, task, text_args
 from textzoo.errors import EnvError
 
 TOPICS = (
@@ -109,37 +108,23 @@ def refiner_names(n: int) -> list[str]:
     return [f"refiner_{i}" for i in range(n)]
 
 
+@task(
+    "refine_v0",
+    num_refiners=integer(2, low=1),
+    keywords=anything(None, doc="one list of single words per refiner; None: the default pools"),
+    num_items=integer(200, low=1),
+    split=SPLIT,
+    rewrite_chars=integer(160, low=1, doc="the longest rewrite the generator is shown"),
+    **text_args(max_prompt_chars=1024),
+)
 class RefineEnv(TextParallelEnv):
     """Refine-v0: N refiners rewrite a prompt, one generator answers it; see the module docstring."""
 
-    metadata = {"name": "refine_v0", "render_modes": ["ansi"], "is_parallelizable": True}
-
-    def __init__(
-        self,
-        num_refiners: int = 2,
-        keywords: Sequence[Sequence[str]] | None = None,
-        num_items: int = 200,
-        split: str = "train",
-        rewrite_chars: int = 160,
-        max_prompt_chars: int = 1024,
-        max_action_chars: int = 4096,
-        render_mode: str | None = None,
-    ):
-        if not isinstance(num_refiners, int) or isinstance(num_refiners, bool) or num_refiners < 1:
-            raise EnvError(f"num_refiners must be a positive int, got {num_refiners!r}")
+    def __init__(self, num_refiners, keywords, num_items, split, rewrite_chars, **text: Any):
         self.refiners = refiner_names(num_refiners)
-        super().__init__(
-            [*self.refiners, "generator"],
-            num_turns=2,
-            max_prompt_chars=max_prompt_chars,
-            max_action_chars=max_action_chars,
-            render_mode=render_mode,
-        )
-        self.split = check_split(split)
-        if not isinstance(num_items, int) or isinstance(num_items, bool) or num_items < 1:
-            raise EnvError(f"num_items must be a positive int, got {num_items!r}")
-        if not isinstance(rewrite_chars, int) or isinstance(rewrite_chars, bool) or rewrite_chars < 1:
-            raise EnvError(f"rewrite_chars must be a positive int, got {rewrite_chars!r}")
+        super().__init__([*self.refiners, "generator"], num_turns=2, **text)
+        max_prompt_chars = text["max_prompt_chars"]
+        self.split = split
         self.pools = self._pools(keywords, num_refiners)
         self.rewrite_chars = rewrite_chars
         longest = len(GENERATOR_HEADER) + num_refiners * (rewrite_chars + 1) + len(GENERATOR_FOOTER)
@@ -222,10 +207,4 @@ class RefineEnv(TextParallelEnv):
         )
 
 
-parallel_env = RefineEnv
-"""PettingZoo entry point: `parallel_env(**kwargs)` builds a `RefineEnv`."""
-
-
-def env(**kwargs: Any):
-    """The AEC version (PettingZoo's `parallel_to_aec`), for tools that step agents in turn."""
-    return parallel_to_aec(RefineEnv(**kwargs))
+parallel_env, env, raw_env = entry_points(RefineEnv)

@@ -36,10 +36,8 @@ import string
 from collections.abc import Sequence
 from typing import Any
 
-from pettingzoo.utils.conversions import parallel_to_aec
-
-from textzoo.envs._sources import check_split
 from textzoo.envs.base import StepResult, TextParallelEnv
+from textzoo.envs.declare import SPLIT, anything, entry_points, integer, task, text_args
 from textzoo.errors import EnvError
 
 SENDER_PROMPTS = (
@@ -79,30 +77,22 @@ def match_symbol(answer: str, symbols: Sequence[str]) -> str | None:
     return None
 
 
+@task(
+    "relay_v0",
+    num_symbols=integer(4, low=2, doc="how many of the default symbols A, B, C, ... (at most 26)"),
+    symbols=anything(None, doc="the symbols, a list or a space-separated string; None: the first num_symbols letters"),
+    message_chars=integer(32, low=1, doc="the longest message the receiver is shown"),
+    split=SPLIT,
+    **text_args(max_prompt_chars=256),
+)
 class RelayEnv(TextParallelEnv):
     """Relay-v0: sender relays a secret symbol to a receiver; see the module docstring."""
 
-    metadata = {"name": "relay_v0", "render_modes": ["ansi"], "is_parallelizable": True}
-
-    def __init__(
-        self,
-        num_symbols: int = 4,
-        symbols: Sequence[str] | str | None = None,
-        message_chars: int = 32,
-        split: str = "train",
-        max_prompt_chars: int = 256,
-        max_action_chars: int = 4096,
-        render_mode: str | None = None,
-    ):
-        super().__init__(
-            ["sender", "receiver"],
-            num_turns=2,
-            max_prompt_chars=max_prompt_chars,
-            max_action_chars=max_action_chars,
-            render_mode=render_mode,
-        )
+    def __init__(self, num_symbols, symbols, message_chars, split, **text: Any):
+        super().__init__(["sender", "receiver"], num_turns=2, **text)
+        max_prompt_chars = text["max_prompt_chars"]
         if symbols is None:
-            if not isinstance(num_symbols, int) or isinstance(num_symbols, bool) or not 2 <= num_symbols <= 26:
+            if num_symbols > 26:
                 raise EnvError(f"num_symbols must be an int in [2, 26] with the default symbols, got {num_symbols!r}")
             symbols = list(string.ascii_uppercase[:num_symbols])
         else:
@@ -119,9 +109,7 @@ class RelayEnv(TextParallelEnv):
                 raise EnvError(
                     f"num_symbols={num_symbols} contradicts the {len(symbols)} symbols given; pass one of them"
                 )
-        if not isinstance(message_chars, int) or isinstance(message_chars, bool) or message_chars < 1:
-            raise EnvError(f"message_chars must be a positive int, got {message_chars!r}")
-        self.split = check_split(split)
+        self.split = split
         self.symbols: list[str] = list(symbols)
         self.message_chars = message_chars
         self.variants = {"train": TRAIN_VARIANTS, "eval": EVAL_VARIANTS, "all": TRAIN_VARIANTS + EVAL_VARIANTS}[split]
@@ -182,10 +170,4 @@ class RelayEnv(TextParallelEnv):
         return info
 
 
-parallel_env = RelayEnv
-"""PettingZoo entry point: `parallel_env(**kwargs)` builds a `RelayEnv`."""
-
-
-def env(**kwargs: Any):
-    """The AEC version (PettingZoo's `parallel_to_aec`), for tools that step agents in turn."""
-    return parallel_to_aec(RelayEnv(**kwargs))
+parallel_env, env, raw_env = entry_points(RelayEnv)

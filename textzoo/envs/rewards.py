@@ -32,7 +32,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from textzoo.envs.declare import number
 from textzoo.errors import EnvError
+
+WEIGHT = number(1.0)  # a finite int or float, never a bool
 
 RewardFn = Callable[..., Sequence[float | None]]
 ON_ERROR = ("raise", "score")
@@ -147,15 +150,13 @@ class RewardFunctions:
         if weights is None:
             weights = [1.0] * len(fns)
         weights = list(weights)
-        if len(weights) != len(fns) or not all(
-            isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in weights
-        ):
+        if len(weights) != len(fns) or not all(WEIGHT.accepts(w) for w in weights):
             raise EnvError(
                 f"reward weights must be {len(fns)} finite numbers (one per reward function), got {weights!r}"
             )
         if on_error not in ON_ERROR:
             raise EnvError(f"on_reward_error must be one of {ON_ERROR}, got {on_error!r}")
-        if isinstance(error_value, bool) or not isinstance(error_value, (int, float)) or not math.isfinite(error_value):
+        if not WEIGHT.accepts(error_value):
             raise EnvError(f"reward_error_value must be a finite number, got {error_value!r}")
         self.on_error, self.error_value = on_error, float(error_value)
         self.fns = fns

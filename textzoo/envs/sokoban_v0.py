@@ -47,10 +47,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from pettingzoo.utils.conversions import parallel_to_aec
-
-from textzoo.envs._toolplan import Outcome, ToolPlanEnv, parse_moves
-from textzoo.envs.sandbox import SandboxLimits
+from textzoo.envs._toolplan import TOOLPLAN_ARGS, Outcome, ToolPlanEnv, parse_moves
+from textzoo.envs.declare import entry_points, integer, task
 from textzoo.errors import EnvError
 
 MOVES: dict[str, tuple[int, int]] = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
@@ -222,17 +220,10 @@ class SokobanGame:
         min_moves: int = 4,
         max_moves: int = 20,
     ):
-        for name, value, lo, hi in (
-            ("size", size, 4, 12),
-            ("num_boxes", num_boxes, 1, 4),
-            ("reverse_steps", reverse_steps, 1, 1000),
-            ("max_moves", max_moves, 1, 200),
-            ("min_moves", min_moves, 1, max_moves),
-        ):
-            if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-                raise EnvError(f"{name} must be an int in [{lo}, {hi}], got {value!r}")
+        if min_moves > max_moves:
+            raise EnvError(f"min_moves must be an int in [1, max_moves = {max_moves}], got {min_moves!r}")
         room = (size - 2) ** 2
-        if not isinstance(walls, int) or isinstance(walls, bool) or not 0 <= walls <= room - 2 * num_boxes - 1:
+        if walls > room - 2 * num_boxes - 1:
             raise EnvError(
                 f"walls must be an int in [0, {room - 2 * num_boxes - 1}] for a {size}x{size} level with "
                 f"{num_boxes} boxes, got {walls!r}"
@@ -268,35 +259,19 @@ class SokobanGame:
         return score_moves(level, answer, self.max_moves)
 
 
-def parallel_env(
-    size: int = 6,
-    num_boxes: int = 1,
-    walls: int = 2,
-    reverse_steps: int = 30,
-    min_moves: int = 4,
-    max_moves: int = 20,
-    num_items: int = 1000,
-    split: str = "train",
-    turns: int = 3,
-    sandbox_limits: SandboxLimits | None = None,
-    max_prompt_chars: int = 8192,
-    max_action_chars: int = 4096,
-    render_mode: str | None = None,
-) -> ToolPlanEnv:
-    """PettingZoo entry point: Sokoban-v0 (see the module docstring)."""
-    return ToolPlanEnv(
-        SokobanGame(size, num_boxes, walls, reverse_steps, min_moves, max_moves),
-        "sokoban_v0",
-        num_items=num_items,
-        split=split,
-        turns=turns,
-        sandbox_limits=sandbox_limits,
-        max_prompt_chars=max_prompt_chars,
-        max_action_chars=max_action_chars,
-        render_mode=render_mode,
-    )
+@task(
+    "sokoban_v0",
+    size=integer(6, low=4, high=12, doc="the level's side, walls included"),
+    num_boxes=integer(1, low=1, high=4),
+    walls=integer(2, low=0, doc="inner walls (at most the room the boxes leave)"),
+    reverse_steps=integer(30, low=1, high=1000, doc="pulls that scatter the boxes from the goals"),
+    min_moves=integer(4, low=1, doc="the least moves a level's solution needs (at most max_moves)"),
+    max_moves=integer(20, low=1, high=200, doc="the most moves an answer may hold"),
+    **TOOLPLAN_ARGS,
+)
+def _build(size, num_boxes, walls, reverse_steps, min_moves, max_moves, **common: Any) -> ToolPlanEnv:
+    """Sokoban-v0 (see the module docstring)."""
+    return ToolPlanEnv(SokobanGame(size, num_boxes, walls, reverse_steps, min_moves, max_moves), "sokoban_v0", **common)
 
 
-def env(**kwargs: Any):
-    """The AEC version (PettingZoo's `parallel_to_aec`), for tools that step agents in turn."""
-    return parallel_to_aec(parallel_env(**kwargs))
+parallel_env, env, raw_env = entry_points(_build)

@@ -48,11 +48,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pettingzoo.utils.conversions import parallel_to_aec
-
-from textzoo.envs._toolplan import Outcome, ToolPlanEnv
+from textzoo.envs._toolplan import TOOLPLAN_ARGS, Outcome, ToolPlanEnv
+from textzoo.envs.declare import entry_points, integer, task
 from textzoo.envs.presets import TaskPreset
-from textzoo.envs.sandbox import SandboxLimits
 from textzoo.errors import EnvError
 
 SIZE = 4
@@ -208,8 +206,6 @@ class SudokuGame:
     answer_format = "the full grid as 16 digits 1-4, row by row, e.g. #### 1234 3412 2143 4321"
 
     def __init__(self, blanks: int = 8):
-        if not isinstance(blanks, int) or isinstance(blanks, bool) or not 1 <= blanks <= MAX_BLANKS:
-            raise EnvError(f"blanks must be an int in [1, {MAX_BLANKS}], got {blanks!r}")
         self.blanks = blanks
 
     def puzzle(self, k: int) -> SudokuPuzzle:
@@ -230,30 +226,10 @@ class SudokuGame:
         return score_grid(puzzle, answer)
 
 
-def parallel_env(
-    blanks: int = 8,
-    num_items: int = 1000,
-    split: str = "train",
-    turns: int = 3,
-    sandbox_limits: SandboxLimits | None = None,
-    max_prompt_chars: int = 8192,
-    max_action_chars: int = 4096,
-    render_mode: str | None = None,
-) -> ToolPlanEnv:
-    """PettingZoo entry point: Sudoku-v0 (see the module docstring)."""
-    return ToolPlanEnv(
-        SudokuGame(blanks),
-        "sudoku_v0",
-        num_items=num_items,
-        split=split,
-        turns=turns,
-        sandbox_limits=sandbox_limits,
-        max_prompt_chars=max_prompt_chars,
-        max_action_chars=max_action_chars,
-        render_mode=render_mode,
-    )
+@task("sudoku_v0", blanks=integer(8, low=1, high=MAX_BLANKS, doc="empty cells"), **TOOLPLAN_ARGS)
+def _build(blanks, **common: Any) -> ToolPlanEnv:
+    """Sudoku-v0 (see the module docstring)."""
+    return ToolPlanEnv(SudokuGame(blanks), "sudoku_v0", **common)
 
 
-def env(**kwargs: Any):
-    """The AEC version (PettingZoo's `parallel_to_aec`), for tools that step agents in turn."""
-    return parallel_to_aec(parallel_env(**kwargs))
+parallel_env, env, raw_env = entry_points(_build)

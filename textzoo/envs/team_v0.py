@@ -50,20 +50,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pettingzoo.utils.conversions import parallel_to_aec
-
-from textzoo.envs._sources import check_split, load_records, split_indices
+from textzoo.envs._sources import load_records, split_indices
 from textzoo.envs.base import StepResult, TextParallelEnv
-from textzoo.envs.rewards import ERRORS_TERM, RewardFn, RewardFunctions, is_messages
+from textzoo.envs.declare import SPLIT, anything, entry_points, integer, number, one_of, task, text_args
+from textzoo.envs.rewards import ERRORS_TERM, RewardFunctions, is_messages
 from textzoo.errors import EnvError
 
 RESERVED = ("prompts", "completions", "agent_id", "other_completions")
 
 
 def _agent_names(agents: Any) -> list[str]:
-    if isinstance(agents, int) and not isinstance(agents, bool):
-        if agents < 1:
-            raise EnvError(f"agents must be >= 1, got {agents}")
+    if integer(2, low=1).accepts(agents):
         return [f"agent_{i}" for i in range(agents)]
     if isinstance(agents, Sequence) and not isinstance(agents, str):
         names = list(agents)
@@ -81,49 +78,87 @@ def render_prompt(prompt: Any) -> str:
     return str(prompt)
 
 
+def _prompt_fields(prompt_field: Any, names: list[str]) -> dict[str, str]:
+    """Agent -> the row field holding its prompt."""
+    if isinstance(prompt_field, str):
+        return dict.fromkeys(names, prompt_field)
+    if isinstance(prompt_field, Mapping) and set(prompt_field) == set(names):
+        return dict(prompt_field)
+    raise EnvError(
+        f"prompt_field must be a field name or a dict with one field per agent {names}, got {prompt_field!r}"
+    )
+
+
+def _per_agent_rewards(
+    names: list[str], reward_fns: Any, reward_weights: Any, reward_format: Any, provided: tuple, on_error: dict
+) -> dict[str, RewardFunctions | None]:
+    """Agent -> its reward functions (None without any): one set shared by all, or one per agent."""
+    if reward_fns is None:
+        return dict.fromkeys(names)
+    if not isinstance(reward_fns, Mapping):
+        if isinstance(reward_weights, Mapping):
+            raise EnvError(
+                "reward_weights must be a list (one weight per reward function) when reward_fns is not a dict"
+            )
+        if isinstance(reward_format, Mapping):
+            raise EnvError("reward_format may be a dict agent -> format only when reward_fns is a dict")
+        shared = RewardFunctions(
+            reward_fns, reward_weights, provided, arg="reward_fns", reward_format=reward_format, **on_error
+        )
+        return dict.fromkeys(names, shared)
+    if set(reward_fns) != set(names):
+        raise EnvError(f"reward_fns as a dict needs one entry per agent {names}, got {sorted(reward_fns)}")
+    if reward_weights is not None and not (isinstance(reward_weights, Mapping) and set(reward_weights) <= set(names)):
+        raise EnvError("reward_weights must be a dict agent -> weights when reward_fns is a dict")
+    out: dict[str, RewardFunctions | None] = {}
+    for a in names:
+        weights = None if reward_weights is None else reward_weights.get(a)
+        fmt = reward_format.get(a, "auto") if isinstance(reward_format, Mapping) else reward_format
+        out[a] = RewardFunctions(
+            reward_fns[a], weights, provided, arg=f"reward_fns[{a!r}]", reward_format=fmt, **on_error
+        )
+    return out
+
+
+@task(
+    "team_v0",
+    prompts=anything(None, doc="a list of str or dicts, a JSONL path or a datasets.Dataset (required)"),
+    agents=anything(2, doc="N (agent_0 .. agent_{N-1}) or a list of distinct names"),
+    reward_fns=anything(None, doc="TRL-style reward function(s), or a dict agent -> function(s)"),
+    reward_weights=anything(None, doc="one weight per reward function (a dict agent -> weights for a dict)"),
+    team_reward_fn=anything(None, doc="one reward of the whole team's completions"),
+    prompt_field=anything("prompt", doc="the row field holding the prompt, or a dict agent -> field"),
+    split=SPLIT,
+    on_reward_error=one_of("raise", "raise", "score", doc="stop on a raising reward function, or score it"),
+    reward_error_value=number(0.0, doc="the score of a reward function that raised (on_reward_error='score')"),
+    reward_format=anything("auto", doc="'auto', 'standard' or 'conversational'; one per function or per agent"),
+    **text_args(max_prompt_chars=2048),
+)
 class TeamEnv(TextParallelEnv):
     """Team-v0: a dataset of prompts answered by N agents, scored by TRL-style reward functions."""
 
-    metadata = {"name": "team_v0", "render_modes": ["ansi"], "is_parallelizable": True}
-
     def __init__(
         self,
-        prompts: Any = None,
-        agents: int | Sequence[str] = 2,
-        reward_fns: RewardFn | Sequence[RewardFn] | Mapping[str, RewardFn | Sequence[RewardFn]] | None = None,
-        reward_weights: Sequence[float] | Mapping[str, Sequence[float]] | None = None,
-        team_reward_fn: RewardFn | None = None,
-        prompt_field: str | Mapping[str, str] = "prompt",
-        split: str = "train",
-        max_prompt_chars: int = 2048,
-        max_action_chars: int = 4096,
-        on_reward_error: str = "raise",
-        reward_error_value: float = 0.0,
-        reward_format: str | Sequence[str] | Mapping[str, str | Sequence[str]] = "auto",
-        render_mode: str | None = None,
+        prompts,
+        agents,
+        reward_fns,
+        reward_weights,
+        team_reward_fn,
+        prompt_field,
+        split,
+        on_reward_error,
+        reward_error_value,
+        reward_format,
+        **text: Any,
     ):
         names = _agent_names(agents)
-        super().__init__(
-            names,
-            num_turns=1,
-            max_prompt_chars=max_prompt_chars,
-            max_action_chars=max_action_chars,
-            render_mode=render_mode,
-        )
-        self.split = check_split(split)
+        super().__init__(names, num_turns=1, **text)
+        self.split = split
         if prompts is None:
             raise EnvError("prompts is required: a list of str or dicts, a JSONL path or a datasets.Dataset")
         if reward_fns is None and team_reward_fn is None:
             raise EnvError("give reward_fns (per agent), team_reward_fn (one team reward), or both")
-
-        if isinstance(prompt_field, str):
-            self.prompt_fields = dict.fromkeys(names, prompt_field)
-        elif isinstance(prompt_field, Mapping) and set(prompt_field) == set(names):
-            self.prompt_fields = dict(prompt_field)
-        else:
-            raise EnvError(
-                f"prompt_field must be a field name or a dict with one field per agent {names}, got {prompt_field!r}"
-            )
+        self.prompt_fields = _prompt_fields(prompt_field, names)
         fields = list(dict.fromkeys(self.prompt_fields.values()))
         rows = load_records(prompts, fields[0], "prompts")
         for f in fields[1:]:
@@ -148,33 +183,7 @@ class TeamEnv(TextParallelEnv):
         }
         columns = sorted({k for row in self._rows for k in row if k not in fields}, key=str)
         provided = (*RESERVED, *columns)
-        self.reward_fns: dict[str, RewardFunctions | None] = {}
-        if reward_fns is None:
-            self.reward_fns = dict.fromkeys(names)
-        elif isinstance(reward_fns, Mapping):
-            if set(reward_fns) != set(names):
-                raise EnvError(f"reward_fns as a dict needs one entry per agent {names}, got {sorted(reward_fns)}")
-            if reward_weights is not None and not (
-                isinstance(reward_weights, Mapping) and set(reward_weights) <= set(names)
-            ):
-                raise EnvError("reward_weights must be a dict agent -> weights when reward_fns is a dict")
-            for a in names:
-                weights = None if reward_weights is None else reward_weights.get(a)
-                fmt = reward_format.get(a, "auto") if isinstance(reward_format, Mapping) else reward_format
-                self.reward_fns[a] = RewardFunctions(
-                    reward_fns[a], weights, provided, arg=f"reward_fns[{a!r}]", reward_format=fmt, **on_error
-                )
-        else:
-            if isinstance(reward_weights, Mapping):
-                raise EnvError(
-                    "reward_weights must be a list (one weight per reward function) when reward_fns is not a dict"
-                )
-            if isinstance(reward_format, Mapping):
-                raise EnvError("reward_format may be a dict agent -> format only when reward_fns is a dict")
-            shared = RewardFunctions(
-                reward_fns, reward_weights, provided, arg="reward_fns", reward_format=reward_format, **on_error
-            )
-            self.reward_fns = dict.fromkeys(names, shared)
+        self.reward_fns = _per_agent_rewards(names, reward_fns, reward_weights, reward_format, provided, on_error)
         self.team_reward_fn = (
             None
             if team_reward_fn is None
@@ -230,10 +239,4 @@ class TeamEnv(TextParallelEnv):
         return StepResult(rewards=rewards, reward_terms=terms, notes=extra)
 
 
-parallel_env = TeamEnv
-"""PettingZoo entry point: `parallel_env(**kwargs)` builds a `TeamEnv`."""
-
-
-def env(**kwargs: Any):
-    """The AEC version (PettingZoo's `parallel_to_aec`), for tools that step agents in turn."""
-    return parallel_to_aec(TeamEnv(**kwargs))
+parallel_env, env, raw_env = entry_points(TeamEnv)

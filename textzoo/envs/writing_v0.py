@@ -48,14 +48,12 @@ Version history:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pettingzoo.utils.conversions import parallel_to_aec
-
-from textzoo.envs._sources import check_split, load_records, procedural_paragraph, split_indices
+from textzoo.envs._sources import load_records, procedural_paragraph, split_indices
 from textzoo.envs.base import StepResult, TextParallelEnv, words
+from textzoo.envs.declare import SPLIT, Arg, anything, entry_points, integer, number, task, text_args
 from textzoo.errors import EnvError
 
 TERMS = ("length_ratio", "diversity", "length_limits", "coordination")
@@ -134,45 +132,43 @@ def _parse_terms(terms: Any) -> dict[str, float]:
     if unknown:
         raise EnvError(f"terms has unknown term(s) {unknown}; known: {', '.join(TERMS)}")
     for k, w in weights.items():
-        if not isinstance(w, (int, float)) or isinstance(w, bool) or not math.isfinite(w) or w < 0:
+        if not number(1.0, low=0).accepts(w):
             raise EnvError(f"terms[{k!r}] must be a finite weight >= 0, got {w!r}")
     if not weights or sum(weights.values()) <= 0:
         raise EnvError(f"terms must select at least one term with a positive weight, got {terms!r}")
     return {k: float(w) for k, w in weights.items()}
 
 
+@task(
+    "writing_v0",
+    split=SPLIT,
+    num_items=integer(None, low=1, optional=True, doc="procedural items (default 400), or the first rows of dataset"),
+    dataset=anything(None, doc="a JSONL path, a datasets.Dataset or a list of rows; None: procedural paragraphs"),
+    text_field=Arg("text", str, doc="the dataset field holding the source text"),
+    terms=anything(None, doc="None (all four), a list of term names or a dict name -> weight"),
+    summary_max_words=integer(30, low=1),
+    elaboration_max_words=integer(90, low=1),
+    ratio_band=anything((2.0, 3.0), doc="(lo, hi) with 0 < lo <= hi: the band of n(E) / n(S) that scores 1"),
+    **text_args(max_prompt_chars=512),
+)
 class WritingEnv(TextParallelEnv):
     """Writing-v0: a summary writer and an elaboration writer; see the module docstring."""
 
-    metadata = {"name": "writing_v0", "render_modes": ["ansi"], "is_parallelizable": True}
-
     def __init__(
         self,
-        split: str = "train",
-        num_items: int | None = None,
-        dataset: Any = None,
-        text_field: str = "text",
-        terms: Mapping[str, float] | Sequence[str] | None = None,
-        summary_max_words: int = 30,
-        elaboration_max_words: int = 90,
-        ratio_band: tuple[float, float] = (2.0, 3.0),
-        max_prompt_chars: int = 512,
-        max_action_chars: int = 4096,
-        render_mode: str | None = None,
+        split,
+        num_items,
+        dataset,
+        text_field,
+        terms,
+        summary_max_words,
+        elaboration_max_words,
+        ratio_band,
+        **text: Any,
     ):
-        super().__init__(
-            ["summary", "elaboration"],
-            num_turns=1,
-            max_prompt_chars=max_prompt_chars,
-            max_action_chars=max_action_chars,
-            render_mode=render_mode,
-        )
-        self.split = check_split(split)
-        if num_items is not None and (not isinstance(num_items, int) or isinstance(num_items, bool) or num_items < 1):
-            raise EnvError(f"num_items must be a positive int or None, got {num_items!r}")
-        for arg, value in (("summary_max_words", summary_max_words), ("elaboration_max_words", elaboration_max_words)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise EnvError(f"{arg} must be a positive int, got {value!r}")
+        super().__init__(["summary", "elaboration"], num_turns=1, **text)
+        max_prompt_chars = text["max_prompt_chars"]
+        self.split = split
         if (
             not isinstance(ratio_band, Sequence)
             or len(ratio_band) != 2
@@ -247,10 +243,4 @@ class WritingEnv(TextParallelEnv):
         )
 
 
-parallel_env = WritingEnv
-"""PettingZoo entry point: `parallel_env(**kwargs)` builds a `WritingEnv`."""
-
-
-def env(**kwargs: Any):
-    """The AEC version (PettingZoo's `parallel_to_aec`), for tools that step agents in turn."""
-    return parallel_to_aec(WritingEnv(**kwargs))
+parallel_env, env, raw_env = entry_points(WritingEnv)

@@ -39,7 +39,6 @@ A game that reaches `max_moves` moves is truncated (outcome 0).
 from __future__ import annotations
 
 import difflib
-import math
 import re
 from typing import Any
 
@@ -47,21 +46,16 @@ from gymnasium.utils import seeding
 from pettingzoo import AECEnv
 from pettingzoo.utils.conversions import aec_to_parallel_wrapper
 
-from textzoo.envs._sources import check_split, split_indices
+from textzoo.envs._sources import import_extra, split_indices
 from textzoo.envs.base import clean_text, text_space
+from textzoo.envs.declare import SPLIT, Arg, integer, number, task, text_args
 from textzoo.errors import EnvError
 
 ILLEGAL_NOTE = "illegal move: {reason}"
 
 
 def _ta() -> Any:
-    try:
-        import textarena
-    except ImportError as e:
-        raise EnvError(
-            "textzoo.interop.textarena needs TextArena: pip install 'textzoo[textarena]' (or 'textarena>=0.7.4')"
-        ) from e
-    return textarena
+    return import_extra("textarena", "textzoo.interop.textarena", "textarena", "textarena>=0.7.4")
 
 
 def game_ids() -> list[str]:
@@ -83,12 +77,17 @@ def _make_game(game: str) -> Any:
     return ta.make(game)
 
 
-def _positive_int(name: str, value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise EnvError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
+@task(
+    "textarena",
+    game=Arg("TicTacToe-v0", str, doc="a TextArena game id (textzoo.interop.textarena.game_ids())"),
+    num_players=integer(2, low=1),
+    cycle=Arg(False, bool, doc="step every agent each cycle (what parallel_env runs)"),
+    split=SPLIT,
+    num_items=integer(1000, low=1, doc="seeds of the game (the eval split keeps every 5th)"),
+    illegal_reward=number(-1.0, doc="the reward of a move the game refuses"),
+    max_moves=integer(200, low=1, doc="moves before the episode is truncated"),
+    **text_args(max_action_chars=1024),
+)
 class TextArenaAEC(AECEnv):
     """A TextArena game as a PettingZoo AEC env; `cycle=True` steps every agent each cycle (module docstring)."""
 
@@ -96,39 +95,31 @@ class TextArenaAEC(AECEnv):
 
     def __init__(
         self,
-        game: str = "TicTacToe-v0",
-        num_players: int = 2,
-        cycle: bool = False,
-        split: str = "train",
-        num_items: int = 1000,
-        illegal_reward: float = -1.0,
-        max_moves: int = 200,
-        max_prompt_chars: int = 8192,
-        max_action_chars: int = 1024,
-        render_mode: str | None = None,
+        game,
+        num_players,
+        cycle,
+        split,
+        num_items,
+        illegal_reward,
+        max_moves,
+        max_prompt_chars,
+        max_action_chars,
+        render_mode,
     ):
         super().__init__()
-        if not isinstance(game, str):
-            raise EnvError(f"game must be a TextArena id (a str), got {game!r}")
         _make_game(game)  # fail now, with the close ids, not at the first reset
-        if isinstance(illegal_reward, bool) or not isinstance(illegal_reward, (int, float)):
-            raise EnvError(f"illegal_reward must be a finite number, got {illegal_reward!r}")
-        if not math.isfinite(illegal_reward):
-            raise EnvError(f"illegal_reward must be a finite number, got {illegal_reward!r}")
-        if render_mode not in (None, "ansi"):
-            raise EnvError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         self.game_id = game
         self.metadata = {**self.metadata, "name": "textarena_" + re.sub(r"\W", "_", game)}
-        self.num_players = _positive_int("num_players", num_players)
-        self.cycle = bool(cycle)
-        self.split = check_split(split)
-        self._items = split_indices(_positive_int("num_items", num_items), self.split)
+        self.num_players = num_players
+        self.cycle = cycle
+        self.split = split
+        self._items = split_indices(num_items, self.split)
         if not self._items:
             raise EnvError(f"split={split!r} of {num_items} items is empty; give num_items >= 5 (or split='all')")
         self.illegal_reward = float(illegal_reward)
-        self.max_moves = _positive_int("max_moves", max_moves)
-        self.max_prompt_chars = _positive_int("max_prompt_chars", max_prompt_chars)
-        self.max_action_chars = _positive_int("max_action_chars", max_action_chars)
+        self.max_moves = max_moves
+        self.max_prompt_chars = max_prompt_chars
+        self.max_action_chars = max_action_chars
         self.render_mode = render_mode
         self.possible_agents = [f"player_{i}" for i in range(self.num_players)]
         self.agents = []

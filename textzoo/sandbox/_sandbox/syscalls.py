@@ -49,42 +49,36 @@ SECCOMP_MODE_FILTER = 2
 _STATVFS_TO_MS = {1: MS_RDONLY, 2: MS_NOSUID, 4: MS_NODEV, 8: MS_NOEXEC, 1024: MS_NOATIME, 2048: MS_NODIRATIME}
 _ST_RELATIME = 4096
 
-# architecture -> (AUDIT_ARCH value, syscall numbers); x86_64 from asm/unistd_64.h, aarch64 from
-# asm-generic/unistd.h
-_X86_64 = {
-    "pivot_root": 155, "capset": 126, "socket": 41, "clone": 56, "clone3": 435,
-    "deny": {
-        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_getfd": 438,
-        "process_madvise": 440, "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161,
-        "unshare": 272, "setns": 308, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
-        "fsmount": 432, "fspick": 433, "mount_setattr": 442, "bpf": 321, "perf_event_open": 298,
-        "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-        "keyctl": 250, "add_key": 248, "request_key": 249, "kexec_load": 246, "kexec_file_load": 320,
-        "init_module": 175, "finit_module": 313, "delete_module": 176, "reboot": 169, "swapon": 167,
-        "swapoff": 168, "acct": 163, "quotactl": 179, "syslog": 103, "settimeofday": 164,
-        "clock_settime": 227, "adjtimex": 159, "clock_adjtime": 305, "sethostname": 170,
-        "setdomainname": 171, "iopl": 172, "ioperm": 173, "open_by_handle_at": 304,
-        "name_to_handle_at": 303, "fanotify_init": 300, "personality": 135, "vhangup": 153,
-        "uselib": 134, "lookup_dcookie": 212,
-    },
+# syscall numbers as (x86_64, aarch64): x86_64 from asm/unistd_64.h, aarch64 from asm-generic/unistd.h;
+# None where the architecture lacks the call
+_USED = {"pivot_root": (155, 41), "capset": (126, 91), "socket": (41, 198), "clone": (56, 220), "clone3": (435, 435)}
+_DENIED = {
+    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "pidfd_getfd": (438, 438),
+    "process_madvise": (440, 440), "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41),
+    "chroot": (161, 51), "unshare": (272, 97), "setns": (308, 268), "open_tree": (428, 428),
+    "move_mount": (429, 429), "fsopen": (430, 430), "fsconfig": (431, 431), "fsmount": (432, 432),
+    "fspick": (433, 433), "mount_setattr": (442, 442), "bpf": (321, 280), "perf_event_open": (298, 241),
+    "userfaultfd": (323, 282), "io_uring_setup": (425, 425), "io_uring_enter": (426, 426),
+    "io_uring_register": (427, 427), "keyctl": (250, 219), "add_key": (248, 217), "request_key": (249, 218),
+    "kexec_load": (246, 104), "kexec_file_load": (320, 294), "init_module": (175, 105), "finit_module": (313, 273),
+    "delete_module": (176, 106), "reboot": (169, 142), "swapon": (167, 224), "swapoff": (168, 225),
+    "acct": (163, 89), "quotactl": (179, 60), "syslog": (103, 116), "settimeofday": (164, 170),
+    "clock_settime": (227, 112), "adjtimex": (159, 171), "clock_adjtime": (305, 266), "sethostname": (170, 161),
+    "setdomainname": (171, 162), "iopl": (172, None), "ioperm": (173, None), "open_by_handle_at": (304, 265),
+    "name_to_handle_at": (303, 264), "fanotify_init": (300, 262), "personality": (135, 92), "vhangup": (153, 58),
+    "uselib": (134, None), "lookup_dcookie": (212, 18),
 }  # fmt: skip
-_AARCH64 = {
-    "pivot_root": 41, "capset": 91, "socket": 198, "clone": 220, "clone3": 435,
-    "deny": {
-        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_getfd": 438,
-        "process_madvise": 440, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51,
-        "unshare": 97, "setns": 268, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
-        "fsmount": 432, "fspick": 433, "mount_setattr": 442, "bpf": 280, "perf_event_open": 241,
-        "userfaultfd": 282, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-        "keyctl": 219, "add_key": 217, "request_key": 218, "kexec_load": 104, "kexec_file_load": 294,
-        "init_module": 105, "finit_module": 273, "delete_module": 106, "reboot": 142, "swapon": 224,
-        "swapoff": 225, "acct": 89, "quotactl": 60, "syslog": 116, "settimeofday": 170,
-        "clock_settime": 112, "adjtimex": 171, "clock_adjtime": 266, "sethostname": 161,
-        "setdomainname": 162, "open_by_handle_at": 265, "name_to_handle_at": 264, "fanotify_init": 262,
-        "personality": 92, "vhangup": 58, "lookup_dcookie": 18,
-    },
-}  # fmt: skip
-_ARCHES = {"x86_64": (0xC000003E, _X86_64), "aarch64": (0xC00000B7, _AARCH64)}
+"""What seccomp refuses (EPERM) besides the checks of socket and clone arguments."""
+
+
+def _table(column: int) -> dict:
+    """One architecture's numbers: the calls used by name, and "deny": the refused ones."""
+    deny = {k: v[column] for k, v in _DENIED.items() if v[column] is not None}
+    return {**{k: v[column] for k, v in _USED.items()}, "deny": deny}
+
+
+# architecture -> (AUDIT_ARCH value, syscall numbers)
+_ARCHES = {"x86_64": (0xC000003E, _table(0)), "aarch64": (0xC00000B7, _table(1))}
 ARCH = platform.machine()
 _NR = _ARCHES.get(ARCH, (0, {}))[1]
 

@@ -1,6 +1,6 @@
 """The zygote: a warm interpreter that keeps confined process trees ready and hands each a program.
 
-Started by the parent as `python -I -S -c BOOT <envs dir> <config json>` with one end of a
+Started by the parent as `python -I -S -c BOOT <textzoo/sandbox dir> <config json>` with one end of a
 SOCK_SEQPACKET socket pair. It imports the preload modules, enters its own namespaces, probes what
 else works, says hello (the plan, as JSON) and serves:
 

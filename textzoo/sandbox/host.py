@@ -1,4 +1,4 @@
-"""The one place model-written code runs: a Python program in a confined, limited process.
+"""The host side of the sandbox: limits, the zygotes seen from the parent, `run` and `run_many`.
 
 `run(Program(source, tests))` executes `source`, then each test snippet in the same namespace, and
 returns a `SandboxResult` with one pass/fail per test. `run_many` does the same for a batch in
@@ -41,43 +41,7 @@ zygote logs once which ones, and `require` turns a missing one into a `SandboxEr
   perf_event_open, io_uring, keyctl, kexec, modules and other host-wide calls fail with EPERM
   (x86_64 and aarch64).
 
-What is guaranteed (tests/test_sandbox.py, tests/test_code_env.py)
--------------------------------------------------------------------
-| model code tries to                        | stopped by                          | when those are missing           |
-| ------------------------------------------ | ----------------------------------- | -------------------------------- |
-| reach the network (127.0.0.1 or any host)  | netns; seccomp; Landlock ABI>=4 (**) | open                            |
-| leave files in /tmp, /dev/shm              | mountns (private tmpfs); Landlock   | world-writable dirs are writable |
-| read files outside its working dir         | mountns (only exposed paths); Landlock | every file its uid can read   |
-| write outside its working dir              | mountns (read-only root); Landlock; uid | every file its uid can write |
-| signal or ptrace the caller or its parent  | pidns; uid; Landlock scope; seccomp | it can kill the caller           |
-| leave processes behind (setsid daemons)    | pidns; uid (kill -1 as that uid)    | they survive the run             |
-| fork bomb                                  | RLIMIT_NPROC (with uid or userns)   | only timeout and RLIMIT_CPU      |
-| loop, burn CPU                             | timeout_s (SIGKILL), RLIMIT_CPU     | (always on)                      |
-| exhaust memory or disk                     | RLIMIT_AS, RLIMIT_FSIZE, tmpfs size | (always on; tmpfs with mountns)  |
-| flood stdout/stderr                        | `output_bytes` kept, rest dropped   | (always on)                      |
-| forge outcomes by printing                 | nonce-tagged private pipe           | (always on)                      |
-| fail to import the standard library        | mountns binds the interpreter       | uid: only what it can read (*)   |
-
-(*) with a dedicated uid but no private root, an interpreter in a private folder (under /root) can
-only give the program the modules the zygote preloaded.
-(**) Landlock covers TCP only; UDP and raw sockets need netns or seccomp.
-
-For the network and the files each mechanism of the middle column is tested alone, against a
-control run without any isolation that does reach the listener, leave the file, read the secret.
-
-What is not guaranteed
-----------------------
-- Results are reported from inside the program's process: code that introspects the harness
-  (frames, `gc`) could find the nonce and forge outcomes, just as it could monkeypatch `==`.
-- The kernel is shared: a kernel bug reachable from the allowed system calls breaks every layer.
-- Every program of one zygote shares its hash seed and preloaded modules' initial state (`random`
-  is reseeded per program).
-- The exposed paths (system libraries, the interpreter's folders, including its own site-packages
-  but not a virtualenv's) are readable; they are world-readable system files.
-- Without netns, Landlock ABI >= 4 and seccomp (another architecture, an old kernel), the network
-  is open; without mountns and Landlock, /tmp is shared and the user's files readable; without
-  root or user namespaces, there is no pid namespace and no private uid: the limits, Landlock and
-  seccomp are all that apply. `isolation_report()` says what this machine gives.
+What it guarantees, what it allows and which test proves each: the package docstring (`textzoo.sandbox`).
 """
 
 from __future__ import annotations
@@ -105,8 +69,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from textzoo.envs._sandbox import confine, zygote
 from textzoo.errors import ConfigError, SandboxError
+from textzoo.sandbox._sandbox import confine, zygote
 
 logger = logging.getLogger(__name__)
 
@@ -347,10 +311,10 @@ class _Zygote:
             "pool": max(3, min(os.cpu_count() or 1, 8)),
         }
         self.pool = config["pool"]  # process trees kept ready; one more while each program runs
-        envs_dir = str(Path(__file__).resolve().parent)
+        package_dir = str(Path(__file__).resolve().parent)  # holds _sandbox, imported by the zygote
         try:
             self.proc = subprocess.Popen(
-                [limits.python, "-I", "-S", "-c", zygote.BOOT, envs_dir, json.dumps(config)],
+                [limits.python, "-I", "-S", "-c", zygote.BOOT, package_dir, json.dumps(config)],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -506,7 +470,7 @@ def _announce(mechanisms: str, missing: tuple[tuple[str, str], ...], landlock_ab
     logger.info("textzoo sandbox: programs run confined by %s%s", mechanisms, abi)
     if missing:
         logger.warning(
-            "textzoo sandbox: not available here: %s. See the guarantees table of textzoo.envs.sandbox for "
+            "textzoo sandbox: not available here: %s. See the guarantees table of textzoo.sandbox for "
             "what each one's absence leaves open.",
             "; ".join(f"{m} ({why})" for m, why in missing),
         )

@@ -2,5 +2,5 @@
 
 Standard library only and no `textzoo` imports: the zygote runs these modules under `python -I -S`,
 importing them as the top-level package `_sandbox`; the parent imports them as
-`textzoo.envs._sandbox` for the protocol's constants. `textzoo.envs.sandbox` is the public API.
+`textzoo.sandbox._sandbox` for the protocol's constants. `textzoo.sandbox` is the public API.
 """
