@@ -44,15 +44,15 @@ import torch
 import tyro
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from textzoo.agents import sampling
-from textzoo.agents.batch import Job, SampleBatch
-from textzoo.agents.generation import Generation
-from textzoo.agents.precision import autocast
-from textzoo.agents.reinforce import ReinforceConfig, reinforce_loss
-from textzoo.agents.tokenizer import byte_tokenizer
+from textzoo.algorithms.batch import Job, SampleBatch
+from textzoo.algorithms.reinforce.family import ReinforceConfig, reinforce_loss
+from textzoo.config import AgentConfig
 from textzoo.envs import make
+from textzoo.models import sampling
+from textzoo.models.generation import Generation
+from textzoo.models.precision import autocast
+from textzoo.models.tokenizer import byte_tokenizer
 from textzoo.runners.build import build_learner, build_policy
-from textzoo.runners.config import AgentConfig
 from textzoo.runners.update import UpdateConfig, run_job
 
 QWEN2_0_5B = dict(

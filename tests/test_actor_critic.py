@@ -7,23 +7,23 @@ import torch
 
 torch.set_num_threads(1)
 
-from textzoo.agents import actor_critic as ac  # noqa: E402
-from textzoo.agents.actor_critic import (  # noqa: E402
+from textzoo.algorithms.actor_critic import family as ac  # noqa: E402
+from textzoo.algorithms.actor_critic.family import (  # noqa: E402
     ActorCriticConfig,
     ActorCriticFamily,
     actor_loss,
     critic_name,
     value_job_loss,
 )
-from textzoo.agents.batch import Job, SampleBatch  # noqa: E402
-from textzoo.agents.critic import Critic  # noqa: E402
-from textzoo.agents.policy import GenerationConfig, Policy  # noqa: E402
-from textzoo.agents.reinforce import ReinforceConfig, reinforce_loss  # noqa: E402
-from textzoo.agents.rlmath import BatchNorm, policy_gradient_loss  # noqa: E402
-from textzoo.agents.team import AgentActor  # noqa: E402
+from textzoo.algorithms.batch import Job, SampleBatch  # noqa: E402
+from textzoo.algorithms.reinforce.family import ReinforceConfig, reinforce_loss  # noqa: E402
+from textzoo.algorithms.rlmath import BatchNorm, policy_gradient_loss  # noqa: E402
+from textzoo.config import TrainConfig  # noqa: E402
 from textzoo.envs import make  # noqa: E402
 from textzoo.errors import ConfigError  # noqa: E402
-from textzoo.runners.config import TrainConfig  # noqa: E402
+from textzoo.models.critic import Critic  # noqa: E402
+from textzoo.models.policy import GenerationConfig, Policy  # noqa: E402
+from textzoo.models.team import AgentActor  # noqa: E402
 from textzoo.runners.rollout import Collector  # noqa: E402
 from textzoo.runners.update import Learner, UpdateConfig, run_job  # noqa: E402
 
@@ -304,7 +304,7 @@ def test_cli_flags_reach_the_config():
 # ---- learning ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("algo", ["iac", "maac"])
 def test_writing_reward_rises(algo, tmp_path):
-    from textzoo.runners.config import AgentConfig
+    from textzoo.config import AgentConfig
     from textzoo.runners.trainer import Trainer
 
     steps, gains = 20, []
@@ -336,7 +336,7 @@ def test_writing_reward_rises(algo, tmp_path):
 def test_resume_restores_critics_and_their_optimizers_exactly(tmp_path, critic_model):
     import shutil
 
-    from textzoo.runners.config import AgentConfig
+    from textzoo.config import AgentConfig
     from textzoo.runners.trainer import Trainer
 
     def config(run_dir):

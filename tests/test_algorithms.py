@@ -10,17 +10,17 @@ import torch
 
 torch.set_num_threads(1)
 
-import textzoo.agents  # noqa: E402
-from textzoo.agents.actor_critic import ActorCriticConfig, ActorCriticFamily  # noqa: E402
-from textzoo.agents.atgrpo import ATGRPOFamily  # noqa: E402
-from textzoo.agents.family import RolloutNeeds  # noqa: E402
-from textzoo.agents.preference import MADPOFamily  # noqa: E402
-from textzoo.agents.reinforce import ReinforceConfig, ReinforceFamily  # noqa: E402
+import textzoo.models  # noqa: E402
+from textzoo.algorithms import registry as algorithms  # noqa: E402
+from textzoo.algorithms.actor_critic.family import ActorCriticConfig, ActorCriticFamily  # noqa: E402
+from textzoo.algorithms.family import RolloutNeeds  # noqa: E402
+from textzoo.algorithms.preference.madpo import MADPOFamily  # noqa: E402
+from textzoo.algorithms.registry import ALGORITHMS, Algorithm, register_algorithm, resolve_algorithm  # noqa: E402
+from textzoo.algorithms.reinforce.atgrpo import ATGRPOFamily  # noqa: E402
+from textzoo.algorithms.reinforce.family import ReinforceConfig, ReinforceFamily  # noqa: E402
+from textzoo.config import TrainConfig, from_dict, load_config, to_dict  # noqa: E402
 from textzoo.errors import ConfigError  # noqa: E402
-from textzoo.runners import algorithms  # noqa: E402
 from textzoo.runners import trainer as trainer_module  # noqa: E402
-from textzoo.runners.algorithms import ALGORITHMS, Algorithm, register_algorithm, resolve_algorithm  # noqa: E402
-from textzoo.runners.config import TrainConfig, from_dict, load_config, to_dict  # noqa: E402
 
 
 def small(**kwargs) -> TrainConfig:
@@ -164,8 +164,10 @@ def test_imports_flow_runners_agents_envs():
         out = subprocess.run([sys.executable, "-c", code, *modules], capture_output=True, text=True, check=True)
         return out.stdout
 
-    agents = loaded(*sorted(m.name for m in pkgutil.walk_packages(textzoo.agents.__path__, "textzoo.agents.")))
+    agents = loaded(*sorted(m.name for m in pkgutil.walk_packages(textzoo.models.__path__, "textzoo.models.")))
     assert "textzoo.runners" not in agents and "textzoo.envs" not in agents
     envs = loaded("textzoo.envs")
-    assert "textzoo.agents" not in envs and "textzoo.runners" not in envs
-    assert "textzoo.runners.trainer" not in loaded("textzoo.runners.preference", "textzoo.runners.algorithms")
+    assert "textzoo.models" not in envs and "textzoo.runners" not in envs
+    assert "textzoo.runners.trainer" not in loaded(
+        "textzoo.algorithms.preference.rounds", "textzoo.algorithms.registry"
+    )

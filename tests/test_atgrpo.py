@@ -7,13 +7,13 @@ torch.set_num_threads(1)
 
 from toy import CategoricalPolicy, TargetWordEnv  # noqa: E402
 
-from textzoo.agents.atgrpo import ATGRPOFamily  # noqa: E402
-from textzoo.agents.policy import Generation  # noqa: E402
-from textzoo.agents.reinforce import ReinforceConfig, ReinforceFamily  # noqa: E402
-from textzoo.agents.team import AgentActor  # noqa: E402
+from textzoo.algorithms.reinforce.atgrpo import ATGRPOFamily  # noqa: E402
+from textzoo.algorithms.reinforce.family import ReinforceConfig, ReinforceFamily  # noqa: E402
+from textzoo.config import AgentConfig, TrainConfig  # noqa: E402
 from textzoo.envs.base import StepResult, TextParallelEnv  # noqa: E402
 from textzoo.errors import ConfigError  # noqa: E402
-from textzoo.runners.config import AgentConfig, TrainConfig  # noqa: E402
+from textzoo.models.policy import Generation  # noqa: E402
+from textzoo.models.team import AgentActor  # noqa: E402
 from textzoo.runners.rollout import Collector  # noqa: E402
 from textzoo.runners.trainer import Trainer  # noqa: E402
 from textzoo.runners.update import Learner, UpdateConfig, run_job  # noqa: E402

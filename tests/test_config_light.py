@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-LIGHT = ("textzoo.runners.config", "textzoo.runners.algorithms", "textzoo.agents.settings", "textzoo.typecheck")
+LIGHT = ("textzoo.config", "textzoo.algorithms.registry", "textzoo.models.settings", "textzoo.typecheck")
 
 
 @pytest.mark.parametrize("module", LIGHT)
@@ -26,7 +26,7 @@ def test_a_bad_config_fails_without_torch(tmp_path):
     code = (
         "import sys\n"
         "from textzoo.errors import ConfigError\n"
-        "from textzoo.runners.config import TrainConfig, load_config\n"
+        "from textzoo.config import TrainConfig, load_config\n"
         "TrainConfig(algo='ippo')  # an algorithm's defaults and rules, without its family\n"
         f"try:\n    load_config({str(path)!r})\nexcept ConfigError as e:\n    print(e)\n"
         "print('torch' in sys.modules)"
@@ -36,7 +36,8 @@ def test_a_bad_config_fails_without_torch(tmp_path):
 
 
 def test_the_name_lists_match_what_they_name():
-    from textzoo.agents import joint, precision, prompting, rlmath, settings
+    from textzoo.algorithms import rlmath
+    from textzoo.models import joint, precision, prompting, settings
 
     assert settings.AGGREGATION_NAMES == tuple(rlmath.AGGREGATIONS)
     assert settings.PRECISION_NAMES == (settings.AUTO, *precision.PRECISIONS)

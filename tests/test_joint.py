@@ -5,17 +5,17 @@ import copy
 import pytest
 import torch
 
-from textzoo.agents.batch import ActorStep, Rollout
-from textzoo.agents.joint import JointActor, parse_joint
-from textzoo.agents.policy import GenerationConfig, Policy
-from textzoo.agents.reinforce import ReinforceConfig, ReinforceFamily
-from textzoo.agents.rlmath import BatchNorm
-from textzoo.agents.team import AgentActor
+from textzoo.algorithms.batch import ActorStep, Rollout
+from textzoo.algorithms.registry import ALGORITHMS
+from textzoo.algorithms.reinforce.family import ReinforceConfig, ReinforceFamily
+from textzoo.algorithms.rlmath import BatchNorm
+from textzoo.config import AgentConfig, TrainConfig
 from textzoo.envs.base import StepResult, TextParallelEnv
 from textzoo.envs.registry import register
 from textzoo.errors import ConfigError
-from textzoo.runners.algorithms import ALGORITHMS
-from textzoo.runners.config import AgentConfig, TrainConfig
+from textzoo.models.joint import JointActor, parse_joint
+from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.models.team import AgentActor
 from textzoo.runners.rollout import Collector, prompt_seed
 from textzoo.runners.trainer import Trainer, rollout_metrics
 

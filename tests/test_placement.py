@@ -6,10 +6,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from textzoo.agents.team import AgentActor
+from textzoo.config import AgentConfig
 from textzoo.errors import ConfigError
+from textzoo.models.team import AgentActor
 from textzoo.runners.build import build_policy
-from textzoo.runners.config import AgentConfig
 from textzoo.runners.placement import DeviceSpec, ModelSpec, model_bytes, resolve_placement, team_models
 from textzoo.runners.rollout import Collector
 
@@ -153,10 +153,10 @@ def test_bf16_and_gradient_checkpointing_are_per_agent_options():
 
 
 def test_models_that_share_weights_are_placed_as_one_unit():
-    from textzoo.agents.critic import Critic
-    from textzoo.agents.lora import SharedBase
-    from textzoo.agents.policy import Policy
-    from textzoo.agents.team import AgentActor, frozen_references
+    from textzoo.models.critic import Critic
+    from textzoo.models.lora import SharedBase
+    from textzoo.models.policy import Policy
+    from textzoo.models.team import AgentActor, frozen_references
     from textzoo.runners.placement import place_models, shared_units
 
     shared = SharedBase(Policy.tiny("gpt2", seed=1))

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from textzoo.agents import Generation, GenerationConfig, Policy
-from textzoo.agents.tokenizer import BYTE_OFFSET, EOS_ID, PAD_ID
 from textzoo.errors import ConfigError, ModelError
+from textzoo.models import Generation, GenerationConfig, Policy
+from textzoo.models.tokenizer import BYTE_OFFSET, EOS_ID, PAD_ID
 
 torch.set_num_threads(1)
 

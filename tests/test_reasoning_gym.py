@@ -6,9 +6,9 @@ import torch
 torch.set_num_threads(1)
 pytest.importorskip("reasoning_gym")
 
+from textzoo.config import AgentConfig, TrainConfig  # noqa: E402
 from textzoo.envs import check_env, make  # noqa: E402
 from textzoo.errors import EnvError  # noqa: E402
-from textzoo.runners.config import AgentConfig, TrainConfig  # noqa: E402
 from textzoo.runners.trainer import Trainer  # noqa: E402
 
 ID = "textzoo/ReasoningGym-v0"

@@ -16,10 +16,10 @@ import pytest
 import torch
 from confined import REPO, run_on_tiny_disk
 
+from textzoo.config import AgentConfig, TrainConfig, save_config
 from textzoo.errors import ResourceError
 from textzoo.runners import checkpoint as ck
 from textzoo.runners import trainer as trainer_module
-from textzoo.runners.config import AgentConfig, TrainConfig, save_config
 from textzoo.runners.resources import checkpoint_bytes, optimizer_bytes
 from textzoo.runners.trainer import Trainer
 
@@ -70,7 +70,7 @@ def test_an_unwritable_run_dir_is_refused_before_training(tmp_path):
 
 TRAIN = """
 import sys
-from textzoo.runners.config import load_config
+from textzoo.config import load_config
 from textzoo.runners.cli import main
 sys.exit(main(["train", "--config", sys.argv[1]]))
 """

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from textzoo.config import AgentConfig, TrainConfig, save_config
 from textzoo.errors import CheckpointError
 from textzoo.runners import checkpoint as ck
 from textzoo.runners.cli import main as cli_main
-from textzoo.runners.config import AgentConfig, TrainConfig, save_config
 from textzoo.runners.trainer import Trainer, find_resumable
 
 torch.set_num_threads(1)
@@ -106,7 +106,7 @@ def test_sigkill_at_a_random_moment_then_resume_is_bit_identical(tmp_path, refer
 KILL_IN_SAVE = """
 import os, signal, sys
 import textzoo.runners.checkpoint as ck
-from textzoo.runners.config import load_config
+from textzoo.config import load_config
 from textzoo.runners.trainer import Trainer
 
 real = ck._sha256

@@ -10,12 +10,9 @@ torch.set_num_threads(1)
 
 from toy import CategoricalPolicy, TargetWordEnv  # noqa: E402
 
-from textzoo.agents.batch import Job  # noqa: E402
-from textzoo.agents.critic import Critic  # noqa: E402
-from textzoo.agents.policy import Policy  # noqa: E402
-from textzoo.agents.preference import PairBatch  # noqa: E402
-from textzoo.agents.reinforce import ReinforceConfig, ReinforceFamily  # noqa: E402
-from textzoo.agents.reward_model import (  # noqa: E402
+from textzoo.algorithms.batch import Job  # noqa: E402
+from textzoo.algorithms.preference.madpo import PairBatch  # noqa: E402
+from textzoo.algorithms.preference.reward_model import (  # noqa: E402
     HackingMonitor,
     RewardModel,
     agreement,
@@ -27,11 +24,14 @@ from textzoo.agents.reward_model import (  # noqa: E402
     reward_model_loss,
     scores,
 )
-from textzoo.agents.rlmath import credited_rewards  # noqa: E402
-from textzoo.agents.team import AgentActor  # noqa: E402
-from textzoo.agents.tokenizer import byte_tokenizer  # noqa: E402
-from textzoo.runners.config import AgentConfig, TrainConfig  # noqa: E402
-from textzoo.runners.preference import build_reward_model, fit_reward_model  # noqa: E402
+from textzoo.algorithms.preference.rounds import build_reward_model, fit_reward_model  # noqa: E402
+from textzoo.algorithms.reinforce.family import ReinforceConfig, ReinforceFamily  # noqa: E402
+from textzoo.algorithms.rlmath import credited_rewards  # noqa: E402
+from textzoo.config import AgentConfig, TrainConfig  # noqa: E402
+from textzoo.models.critic import Critic  # noqa: E402
+from textzoo.models.policy import Policy  # noqa: E402
+from textzoo.models.team import AgentActor  # noqa: E402
+from textzoo.models.tokenizer import byte_tokenizer  # noqa: E402
 from textzoo.runners.rollout import Collector  # noqa: E402
 from textzoo.runners.trainer import Trainer  # noqa: E402
 from textzoo.runners.update import Learner, UpdateConfig, run_job  # noqa: E402
@@ -239,7 +239,7 @@ def train_on_reward_model(score, caplog, steps: int = 40) -> HackingMonitor:
     family = ReinforceFamily(ReinforceConfig(), actors, "grpo", credit="per_agent", group_size=8)
     learners = {a.id: Learner(a.policy.model, torch.optim.AdamW(a.policy.model.parameters(), lr=0.1)) for a in actors}
     monitor = HackingMonitor(window=10, threshold=0.5)
-    with caplog.at_level(logging.WARNING, logger="textzoo.agents.reward_model"):
+    with caplog.at_level(logging.WARNING, logger="textzoo.algorithms.preference.reward_model"):
         for step in range(steps):
             rollout = collector.collect(list(range(4)), [step * 10 + b for b in range(4)], 8)
             task = rollout.team_rewards.sum(-1)
@@ -281,7 +281,7 @@ def test_held_out_pairs_come_from_prompts_the_model_never_trains_on(monkeypatch)
     import re
     from types import SimpleNamespace
 
-    import textzoo.runners.preference as pipeline
+    import textzoo.algorithms.preference.rounds as pipeline
 
     cfg = TrainConfig(algo="marlhf", batch_prompts=5, group_size=4, steps=2)
     cfg.preference.rm_batches, cfg.preference.rm_holdout = 2, 0.3

@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
+from textzoo.config import AgentConfig, TrainConfig
 from textzoo.errors import ConfigError
 from textzoo.runners import checkpoint as ck
 from textzoo.runners.cli import main as cli_main
-from textzoo.runners.config import AgentConfig, TrainConfig
 from textzoo.runners.rundir import holds_run, start_fresh
 from textzoo.runners.trainer import Trainer
 

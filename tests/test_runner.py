@@ -7,9 +7,9 @@ import torch
 
 torch.set_num_threads(1)
 
+from textzoo.config import AgentConfig, TrainConfig, from_dict, load_config, save_config, to_dict  # noqa: E402
 from textzoo.errors import ConfigError, EnvError, ModelError  # noqa: E402
 from textzoo.runners.cli import main  # noqa: E402
-from textzoo.runners.config import AgentConfig, TrainConfig, from_dict, load_config, save_config, to_dict  # noqa: E402
 from textzoo.runners.trainer import Trainer  # noqa: E402
 
 
@@ -239,7 +239,7 @@ def test_prompt_budget_leaves_room_for_the_completion_within_the_models_position
 def test_every_sampling_setting_of_an_agent_reaches_its_policy():
     import dataclasses
 
-    from textzoo.agents.generation import GenerationConfig, SamplingConfig
+    from textzoo.models.generation import GenerationConfig, SamplingConfig
     from textzoo.runners.build import build_policy
 
     names = {cls: {f.name for f in dataclasses.fields(cls)} for cls in (SamplingConfig, GenerationConfig, AgentConfig)}

@@ -10,9 +10,9 @@ import pytest
 import torch
 from rich.console import Console
 
+from textzoo.config import AgentConfig, TrainConfig
 from textzoo.envs import make
 from textzoo.runners.cli import main as cli_main
-from textzoo.runners.config import AgentConfig, TrainConfig
 from textzoo.runners.samples import episodes, read_samples, samples_markdown, samples_table
 from textzoo.runners.trainer import Trainer
 

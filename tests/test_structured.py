@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from textzoo.agents.joint import JointActor, structured_text
-from textzoo.agents.policy import GenerationConfig, Policy
-from textzoo.agents.prompting import PromptFormat
-from textzoo.agents.sampling import Segment
-from textzoo.agents.tokenizer import BYTE_OFFSET, EOS_ID, byte_tokenizer
 from textzoo.envs import make
 from textzoo.errors import ConfigError
+from textzoo.models.joint import JointActor, structured_text
+from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.models.prompting import PromptFormat
+from textzoo.models.sampling import Segment
+from textzoo.models.tokenizer import BYTE_OFFSET, EOS_ID, byte_tokenizer
 from textzoo.runners.rollout import Collector
 from textzoo.runners.trainer import rollout_metrics
 
@@ -179,8 +179,8 @@ def test_a_byte_tokenizer_encodes_the_markers_as_their_bytes():
 
 @pytest.mark.parametrize("mode", ["static", "module"])
 def test_scripts_decode_alike_on_every_backend_and_finished_rows_are_let_go(mode, monkeypatch):
-    from textzoo.agents.backends.module import ModuleDecoding
-    from textzoo.agents.backends.static import StaticDecoding
+    from textzoo.models.backends.module import ModuleDecoding
+    from textzoo.models.backends.static import StaticDecoding
 
     pol = Policy.tiny("llama", seed=3, generation=GenerationConfig(max_new_tokens=16, allowed_tokens=ids("ab ")))
     script = [

@@ -9,9 +9,9 @@ import torch
 
 torch.set_num_threads(1)
 
+from textzoo.config import AgentConfig, TrainConfig, to_dict  # noqa: E402
 from textzoo.envs import make  # noqa: E402
 from textzoo.errors import EnvError  # noqa: E402
-from textzoo.runners.config import AgentConfig, TrainConfig, to_dict  # noqa: E402
 from textzoo.runners.trainer import Trainer  # noqa: E402
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from textzoo.agents.policy import Generation, GenerationConfig
 from textzoo.envs.base import StepResult, TextParallelEnv
+from textzoo.models.policy import Generation, GenerationConfig
 
 
 class _Logits(torch.nn.Module):

@@ -64,9 +64,9 @@ from typing import Any
 
 import tyro
 
+from textzoo.algorithms.registry import ALGORITHMS, resolve_algorithm
+from textzoo.config import TrainConfig, from_dict, to_dict
 from textzoo.errors import ConfigError, TextzooError
-from textzoo.runners.algorithms import ALGORITHMS, resolve_algorithm
-from textzoo.runners.config import TrainConfig, from_dict, to_dict
 
 logger = logging.getLogger(__name__)
 

@@ -15,20 +15,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from textzoo.agents.joint import JointActor
-from textzoo.agents.lora import SharedBase
-from textzoo.agents.policy import GenerationConfig, Policy
-from textzoo.agents.precision import AUTO, PRECISIONS, resolve
-from textzoo.agents.prompting import PromptFormat
-from textzoo.agents.settings import TINY_MODELS
-from textzoo.agents.team import Actor, AgentActor
-from textzoo.agents.tokenizer import llama_byte_tokenizer
 from textzoo.envs import make as make_env
 from textzoo.errors import ConfigError, EnvError
+from textzoo.models.joint import JointActor
+from textzoo.models.lora import SharedBase
+from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.models.precision import AUTO, PRECISIONS, resolve
+from textzoo.models.prompting import PromptFormat
+from textzoo.models.settings import TINY_MODELS
+from textzoo.models.team import Actor, AgentActor
+from textzoo.models.tokenizer import llama_byte_tokenizer
 from textzoo.runners.update import Learner
 
 if TYPE_CHECKING:
-    from textzoo.runners.config import AgentConfig, TrainConfig
+    from textzoo.config import AgentConfig, TrainConfig
 
 
 logger = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import tyro
 
+from textzoo.config import JsonDict, TrainConfig, load_config
 from textzoo.errors import CheckpointError, ConfigError
-from textzoo.runners.config import JsonDict, TrainConfig, load_config
 from textzoo.runners.console import console
 
 

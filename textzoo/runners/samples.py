@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from textzoo.agents.batch import Rollout
-from textzoo.agents.team import Actor
+from textzoo.algorithms.batch import Rollout
+from textzoo.models.team import Actor
 
 CONSOLE_CHARS = 240
 """Console cells show at most this many characters of a text (the file keeps it whole)."""

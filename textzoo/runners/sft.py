@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from textzoo.agents.inference import eval_mode
-from textzoo.agents.policy import Policy
 from textzoo.errors import ConfigError
 from textzoo.jsonl import read_jsonl
+from textzoo.models.inference import eval_mode
+from textzoo.models.policy import Policy
 
 if TYPE_CHECKING:
     from textzoo.runners.commands import SFTArgs
@@ -138,8 +138,8 @@ def sft(
 
 def run_sft(args: SFTArgs) -> list[float]:
     """Build the policy `args` describe, warm it up on the pairs file, save it to `args.out`."""
+    from textzoo.config import AgentConfig
     from textzoo.runners.build import build_policy, resolve_device
-    from textzoo.runners.config import AgentConfig
 
     pairs = load_pairs(args.pairs)
     agent = AgentConfig(

@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from textzoo.agents.batch import Rollout
+from textzoo.algorithms.batch import Rollout
+from textzoo.algorithms.registry import resolve_algorithm
+from textzoo.config import TrainConfig, from_dict, precisions_as_in, save_config, to_dict
 from textzoo.errors import CheckpointError, ConfigError
 from textzoo.runners import sharding
-from textzoo.runners.algorithms import resolve_algorithm
 from textzoo.runners.build import ItemSampler, build_actors, build_learner, env_factory, resolved_config
 from textzoo.runners.checkpoint import (
     apply_weights,
@@ -35,7 +36,6 @@ from textzoo.runners.checkpoint import (
     restore_rng,
     write_checkpoint,
 )
-from textzoo.runners.config import TrainConfig, from_dict, precisions_as_in, save_config, to_dict
 from textzoo.runners.diagnostics import no_signal_streak, signal_metrics
 from textzoo.runners.distributed import DistContext, merge_rows
 from textzoo.runners.placement import format_placement, place_models, team_models, visible_devices

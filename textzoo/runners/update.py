@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from textzoo.agents.batch import Job
-from textzoo.agents.policy import has_dropout
-from textzoo.agents.rlmath import BatchNorm
+from textzoo.algorithms.batch import Job
+from textzoo.algorithms.rlmath import BatchNorm
+from textzoo.config import UpdateConfig
+from textzoo.models.policy import has_dropout
 from textzoo.runners import sharding
-from textzoo.runners.config import UpdateConfig
 
 
 @dataclass
