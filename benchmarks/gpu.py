@@ -49,10 +49,11 @@ from textzoo.algorithms.reinforce.family import ReinforceConfig, reinforce_loss
 from textzoo.config import AgentConfig
 from textzoo.envs import make
 from textzoo.models import sampling
+from textzoo.models.build import build_policy
 from textzoo.models.generation import Generation
 from textzoo.models.precision import autocast
 from textzoo.models.tokenizer import byte_tokenizer
-from textzoo.runners.build import build_learner, build_policy
+from textzoo.runners.build import build_learner
 from textzoo.runners.update import UpdateConfig, run_job
 
 QWEN2_0_5B = dict(

@@ -59,8 +59,9 @@ def _storage_bytes(tensors) -> int:
 
 def measure(args: Args, mode: str, n: int) -> dict:
     from textzoo.config import AgentConfig, TrainConfig
+    from textzoo.models.build import build_policy, generation_config
     from textzoo.models.lora import SharedBase
-    from textzoo.runners.build import build_actors, build_learner, build_policy, generation_config
+    from textzoo.runners.build import build_actors, build_learner
 
     torch.set_num_threads(1)
     device = torch.device(args.device)

@@ -16,6 +16,7 @@ from textzoo.algorithms.actor_critic.family import (  # noqa: E402
     value_job_loss,
 )
 from textzoo.algorithms.batch import Job, SampleBatch  # noqa: E402
+from textzoo.algorithms.registry import configure  # noqa: E402
 from textzoo.algorithms.reinforce.family import ReinforceConfig, reinforce_loss  # noqa: E402
 from textzoo.algorithms.rlmath import BatchNorm, policy_gradient_loss  # noqa: E402
 from textzoo.config import TrainConfig  # noqa: E402
@@ -263,17 +264,24 @@ def test_a_critic_with_another_vocabulary_reads_decoded_text():
 
 
 # ---- config ---------------------------------------------------------------------------------------
+def configured(**kwargs) -> TrainConfig:
+    """A config as the run built from it sees it: the algorithm's defaults filled, its rules checked."""
+    cfg = TrainConfig(**kwargs)
+    configure(cfg)
+    return cfg
+
+
 def test_algorithm_names_set_ppo_defaults_and_explicit_values_win():
-    assert TrainConfig(algo="ippo").actor_critic.clip_range == 0.2
-    assert TrainConfig(algo="mappo").actor_critic.epochs == 2
-    assert TrainConfig(algo="iac").actor_critic.clip_range is None
-    cfg = TrainConfig(algo="ippo", actor_critic=ActorCriticConfig(clip_range=0.1, epochs=4))
+    assert configured(algo="ippo").actor_critic.clip_range == 0.2
+    assert configured(algo="mappo").actor_critic.epochs == 2
+    assert configured(algo="iac").actor_critic.clip_range is None
+    cfg = configured(algo="ippo", actor_critic=ActorCriticConfig(clip_range=0.1, epochs=4))
     assert (cfg.actor_critic.clip_range, cfg.actor_critic.epochs) == (0.1, 4)
     # an explicit value equal to the plain default is still explicit
-    assert TrainConfig(algo="ippo", actor_critic=ActorCriticConfig(epochs=1)).actor_critic.epochs == 1
-    assert TrainConfig(algo="iac").actor_critic.epochs == 1
+    assert configured(algo="ippo", actor_critic=ActorCriticConfig(epochs=1)).actor_critic.epochs == 1
+    assert configured(algo="iac").actor_critic.epochs == 1
     with pytest.raises(ConfigError, match="clip_range"):
-        TrainConfig(algo="iac", actor_critic=ActorCriticConfig(epochs=2))
+        configured(algo="iac", actor_critic=ActorCriticConfig(epochs=2))
     with pytest.raises(ConfigError, match="critic_type"):
         ActorCriticConfig(critic_type="z")
     with pytest.raises(ConfigError, match="credit='shared'"):
@@ -296,6 +304,7 @@ def test_cli_flags_reach_the_config():
             "0.2",
         ],
     )
+    configure(cfg)  # what the run does first: mappo's defaults, then its rules
     assert cfg.algo == "mappo" and cfg.actor_critic.critic_type == "q"
     assert cfg.actor_critic.gae_lambda == 0.9 and cfg.actor_critic.value_clip == 0.2
     assert cfg.actor_critic.clip_range == 0.2 and cfg.actor_critic.epochs == 2

@@ -6,7 +6,19 @@ import sys
 
 import pytest
 
-LIGHT = ("textzoo.config", "textzoo.algorithms.registry", "textzoo.models.settings", "textzoo.typecheck")
+FAMILIES = ("reinforce", "actor_critic", "preference")
+
+LIGHT = (
+    "textzoo.config",
+    "textzoo.typecheck",
+    "textzoo.models.settings",
+    "textzoo.algorithms.settings",
+    "textzoo.algorithms.algorithm",
+    "textzoo.algorithms.registry",
+    *(f"textzoo.algorithms.{family}.{part}" for family in FAMILIES for part in ("config", "entries")),
+    "textzoo.runners.cli",
+    "textzoo.runners.commands",
+)
 
 
 @pytest.mark.parametrize("module", LIGHT)
@@ -27,7 +39,8 @@ def test_a_bad_config_fails_without_torch(tmp_path):
         "import sys\n"
         "from textzoo.errors import ConfigError\n"
         "from textzoo.config import TrainConfig, load_config\n"
-        "TrainConfig(algo='ippo')  # an algorithm's defaults and rules, without its family\n"
+        "from textzoo.algorithms.registry import configure\n"
+        "configure(TrainConfig(algo='ippo'))  # an algorithm's defaults and rules, without its family\n"
         f"try:\n    load_config({str(path)!r})\nexcept ConfigError as e:\n    print(e)\n"
         "print('torch' in sys.modules)"
     )
@@ -37,9 +50,10 @@ def test_a_bad_config_fails_without_torch(tmp_path):
 
 def test_the_name_lists_match_what_they_name():
     from textzoo.algorithms import rlmath
+    from textzoo.algorithms import settings as learning
     from textzoo.models import joint, precision, prompting, settings
 
-    assert settings.AGGREGATION_NAMES == tuple(rlmath.AGGREGATIONS)
+    assert learning.AGGREGATION_NAMES == tuple(rlmath.AGGREGATIONS)
     assert settings.PRECISION_NAMES == (settings.AUTO, *precision.PRECISIONS)
     assert settings.PROMPT_STYLES == prompting.STYLES and joint.JOINT_FORMATS == settings.JOINT_FORMATS
     assert set(settings.LEGACY_DTYPES.values()) <= set(settings.PRECISION_NAMES)

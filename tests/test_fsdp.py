@@ -103,7 +103,7 @@ def test_two_shards_equal_one_process_with_the_combined_batch(sharded_run, arch)
 
 
 def test_sharded_trainer_processes_hold_the_same_weights_and_checkpoint_them_whole(sharded_run):
-    from textzoo.runners.build import build_policy
+    from textzoo.models.build import build_policy
 
     _, out = sharded_run
     assert_states_equal(torch.load(out / "train-rank0.pt"), torch.load(out / "train-rank1.pt"))

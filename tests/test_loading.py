@@ -9,10 +9,10 @@ import torch
 
 from textzoo.config import AgentConfig
 from textzoo.errors import ModelError
+from textzoo.models.build import build_policy, prompt_format
 from textzoo.models.loading import END_TOKENS, end_token_ids, load_pretrained
 from textzoo.models.policy import GenerationConfig, Policy
 from textzoo.models.tokenizer import byte_tokenizer
-from textzoo.runners.build import build_policy, prompt_format
 
 torch.set_num_threads(1)
 

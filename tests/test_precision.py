@@ -7,7 +7,8 @@ import torch
 
 from textzoo.config import AgentConfig, TrainConfig, load_config
 from textzoo.errors import ConfigError
-from textzoo.runners.build import build_learner, build_policy
+from textzoo.models.build import build_policy
+from textzoo.runners.build import build_learner
 from textzoo.runners.update import UpdateConfig
 
 torch.set_num_threads(1)

@@ -1,5 +1,6 @@
 """MADPO: the joint DPO loss against hand-computed values, pair selection, the family, learning, resume."""
 
+import dataclasses
 import json
 import math
 import shutil
@@ -19,6 +20,7 @@ from textzoo.algorithms.preference.madpo import (  # noqa: E402
     merge_groups,
     select_pairs,
 )
+from textzoo.algorithms.registry import configure  # noqa: E402
 from textzoo.algorithms.rlmath import BatchNorm  # noqa: E402
 from textzoo.config import AgentConfig, TrainConfig  # noqa: E402
 from textzoo.errors import ConfigError  # noqa: E402
@@ -68,9 +70,9 @@ def test_config_validation_names_the_field():
     with pytest.raises(ConfigError, match="comparator_model"):
         PreferenceConfig(comparator="model")
     with pytest.raises(ConfigError, match="iterations"):
-        TrainConfig(algo="madpo", steps=5, iterations=2)
+        configure(TrainConfig(algo="madpo", steps=5, preference=PreferenceConfig(iterations=2)))
     with pytest.raises(ConfigError, match="rl_algo"):
-        TrainConfig(algo="marlhf", rl_algo="madpo")
+        configure(TrainConfig(algo="marlhf", preference=PreferenceConfig(rl_algo="madpo")))
 
 
 # ---- the family on toy agents --------------------------------------------------------------------
@@ -269,10 +271,10 @@ def small(tmp_path, **kw) -> TrainConfig:
         eval_prompts=1,
         save_every=1,
         keep_last=0,
-        iterations=2,
         run_dir=str(tmp_path),
     )
     base.update(kw)
+    base["preference"] = dataclasses.replace(base.get("preference", PreferenceConfig()), iterations=2)
     return TrainConfig(**base)
 
 

@@ -2,6 +2,7 @@
 
 import logging
 import random
+from functools import partial
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ torch.set_num_threads(1)
 from toy import CategoricalPolicy, TargetWordEnv  # noqa: E402
 
 from textzoo.algorithms.batch import Job  # noqa: E402
+from textzoo.algorithms.preference.config import PreferenceConfig  # noqa: E402
 from textzoo.algorithms.preference.madpo import PairBatch  # noqa: E402
 from textzoo.algorithms.preference.reward_model import (  # noqa: E402
     HackingMonitor,
@@ -99,9 +101,8 @@ def test_relabel_moves_task_rewards_to_terms():
 def test_marlhf_trains_the_reward_model_then_the_online_family(tmp_path):
     cfg = TrainConfig(
         algo="marlhf",
-        rl_algo="marloo",
         steps=2,
-        iterations=2,
+        preference=PreferenceConfig(rl_algo="marloo", iterations=2),
         batch_prompts=2,
         group_size=3,
         progress=False,
@@ -212,7 +213,7 @@ def test_early_stopping_keeps_the_epoch_with_the_best_heldout_accuracy():
     start = snapshot(stopped)
     for rm, early in ((stopped, True), (plain, False)):
         learner = Learner(rm, torch.optim.AdamW(rm.parameters(), lr=3e-3))
-        epoch, losses = fit_reward_model(rm, learner, train, held, 4, 2, early, UpdateConfig())
+        epoch, losses = fit_reward_model(rm, learner, train, held, 4, 2, early, partial(run_job, cfg=UpdateConfig()))
         assert len(losses) == 4
         assert epoch == (0 if early else 4)
     assert all(torch.equal(v, stopped.state_dict()[k]) for k, v in start.items())  # epoch 0: as it came
@@ -285,7 +286,7 @@ def test_held_out_pairs_come_from_prompts_the_model_never_trains_on(monkeypatch)
 
     cfg = TrainConfig(algo="marlhf", batch_prompts=5, group_size=4, steps=2)
     cfg.preference.rm_batches, cfg.preference.rm_holdout = 2, 0.3
-    rounds = pipeline.PreferenceRounds(cfg, marlhf=True)
+    rounds = pipeline.RewardModelRounds(cfg)
     rounds.reward_model, rounds.rm_learner = RewardModel([tiny_member(0)], "mean"), None  # fit is captured
     targets = {"p0": "alpha", "p1": "beta"}
     actors = [AgentActor(r, CategoricalPolicy(["alpha", "beta"])) for r in targets]

@@ -7,6 +7,7 @@ import torch
 
 torch.set_num_threads(1)
 
+from textzoo.algorithms.registry import configure  # noqa: E402
 from textzoo.config import AgentConfig, TrainConfig, from_dict, load_config, save_config, to_dict  # noqa: E402
 from textzoo.errors import ConfigError, EnvError, ModelError  # noqa: E402
 from textzoo.runners.cli import main  # noqa: E402
@@ -30,13 +31,13 @@ def small(**kw) -> TrainConfig:
 # ---- bad input fails before any work ---------------------------------------------------------------
 def test_unknown_algorithm():
     with pytest.raises(ConfigError, match="unknown algo"):
-        small(algo="magic")
+        configure(small(algo="magic"))
 
 
 def test_group_estimators_need_two_samples():
     with pytest.raises(ConfigError, match="group_size"):
-        small(algo="marloo", group_size=1)
-    small(algo="mareinforce", group_size=1)  # no group needed
+        configure(small(algo="marloo", group_size=1))
+    configure(small(algo="mareinforce", group_size=1))  # no group needed
 
 
 def test_unknown_env(tmp_path):
@@ -239,8 +240,8 @@ def test_prompt_budget_leaves_room_for_the_completion_within_the_models_position
 def test_every_sampling_setting_of_an_agent_reaches_its_policy():
     import dataclasses
 
+    from textzoo.models.build import build_policy
     from textzoo.models.generation import GenerationConfig, SamplingConfig
-    from textzoo.runners.build import build_policy
 
     names = {cls: {f.name for f in dataclasses.fields(cls)} for cls in (SamplingConfig, GenerationConfig, AgentConfig)}
     assert names[SamplingConfig] <= names[AgentConfig]

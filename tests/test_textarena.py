@@ -102,14 +102,15 @@ def test_the_aec_form_steps_only_the_player_to_move():
 
 
 def test_self_play_settings_are_checked_before_anything_is_built():
+    from textzoo.algorithms.registry import configure
     from textzoo.config import ReinforceConfig, TrainConfig
 
     with pytest.raises(ConfigError, match="acting_role.*reinforce-family"):
-        TrainConfig(algo="iac", credit="acting_role")
+        configure(TrainConfig(algo="iac", credit="acting_role"))
     with pytest.raises(ConfigError, match="per_role.*mareinforce"):
-        TrainConfig(algo="magrpo", reinforce=ReinforceConfig(reinforce_baseline="per_role"))
+        configure(TrainConfig(algo="magrpo", reinforce=ReinforceConfig(reinforce_baseline="per_role")))
     with pytest.raises(ConfigError, match="remax's greedy"):
-        TrainConfig(algo="maremax", credit="acting_role")
+        configure(TrainConfig(algo="maremax", credit="acting_role"))
 
 
 def _legal_rate(row, prefix=""):

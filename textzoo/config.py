@@ -16,26 +16,26 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import tyro
 
-from textzoo.algorithms.registry import ALGORITHMS, resolve_algorithm
+from textzoo.algorithms.actor_critic.config import ActorCriticConfig
+from textzoo.algorithms.preference.config import PreferenceConfig
+from textzoo.algorithms.registry import resolve_algorithm
+from textzoo.algorithms.reinforce.config import ReinforceConfig
+from textzoo.algorithms.settings import Credit
 from textzoo.errors import ConfigError
 from textzoo.models.settings import (
     AUTO,
-    CREDITS,
-    JOINT_FORMATS,
     LEGACY_DTYPES,
     PRECISION_NAMES,
-    PROMPT_STYLES,
     TINY_MODELS,
-    ActorCriticConfig,
-    PreferenceConfig,
-    ReinforceConfig,
+    JointFormat,
+    PrecisionName,
+    PromptStyle,
     SamplingConfig,
 )
 from textzoo.typecheck import check_fields, check_mapping
 
-SHARDINGS = ("replicate", "fsdp")
 EVAL_MODES = ("greedy", "sampled")
-"""`TrainConfig.sharding` values (see `textzoo.runners.sharding`)."""
+"""`TrainConfig.eval_modes` values."""
 
 JsonDict = Annotated[
     dict[str, Any],
@@ -113,7 +113,7 @@ class AgentConfig(SamplingConfig):
     """False freezes the agent: it acts but never updates."""
     device: str = "auto"
     """"auto" or a torch device string."""
-    precision: str = "auto"
+    precision: PrecisionName = "auto"
     """auto (bf16-mixed for a real model on a device with native bf16 matmuls, else fp32; resolved when the
     model is built and recorded in the run's config.json) | fp32 | bf16-mixed (fp32 weights and AdamW
     state, bf16 autocast forwards) | bf16-weights | fp16-weights (the weights, and so the optimizer
@@ -132,7 +132,7 @@ class AgentConfig(SamplingConfig):
     """Dropout on the LoRA input."""
     lora_target_modules: tuple[str, ...] = ()
     """Module names that get adapters, e.g. ("q_proj", "v_proj"); empty = peft's default for the architecture."""
-    prompt_format: str = "auto"
+    prompt_format: PromptStyle = "auto"
     """auto (chat when the tokenizer has a chat template, so tiny byte-level models stay raw) | raw (the
     prompt as it is) | chat (the prompt as the user message of the tokenizer's chat template, the
     assistant turn generated): the formatted tokens are what is sampled from and scored."""
@@ -148,8 +148,6 @@ class AgentConfig(SamplingConfig):
             raise ConfigError(f"agent.lr must be > 0, got {self.lr}")
         if self.dtype is not None:
             self._migrate_dtype()
-        if self.precision not in PRECISION_NAMES:
-            raise ConfigError(f"agent.precision must be one of {', '.join(PRECISION_NAMES)}, got {self.precision!r}")
         if self.lora_rank < 0 or self.lora_alpha <= 0 or not 0 <= self.lora_dropout < 1:
             raise ConfigError(
                 f"agent.lora_rank must be >= 0, lora_alpha > 0 and lora_dropout in [0, 1); got "
@@ -158,8 +156,6 @@ class AgentConfig(SamplingConfig):
         if isinstance(self.lora_target_modules, str):
             raise ConfigError("agent.lora_target_modules must be a list of module names, not one string")
         self.lora_target_modules = tuple(self.lora_target_modules)
-        if self.prompt_format not in PROMPT_STYLES:
-            raise ConfigError(f"agent.prompt_format must be one of {PROMPT_STYLES}, got {self.prompt_format!r}")
         if self.prompt_format == "chat" and self.model in TINY_MODELS:
             raise ConfigError(
                 f"agent.prompt_format='chat' needs a tokenizer with a chat template; the {self.model!r} model's "
@@ -196,14 +192,15 @@ class TrainConfig:
     """Extra env arguments for held-out evaluation (merged over env_kwargs)."""
     algo: str = "magrpo"
     """magrpo | marloo | maremax | mareinforce | atgrpo | iac | maac | ippo | mappo | madpo | marlhf (ippo/mappo =
-    iac/maac with actor_critic.clip_range 0.2 and epochs 2 unless those are set; marlhf trains `rl_algo`
-    on a reward model's rewards)."""
+    iac/maac with actor_critic.clip_range 0.2 and epochs 2 unless those are set; marlhf trains
+    `preference.rl_algo` on a reward model's rewards). The algorithm's defaults and rules are applied when
+    the run is built (`textzoo.algorithms.registry.configure`)."""
     collaboration: Literal["decentralized", "centralized"] = "decentralized"
     """decentralized (one model per role) | centralized (one joint actor answers for every role)."""
     joint_max_new_tokens: int = 0
     """Token budget of the joint actor's completion (centralized); 0 = N roles x agent.max_new_tokens. Structured:
     split evenly into the sections' budgets, the forced markers come on top."""
-    joint_format: str = "structured"
+    joint_format: JointFormat = "structured"
     """How the joint actor (centralized) answers: structured (the runner writes each role's tags as forced
     tokens, the model writes only the sections: no parse failures) | tags | labels | json (free-form answers
     the runner parses)."""
@@ -223,7 +220,7 @@ class TrainConfig:
     """Samples per prompt (G)."""
     gamma: float = 1.0
     """Discount over turns."""
-    credit: str = "shared"
+    credit: Credit = "shared"
     """shared (team reward) | per_agent (each agent's own reward) | acting_role (reinforce family: each
     sample gets the return of the role it played, for one policy playing every side in self-play)."""
     normalize_per_agent: bool = False
@@ -269,17 +266,13 @@ class TrainConfig:
     """Metric sinks besides metrics.jsonl: tensorboard, wandb (pip install textzoo[tracking])."""
     num_processes: int = 1
     """Data-parallel replicas `textzoo train` starts, each on batch_prompts / num_processes prompts."""
-    sharding: str = "replicate"
+    sharding: Literal["replicate", "fsdp"] = "replicate"
     """replicate (every process holds whole models, gradients all-reduced) | fsdp (FSDP2: trainable
     models' parameters, gradients and optimizer state split over the processes; full fine-tuning)."""
     reinforce: ReinforceConfig = field(default_factory=ReinforceConfig)
     """REINFORCE-family settings."""
     actor_critic: ActorCriticConfig = field(default_factory=ActorCriticConfig)
     """Actor-critic-family settings (iac, maac, ippo, mappo)."""
-    rl_algo: str = "magrpo"
-    """The online algorithm marlhf trains with its reward model (any non-preference algo)."""
-    iterations: int = 1
-    """Rounds of the preference pipeline (madpo, marlhf); `steps` is split evenly between them."""
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
     """Preference-family settings (madpo, marlhf, iterative rounds)."""
     update: UpdateConfig = field(default_factory=UpdateConfig)
@@ -287,18 +280,13 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)  # every value of the type its annotation names, before any rule compares them
-        algorithm = resolve_algorithm(self.algo)  # an unknown name fails first, with the known ones
         for name in ("steps", "batch_prompts", "group_size", "eval_prompts", "env_workers", "generate_workers"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.credit not in CREDITS:
-            raise ConfigError(f"credit must be one of {CREDITS}, got {self.credit!r}")
         if self.no_signal_steps < 0:
             raise ConfigError(f"no_signal_steps must be >= 0 (0 = never warn), got {self.no_signal_steps}")
         if self.log_completions < 0:
             raise ConfigError(f"log_completions must be >= 0 (0 = none), got {self.log_completions}")
-        if self.joint_format not in JOINT_FORMATS:
-            raise ConfigError(f"joint_format must be one of {JOINT_FORMATS}, got {self.joint_format!r}")
         if self.joint_max_new_tokens < 0:
             raise ConfigError(
                 "joint_max_new_tokens must be >= 0 (0 = N roles x agent.max_new_tokens), "
@@ -321,8 +309,6 @@ class TrainConfig:
                 f"num_processes ({self.num_processes}) must be >= 1 and divide batch_prompts ({self.batch_prompts}): "
                 "each replica plays an equal share of the prompts"
             )
-        if self.sharding not in SHARDINGS:
-            raise ConfigError(f"sharding must be one of {', '.join(SHARDINGS)}, got {self.sharding!r}")
         if self.sharding == "fsdp":
             self._check_fsdp()
         if isinstance(self.trainable_agents, str):
@@ -334,7 +320,6 @@ class TrainConfig:
             if not isinstance(overrides, dict):
                 raise ConfigError(f"agent_overrides[{agent_id!r}] must be an object of AgentConfig fields")
             self.agent_config(agent_id)  # validates field names and values
-        algorithm.configure(self)  # the algorithm's defaults, then its rules across fields
 
     def _check_fsdp(self) -> None:
         """What FSDP sharding does not cover, rejected before any model is built."""
@@ -378,9 +363,21 @@ def _describe(value: Any) -> str:
 def migrate(data: dict[str, Any]) -> dict[str, Any]:
     """A `TrainConfig` dict written by an older textzoo, with today's field names (the input is not changed).
 
+    - top-level `rl_algo` and `iterations` became `preference.rl_algo` and `preference.iterations`.
     - `reinforce.normalize_per_agent` and `actor_critic.normalize_advantages` became the one
       `normalize_per_agent`: it takes the value of the family the run learns with.
     """
+    moved = {k: data[k] for k in ("rl_algo", "iterations") if k in data}
+    if moved:
+        preference = data.get("preference") if isinstance(data.get("preference"), dict) else {}
+        clash = sorted(k for k in moved if k in preference and preference[k] != moved[k])
+        if clash:
+            raise ConfigError(
+                f"the config sets {clash[0]} twice, at the top level (its old place) and in preference: "
+                f"keep only preference.{clash[0]}"
+            )
+        data = {k: v for k, v in data.items() if k not in moved}
+        data["preference"] = {**preference, **moved}
     renamed = {"reinforce": "normalize_per_agent", "actor_critic": "normalize_advantages"}
     old = {
         section: data[section][key]
@@ -390,17 +387,24 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
     if not old:
         return data
     data = {k: ({f: x for f, x in v.items() if f != renamed[k]} if k in old else v) for k, v in data.items()}
-    algorithm = resolve_algorithm(str(data.get("algo", TrainConfig.algo)))
-    if algorithm is ALGORITHMS["marlhf"]:
-        algorithm = resolve_algorithm(str(data.get("rl_algo", TrainConfig.rl_algo)))
-    value = bool(old.get(algorithm.family, False))
+    value = bool(old.get(_learning_family(data), False))
     if "normalize_per_agent" in data and bool(data["normalize_per_agent"]) != value:
         raise ConfigError(
             f"the config sets normalize_per_agent={data['normalize_per_agent']} and the older "
-            f"{algorithm.family} field it replaces to {value}: keep only normalize_per_agent"
+            f"{_learning_family(data)} field it replaces to {value}: keep only normalize_per_agent"
         )
     data["normalize_per_agent"] = value
     return data
+
+
+def _learning_family(data: dict[str, Any]) -> str:
+    """The family that learns in a run of the config dict `data` (marlhf: its online algorithm's)."""
+
+    algorithm = resolve_algorithm(str(data.get("algo", TrainConfig.algo)))
+    if algorithm.trains_with is not None:
+        online = (data.get("preference") or {}).get("rl_algo", PreferenceConfig.rl_algo)
+        algorithm = resolve_algorithm(str(online))
+    return algorithm.family
 
 
 def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:

@@ -100,7 +100,7 @@ def policy_jobs(
                 epochs=epochs,
                 minibatches=minibatches,
                 max_new_tokens=policy.generation.max_new_tokens,
-                prompt_cache=getattr(policy, "prompt_cache", None),
+                prompt_cache=policy.prompt_cache,
             )
         )
     return jobs, stats

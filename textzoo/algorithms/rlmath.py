@@ -20,7 +20,7 @@ from collections.abc import Callable, Hashable, Sequence
 import torch
 import torch.nn.functional as F
 
-from textzoo.models.settings import CREDITS, GROUP_ESTIMATORS
+from textzoo.algorithms.settings import CREDITS, GROUP_ESTIMATORS
 
 """Estimators whose baseline comes from the other samples of the group (they need G >= 2)."""
 

@@ -18,7 +18,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from textzoo.models.fastlm import FastDecoder, distinct_rows, first_tokens_first, shared_rows
-from textzoo.models.inference import eval_mode
+from textzoo.models.modes import eval_mode
 from textzoo.models.policy import Policy
 from textzoo.models.precision import autocast
 

@@ -1,37 +1,25 @@
-"""Running models outside an update: eval mode, no gradients, a batch at a time.
+"""Running models outside an update: eval mode (`textzoo.models.modes`), no gradients, a batch at a time.
 
-`eval_mode` is the one save-and-restore of a module's train/eval mode; `chunks` splits a batch of
-samples so that scoring a large batch never holds all its activations at once; `score_no_grad` is
-the one scorer of old and reference log-probs.
+`chunks` splits a batch of samples so that scoring a large batch never holds all its activations at
+once; `score_no_grad` is the one scorer of old and reference log-probs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from textzoo.models.generation import Generation
+from textzoo.models.modes import eval_mode
 
 if TYPE_CHECKING:
     from textzoo.models.policy import Policy
 
 CHUNK = 64
 """Samples per forward when a whole batch is scored without gradients."""
-
-
-@contextmanager
-def eval_mode(module: torch.nn.Module, training: bool = False) -> Iterator[torch.nn.Module]:
-    """Run the block with `module` in eval mode (train mode with ``training=True``); restore its mode after."""
-    was_training = module.training
-    module.train(training)
-    try:
-        yield module
-    finally:
-        module.train(was_training)
 
 
 def chunks(gen: Generation, size: int = CHUNK) -> Iterator[Generation]:

@@ -286,7 +286,7 @@ class JointActor:
         self.joint_format = joint_format
         self.section_tokens = section_tokens
         self.task_tokens = task_tokens
-        self.prompt_format = prompt_format or PromptFormat.resolve(getattr(policy, "tokenizer", None))
+        self.prompt_format = prompt_format or PromptFormat.resolve(policy.tokenizer)
         self.prompt_builder = prompt_builder or functools.partial(
             joint_prompt, joint_format=joint_format, open_first=not self.prompt_format.chat
         )

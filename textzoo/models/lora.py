@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from textzoo.errors import ConfigError, ModelError
-from textzoo.models.inference import eval_mode
+from textzoo.models.modes import eval_mode
 from textzoo.models.policy import GenerationConfig, Policy
 
 

@@ -36,8 +36,8 @@ from textzoo.models.backends.module import ModuleBackend, has_dropout
 from textzoo.models.backends.plain import PlainBackend
 from textzoo.models.fastlm import FastDecoder
 from textzoo.models.generation import Generation, GenerationConfig, first_used_column
-from textzoo.models.inference import eval_mode
 from textzoo.models.loading import build_tiny, end_token_ids, load_pretrained
+from textzoo.models.modes import eval_mode
 from textzoo.models.precision import autocast
 
 __all__ = ["Generation", "GenerationConfig", "Policy", "has_dropout"]

@@ -52,7 +52,7 @@ class AgentActor:
         self.roles = (role,)
         self.policy = policy
         self.trainable = trainable
-        self.prompt_format = prompt_format or PromptFormat.resolve(getattr(policy, "tokenizer", None))
+        self.prompt_format = prompt_format or PromptFormat.resolve(policy.tokenizer)
 
     def build_prompt(self, observations: dict[str, str]) -> str:
         return observations[self.id]

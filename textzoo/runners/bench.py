@@ -64,7 +64,7 @@ from typing import Any
 
 import tyro
 
-from textzoo.algorithms.registry import ALGORITHMS, resolve_algorithm
+from textzoo.algorithms.registry import ALGORITHMS, configure, resolve_algorithm
 from textzoo.config import TrainConfig, from_dict, to_dict
 from textzoo.errors import ConfigError, TextzooError
 
@@ -208,6 +208,7 @@ def load_grid(path: str | Path, out_dir: str = "") -> Grid:
                     merged = {**merged, "algo": algo, "collaboration": mode, "seed": seed, "run_dir": str(run_dir)}
                     try:
                         config = from_dict(TrainConfig, merged)
+                        configure(config)  # the algorithm's defaults and rules, as the run will check them
                     except TextzooError as e:
                         raise ConfigError(f"grid cell {task}/{algo}/{mode}/seed {seed}: {e}") from e
                     _check_metric(grid, config, f"grid cell {task}/{algo}/{mode}/seed {seed}")

@@ -87,7 +87,7 @@ def sample_rows(rollout: Rollout, actors: Sequence[Actor], step: int, split: str
 
 
 def _prompt_text(actor: Actor, ids: list[int]) -> str | None:
-    tokenizer = getattr(actor.policy, "tokenizer", None)
+    tokenizer = actor.policy.tokenizer
     return None if tokenizer is None else tokenizer.decode(ids, skip_special_tokens=False)
 
 

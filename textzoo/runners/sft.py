@@ -23,7 +23,7 @@ import torch
 
 from textzoo.errors import ConfigError
 from textzoo.jsonl import read_jsonl
-from textzoo.models.inference import eval_mode
+from textzoo.models.modes import eval_mode
 from textzoo.models.policy import Policy
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ def sft(
 def run_sft(args: SFTArgs) -> list[float]:
     """Build the policy `args` describe, warm it up on the pairs file, save it to `args.out`."""
     from textzoo.config import AgentConfig
-    from textzoo.runners.build import build_policy, resolve_device
+    from textzoo.models.build import build_policy, resolve_device
 
     pairs = load_pairs(args.pairs)
     agent = AgentConfig(

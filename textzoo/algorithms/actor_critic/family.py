@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from textzoo.algorithms.actor_critic.config import ActorCriticConfig, check_actor_critic
 from textzoo.algorithms.batch import Job, Rollout, SampleBatch
 from textzoo.algorithms.family import RolloutNeeds, policy_jobs, trainable_samples
 from textzoo.algorithms.rlmath import (
@@ -41,9 +42,9 @@ from textzoo.algorithms.rlmath import (
 )
 from textzoo.errors import ConfigError
 from textzoo.models.critic import Critic
-from textzoo.models.inference import chunks, eval_mode
+from textzoo.models.inference import chunks
+from textzoo.models.modes import eval_mode
 from textzoo.models.policy import Generation, Policy
-from textzoo.models.settings import ActorCriticConfig, check_actor_critic
 from textzoo.models.team import Actor
 
 

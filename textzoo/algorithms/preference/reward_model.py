@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from textzoo.algorithms.batch import PairBatch, Rollout
+from textzoo.algorithms.preference.config import POOLINGS
 from textzoo.algorithms.rlmath import (
     BatchNorm,
     bradley_terry_loss,
@@ -41,9 +42,9 @@ from textzoo.algorithms.rlmath import (
 )
 from textzoo.errors import ConfigError
 from textzoo.models.critic import Critic
-from textzoo.models.inference import chunks, eval_mode
+from textzoo.models.inference import chunks
+from textzoo.models.modes import eval_mode
 from textzoo.models.policy import Generation
-from textzoo.models.settings import POOLINGS
 
 logger = logging.getLogger(__name__)
 

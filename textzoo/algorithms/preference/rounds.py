@@ -1,8 +1,9 @@
 """The preference pipeline: iterative rounds with comparators, and MARLHF's reward model, as a rollout hook.
 
-A run of `steps` steps is split into `iterations` rounds of equal length. `PreferenceRounds` is a
-rollout hook (`textzoo.algorithms.hooks`) the trainer calls after collecting each step's rollout and
-before `family.jobs`:
+A run of `steps` steps is split into `preference.iterations` rounds of equal length. `PreferenceRounds`
+(the rounds, the comparator and the pair store) is the base of two rollout hooks
+(`textzoo.algorithms.hooks`), `ComparatorRounds` (MADPO with a comparator) and `RewardModelRounds`
+(MARLHF), which the trainer calls after collecting each step's rollout and before `family.jobs`:
 
 - at the first step of round r it refreshes the comparator (`copy`: a frozen copy of the team now;
   `history`: the team at the start of round max(r − k, 0); `model`: another model, built once) and,
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +55,7 @@ import numpy as np
 import torch
 
 from textzoo.algorithms.batch import Job, PairBatch, Rollout
-from textzoo.algorithms.hooks import Run
+from textzoo.algorithms.hooks import Learns, Run
 from textzoo.algorithms.preference.madpo import PairStore, merge_groups, select_pairs
 from textzoo.algorithms.preference.reward_model import (
     HackingMonitor,
@@ -67,27 +69,14 @@ from textzoo.algorithms.preference.reward_model import (
     reward_model_loss,
 )
 from textzoo.errors import CheckpointError, ConfigError
+from textzoo.models.build import build_policy
 from textzoo.models.critic import Critic
 from textzoo.models.policy import Generation
+from textzoo.models.settings import TINY_MODELS
 from textzoo.models.team import Actor
-from textzoo.runners.build import build_actors, build_learner, build_policy
-from textzoo.runners.rollout import Collector
-from textzoo.runners.update import Learner, UpdateConfig, run_job
 
 if TYPE_CHECKING:
     from textzoo.config import AgentConfig, TrainConfig
-
-TINY = ("tiny", "tiny-gpt2", "tiny-llama")
-
-
-def madpo_hooks(cfg: TrainConfig) -> list[PreferenceRounds]:
-    """MADPO's hooks: the preference pipeline when a comparator joins the candidates, else none."""
-    return [PreferenceRounds(cfg, marlhf=False)] if cfg.preference.comparator != "current" else []
-
-
-def marlhf_hooks(cfg: TrainConfig) -> list[PreferenceRounds]:
-    """MARLHF's hook: the preference pipeline that trains the reward model and relabels every rollout."""
-    return [PreferenceRounds(cfg, marlhf=True)]
 
 
 def build_reward_model(cfg: TrainConfig, actors: list[Actor], device: torch.device) -> tuple[RewardModel, AgentConfig]:
@@ -104,7 +93,7 @@ def build_reward_model(cfg: TrainConfig, actors: list[Actor], device: torch.devi
     frozen, seed = not pc.rm_train_trunk, cfg.seed * 1000 + 777
     members, policy = [], None
     for k in range(pc.rm_ensemble):
-        if policy is None or not frozen or pc.reward_model in TINY:
+        if policy is None or not frozen or pc.reward_model in TINY_MODELS:
             if pc.reward_model == "actor":
                 policy = copy.deepcopy(actors[0].policy)  # the first actor's weights now, before any training
                 policy.model.to(device)
@@ -134,15 +123,16 @@ def held_out_prompts(prompts: int, fraction: float) -> torch.Tensor:
 
 def fit_reward_model(
     rm: RewardModel,
-    learner: Learner,
+    learner: Learns,
     train: PairBatch,
     holdout: PairBatch,
     epochs: int,
     minibatches: int,
     early_stopping: bool,
-    update: UpdateConfig,
+    run_job: Callable[[Job, Learns], dict[str, float]],
 ) -> tuple[int, list[float]]:
-    """Fit Bradley–Terry for up to `epochs` passes over `train`; return the epoch kept and each pass's loss.
+    """Fit Bradley–Terry for up to `epochs` passes over `train` (each pass one `run_job`, the run's shared
+    update path); return the epoch kept and each pass's loss.
 
     With `early_stopping` (and held-out pairs) the weights of the epoch with the best held-out pair
     accuracy are kept, epoch 0 being the model as it came (ties keep the earlier epoch); else the last.
@@ -152,7 +142,7 @@ def fit_reward_model(
     losses: list[float] = []
     for epoch in range(epochs if len(train) else 0):
         job = Job("reward_model", train, partial(reward_model_loss, rm), minibatches=minibatches)
-        losses.append(run_job(job, learner, update)["loss"])
+        losses.append(run_job(job, learner)["loss"])
         if early and (accuracy := pair_accuracy(rm, holdout)) > best[0]:
             best = (accuracy, epoch + 1, _copy_state(rm))
     if not early:
@@ -169,33 +159,27 @@ def _cat_pairs(batches: list[PairBatch], pad_id: int) -> PairBatch:
 
 
 class PreferenceRounds:
-    """Round-start work and per-step rollout changes of the preference pipeline (see the module doc)."""
+    """The rounds of the preference pipeline: the comparator team, its snapshots and the pair store (see
+    the module doc). The two hooks below add what their algorithm does each round and each step."""
 
-    def __init__(self, cfg: TrainConfig, marlhf: bool):
+    def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
         self.pc = cfg.preference
-        self.marlhf = marlhf
-        self.round_steps = cfg.steps // cfg.iterations
+        self.round_steps = cfg.steps // cfg.preference.iterations
         self.round = -1
         self.snapshots: dict[int, dict[str, dict[str, torch.Tensor]]] = {}  # round -> actor -> weights
         self.store = PairStore(self.pc.replay_capacity if self.pc.replay_pairs else 0)
         self.round_stats: dict[str, float] = {}
-        self.reward_model: RewardModel | None = None
-        self.monitor = HackingMonitor(min(self.pc.hacking_window, self.round_steps), self.pc.hacking_threshold)
-        self.rm_episodes = 0
+        self.comparator: list[Actor] | None = None
 
     # ---- building --------------------------------------------------------------------------------
     def attach(self, run: Run) -> None:
-        """Build the reward model, its learner and the comparator team next to the run's team."""
+        """Build the comparator team (when there is one) next to the run's team."""
         cfg, pc = self.cfg, self.pc
         device = run.actors[0].policy.device
-        if self.marlhf:
-            self.reward_model, settings = build_reward_model(cfg, run.actors, device)
-            self.rm_learner = build_learner(self.reward_model, settings, cfg.iterations)
-        self.comparator = None
         if pc.comparator == "model":
             agent = dataclasses.replace(cfg.agent, model=pc.comparator_model, trainable=False)
-            self.comparator = build_actors(dataclasses.replace(cfg, agent=agent, agent_overrides={}), run.roles)
+            self.comparator = run.build_team(dataclasses.replace(cfg, agent=agent, agent_overrides={}))
             own = run.actors[0].policy.tokenizer.get_vocab()
             if any(a.policy.tokenizer.get_vocab() != own for a in self.comparator):
                 raise ConfigError(
@@ -212,41 +196,29 @@ class PreferenceRounds:
         if self.comparator is not None:
             for twin in self.comparator:
                 twin.policy.model.to(device)
-            self.collector = Collector(run.env_fn, self.comparator, cfg.env_workers)
+            self.collector = run.collector_for(self.comparator)
 
     # ---- the hook --------------------------------------------------------------------------------
     def before_jobs(
         self, run: Run, rollout: Rollout, items: list[int], seeds: list[int]
     ) -> tuple[Rollout, dict[str, float]]:
-        """Start a round when one begins; add comparator samples (MADPO) or reward-model rewards (MARLHF)."""
+        """Start a round when one begins, then this algorithm's change to the step (`step`)."""
         stats: dict[str, float] = {}
         r = run.step // self.round_steps
         if r != self.round:
             self.start_round(run, r)
             stats.update(self.round_stats)
         stats["round"] = float(self.round)
-        if self.comparator is not None and not self.marlhf:
-            other = self.collector.collect(items, seeds, rollout.group_size)
-            rollout.infos["comparator"] = other
-            stats["comparator/reward/mean"] = float(other.team_rewards.sum(-1).mean())
-        if self.marlhf:
-            task = rollout.team_rewards.sum(-1)  # [E] episode task reward
-            members = member_scores(self.reward_model, encode_texts(self.reward_model, joint_texts(rollout)))  # [K, E]
-            reward = self.reward_model.reward(members)  # [E]
-            rollout = relabel(rollout, self.score_texts, reward)
-            stats.update({f"rm/{k}": v for k, v in agreement(reward, task, rollout.group_size).items()})
-            if len(members) > 1:
-                stats["rm/disagreement"] = float(members.std(0, unbiased=False).mean())
-            stats.update(self.monitor.update(run.step + 1, float(reward.mean()), float(task.mean())))
-            stats["rm/episodes"] = float(self.rm_episodes)
+        return self.step(run, rollout, items, seeds, stats)
+
+    def step(
+        self, run: Run, rollout: Rollout, items: list[int], seeds: list[int], stats: dict[str, float]
+    ) -> tuple[Rollout, dict[str, float]]:
+        """This algorithm's change to the step's rollout, and its statistics added to `stats`."""
         return rollout, stats
 
-    def score_texts(self, texts: list[str]) -> torch.Tensor:
-        """The reward model's reward [S] of joint texts."""
-        rm = self.reward_model
-        return rm.reward(member_scores(rm, encode_texts(rm, texts)))
-
     def start_round(self, run: Run, r: int) -> None:
+        """Snapshot the team for the `copy` / `history` comparator and load the one this round plays."""
         self.round = r
         if self.pc.comparator in ("copy", "history"):
             self.snapshots[r] = {
@@ -257,9 +229,6 @@ class PreferenceRounds:
             for old in [k for k in self.snapshots if k < r - back]:
                 del self.snapshots[old]
             self._load_comparator()
-        if self.marlhf:
-            self.train_reward_model(run, r)
-            self.monitor = HackingMonitor(self.monitor.window, self.monitor.threshold)  # a new model, a new scale
 
     def _load_comparator(self) -> None:
         back = 0 if self.pc.comparator == "copy" else self.pc.history_k
@@ -274,6 +243,83 @@ class PreferenceRounds:
         if self.comparator is not None:
             rollout = merge_groups(rollout, self.collector.collect(items, seeds, self.cfg.group_size))
         return rollout
+
+    # ---- checkpoints -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "round_steps": self.round_steps,
+            "snapshots": self.snapshots,
+            "store": self.store.state_dict(),
+            "round_stats": self.round_stats,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.round = int(state["round"])
+        # the round length the run started with, even if `steps` was extended on resume
+        self.round_steps = int(state["round_steps"])
+        self.snapshots = {int(k): v for k, v in state["snapshots"].items()}
+        self.store.load_state_dict(state["store"])
+        self.round_stats = dict(state["round_stats"])
+        if self.snapshots and self.comparator is not None:
+            self._load_comparator()
+
+
+class ComparatorRounds(PreferenceRounds):
+    """MADPO with a comparator: every step the comparator plays the step's prompts, and its samples join
+    the candidate pool as `rollout.infos["comparator"]`."""
+
+    def step(
+        self, run: Run, rollout: Rollout, items: list[int], seeds: list[int], stats: dict[str, float]
+    ) -> tuple[Rollout, dict[str, float]]:
+        other = self.collector.collect(items, seeds, rollout.group_size)
+        rollout.infos["comparator"] = other
+        stats["comparator/reward/mean"] = float(other.team_rewards.sum(-1).mean())
+        return rollout, stats
+
+
+class RewardModelRounds(PreferenceRounds):
+    """MARLHF: each round fits the reward model on pairs of fresh samples; every step relabels the rollout
+    with its rewards (so any online family trains on them) and checks that they track the task reward."""
+
+    def __init__(self, cfg: TrainConfig):
+        super().__init__(cfg)
+        self.reward_model: RewardModel | None = None
+        self.rm_learner: Learns | None = None
+        self._run_job: Callable[[Job, Learns], dict[str, float]] | None = None  # the run's, once attached
+        self.monitor = HackingMonitor(min(self.pc.hacking_window, self.round_steps), self.pc.hacking_threshold)
+        self.rm_episodes = 0
+
+    def attach(self, run: Run) -> None:
+        """Build the reward model and its learner, then the comparator (when there is one)."""
+        self.reward_model, settings = build_reward_model(self.cfg, run.actors, run.actors[0].policy.device)
+        self.rm_learner = run.build_learner(self.reward_model, settings, self.pc.iterations)
+        self._run_job = run.run_job
+        super().attach(run)
+
+    def step(
+        self, run: Run, rollout: Rollout, items: list[int], seeds: list[int], stats: dict[str, float]
+    ) -> tuple[Rollout, dict[str, float]]:
+        task = rollout.team_rewards.sum(-1)  # [E] episode task reward
+        members = member_scores(self.reward_model, encode_texts(self.reward_model, joint_texts(rollout)))  # [K, E]
+        reward = self.reward_model.reward(members)  # [E]
+        rollout = relabel(rollout, self.score_texts, reward)
+        stats.update({f"rm/{k}": v for k, v in agreement(reward, task, rollout.group_size).items()})
+        if len(members) > 1:
+            stats["rm/disagreement"] = float(members.std(0, unbiased=False).mean())
+        stats.update(self.monitor.update(run.step + 1, float(reward.mean()), float(task.mean())))
+        stats["rm/episodes"] = float(self.rm_episodes)
+        return rollout, stats
+
+    def score_texts(self, texts: list[str]) -> torch.Tensor:
+        """The reward model's reward [S] of joint texts."""
+        rm = self.reward_model
+        return rm.reward(member_scores(rm, encode_texts(rm, texts)))
+
+    def start_round(self, run: Run, r: int) -> None:
+        super().start_round(run, r)
+        self.train_reward_model(run, r)
+        self.monitor = HackingMonitor(self.monitor.window, self.monitor.threshold)  # a new model, a new scale
 
     def train_reward_model(self, run: Run, r: int) -> None:
         """Collect pairs by task reward, hold out whole prompts, replay older pairs, fit Bradley–Terry with
@@ -306,7 +352,7 @@ class PreferenceRounds:
             train.extra["bootstrap"] = torch.poisson(torch.ones(len(train), len(rm.members)))
         before = pair_accuracy(rm, holdout)
         epoch, losses = fit_reward_model(
-            rm, self.rm_learner, train, holdout, pc.rm_epochs, pc.rm_minibatches, pc.rm_early_stopping, cfg.update
+            rm, self.rm_learner, train, holdout, pc.rm_epochs, pc.rm_minibatches, pc.rm_early_stopping, self._run_job
         )
         self.round_stats = {
             "rm/pairs": float(len(train)),
@@ -319,40 +365,23 @@ class PreferenceRounds:
             "rm/task_reward": float(torch.stack([p.team_rewards.sum(-1).mean() for p in pools]).mean()),
         }
 
-    # ---- checkpoints -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {
-            "round": self.round,
-            "round_steps": self.round_steps,
-            "snapshots": self.snapshots,
-            "store": self.store.state_dict(),
-            "round_stats": self.round_stats,
-            "monitor": self.monitor.state_dict(),
-            "rm_episodes": self.rm_episodes,
-        }
-        if self.reward_model is not None:
-            state["reward_model"] = {k: v.detach().cpu() for k, v in self.reward_model.state_dict().items()}
-            state["rm_learner"] = self.rm_learner.state_dict()
+        state = super().state_dict()
+        state.update(monitor=self.monitor.state_dict(), rm_episodes=self.rm_episodes)
+        state["reward_model"] = {k: v.detach().cpu() for k, v in self.reward_model.state_dict().items()}
+        state["rm_learner"] = self.rm_learner.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.round = int(state["round"])
-        # the round length the run started with, even if `steps` was extended on resume
-        self.round_steps = int(state["round_steps"])
-        self.snapshots = {int(k): v for k, v in state["snapshots"].items()}
-        self.store.load_state_dict(state["store"])
-        self.round_stats = dict(state["round_stats"])
         self.monitor.load_state_dict(state.get("monitor", self.monitor.state_dict()))
         self.rm_episodes = int(state.get("rm_episodes", 0))
-        if self.reward_model is not None:
-            try:
-                with torch.no_grad():
-                    self.reward_model.load_state_dict(state["reward_model"])
-                self.rm_learner.load_state_dict(state["rm_learner"])
-            except (KeyError, RuntimeError, ValueError) as e:
-                raise CheckpointError(
-                    f"the checkpoint's reward model does not fit this run's ({e}); it was written by an older "
-                    "textzoo whose reward model had another layout: start a new run"
-                ) from e
-        if self.snapshots and self.comparator is not None:
-            self._load_comparator()
+        try:
+            with torch.no_grad():
+                self.reward_model.load_state_dict(state["reward_model"])
+            self.rm_learner.load_state_dict(state["rm_learner"])
+        except (KeyError, RuntimeError, ValueError) as e:
+            raise CheckpointError(
+                f"the checkpoint's reward model does not fit this run's ({e}); it was written by an older "
+                "textzoo whose reward model had another layout: start a new run"
+            ) from e
+        super().load_state_dict(state)

@@ -29,6 +29,7 @@ import torch
 
 from textzoo.algorithms.batch import ActorSamples, Job, Rollout, SampleBatch
 from textzoo.algorithms.family import RolloutNeeds, policy_jobs, trainable_samples
+from textzoo.algorithms.reinforce.config import ReinforceConfig
 from textzoo.algorithms.rlmath import (
     BatchNorm,
     acting_role_returns,
@@ -45,10 +46,10 @@ from textzoo.algorithms.rlmath import (
     role_baselines,
     running_mean_update,
 )
+from textzoo.algorithms.settings import check_estimator
 from textzoo.errors import ConfigError
 from textzoo.models.inference import score_no_grad
 from textzoo.models.policy import Policy
-from textzoo.models.settings import ReinforceConfig, check_estimator
 from textzoo.models.team import Actor, frozen_references, reference_models
 
 
