@@ -35,16 +35,9 @@ class PolicyInterface(Protocol):
         """One sampled (or greedy) completion per prompt, with its sampling log-probs."""
         ...
 
-    def score(
-        self,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        completion_ids: torch.Tensor,
-        completion_mask: torch.Tensor,
-        *,
-        return_entropy: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Token log-probs [S, C] of the completions (and the entropies with `return_entropy`)."""
+    def score(self, prompt_ids, prompt_mask, completion_ids, completion_mask, *, return_entropy=False) -> Any:
+        """Token log-probs [S, C] of the completions ([S, C] right-padded after the [S, P] left-padded
+        prompts), and their entropies [S, C] with `return_entropy`."""
         ...
 
     def prompt_cache(self) -> AbstractContextManager[None]:

@@ -23,11 +23,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from textzoo.errors import ModelError
 from textzoo.models import sampling
@@ -118,31 +118,17 @@ class Policy:
         cls,
         arch: str = "gpt2",
         *,
-        n_layer: int = 2,
-        n_embd: int = 64,
-        n_head: int = 2,
-        n_positions: int = 512,
-        seed: int = 0,
         device: torch.device | str = "cpu",
         generation: GenerationConfig | None = None,
-        dropout: float = 0.0,
-        tokenizer: PreTrainedTokenizerFast | None = None,
+        **shape: Any,
     ) -> Policy:
-        """A randomly initialised tiny model ("gpt2", "llama", "qwen2" or "qwen3") with `byte_tokenizer` (or
-        `tokenizer`, whose vocabulary and special ids shape the model); see `build_tiny`.
+        """A randomly initialised tiny model ("gpt2", "llama", "qwen2" or "qwen3") built by `build_tiny`, whose
+        keyword arguments (`n_layer`, `n_embd`, `n_head`, `n_positions`, `seed`, `dropout`, `tokenizer`)
+        ``shape`` holds; with `byte_tokenizer` unless a tokenizer is given.
 
         Deterministic given ``seed``; the global RNG is left untouched.
         """
-        model, tokenizer = build_tiny(
-            arch,
-            n_layer=n_layer,
-            n_embd=n_embd,
-            n_head=n_head,
-            n_positions=n_positions,
-            seed=seed,
-            dropout=dropout,
-            tokenizer=tokenizer,
-        )
+        model, tokenizer = build_tiny(arch, **shape)
         return cls(model.to(device), tokenizer, generation, name=f"tiny-{arch}")
 
     def save_pretrained(self, path: str | os.PathLike) -> None:

@@ -18,13 +18,11 @@ The math is `textzoo.algorithms.rlmath.state_group_ids` and `state_group_advanta
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 
 from textzoo.algorithms.batch import Job, Rollout
-from textzoo.algorithms.family import RolloutNeeds, policy_jobs, trainable_samples
-from textzoo.algorithms.reinforce.family import ReinforceConfig, reference_log_ratios, reinforce_loss
+from textzoo.algorithms.family import RolloutNeeds, trainable_samples
+from textzoo.algorithms.reinforce.family import ReferenceKL, ReinforceConfig, reference_log_ratios
 from textzoo.algorithms.rlmath import (
     credited_rewards,
     discounted_returns,
@@ -33,7 +31,7 @@ from textzoo.algorithms.rlmath import (
     state_group_ids,
 )
 from textzoo.models.policy import Policy
-from textzoo.models.team import Actor, frozen_references, reference_models
+from textzoo.models.team import Actor, frozen_references
 
 
 def state_keys(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, turns: torch.Tensor) -> list[tuple]:
@@ -42,7 +40,7 @@ def state_keys(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, turns: torch
     return [(int(turns[s]), tuple(ids[s][mask[s]].tolist())) for s in range(ids.shape[0])]
 
 
-class ATGRPOFamily:
+class ATGRPOFamily(ReferenceKL):
     """Routes a rollout through the AT-GRPO grouping into one policy-gradient job per trainable actor."""
 
     def __init__(
@@ -60,12 +58,6 @@ class ATGRPOFamily:
         self.actors = {a.id: a for a in actors}
         self.needs = RolloutNeeds(tree=config.tree_rollout)
         self.references: dict[str, Policy] = frozen_references(actors) if config.kl_coef > 0 else {}
-
-    def trainable_models(self) -> dict:
-        return {}
-
-    def frozen_models(self) -> dict[str, torch.nn.Module]:
-        return reference_models(self.references)
 
     def state_dict(self) -> dict:
         return {}
@@ -92,15 +84,5 @@ class ATGRPOFamily:
                 returns[s.env_ids, ai, s.turns], groups, cfg.advantage_scale, cfg.std_floor
             )
             stats[f"agent/{actor_id}/state_groups"] = float(groups.max() + 1) if len(groups) else 0.0
-        jobs, job_stats = policy_jobs(
-            rollout,
-            samples,
-            adv,
-            self.actors,
-            lambda policy: partial(reinforce_loss, policy, cfg),
-            cfg.epochs,
-            cfg.minibatches,
-            self.normalize_per_agent,
-            refs,
-        )
+        jobs, job_stats = self.loss_jobs(rollout, samples, adv, refs)
         return jobs, {**stats, **job_stats}

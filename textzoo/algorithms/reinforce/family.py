@@ -76,7 +76,41 @@ def reference_log_ratios(
 
 
 # ---- the family ---------------------------------------------------------------------------------
-class ReinforceFamily:
+class ReferenceKL:
+    """What the families of this folder share: the REINFORCE loss on the advantages they compute, no model
+    trained besides the actors, and the frozen copies of the initial policies (`self.references`, made
+    when `kl_coef` > 0)."""
+
+    config: ReinforceConfig
+    actors: dict[str, Actor]
+    normalize_per_agent: bool
+    references: dict[str, Policy]
+
+    def loss_jobs(
+        self, rollout: Rollout, samples: dict[str, ActorSamples], adv: torch.Tensor, refs: dict
+    ) -> tuple[list[Job], dict[str, float]]:
+        """One job per trainable actor: `reinforce_loss` on advantages `adv` [E, A, T] (`policy_jobs`)."""
+        cfg = self.config
+        return policy_jobs(
+            rollout,
+            samples,
+            adv,
+            self.actors,
+            lambda policy: partial(reinforce_loss, policy, cfg),
+            cfg.epochs,
+            cfg.minibatches,
+            self.normalize_per_agent,
+            refs,
+        )
+
+    def trainable_models(self) -> dict:
+        return {}
+
+    def frozen_models(self) -> dict[str, torch.nn.Module]:
+        return reference_models(self.references)
+
+
+class ReinforceFamily(ReferenceKL):
     """Routes a rollout through `textzoo.algorithms.rlmath` into one policy-gradient job per trainable actor."""
 
     def __init__(
@@ -101,12 +135,6 @@ class ReinforceFamily:
         self.role_mean: torch.Tensor | None = None  # [R] RAE baselines (reinforce_baseline="per_role")
         # frozen copies of the initial weights, made before any checkpoint is loaded
         self.references: dict[str, Policy] = frozen_references(actors) if config.kl_coef > 0 else {}
-
-    def trainable_models(self) -> dict:
-        return {}
-
-    def frozen_models(self) -> dict[str, torch.nn.Module]:
-        return reference_models(self.references)
 
     def state_dict(self) -> dict:
         return {"running_mean": self.running_mean, "role_mean": self.role_mean}
@@ -160,17 +188,7 @@ class ReinforceFamily:
             running, self.role_mean = role_baselines(self.role_mean, returns, roles, len(rollout.roles))
         adv = advantages(returns, mask, self.estimator, cfg.advantage_scale, cfg.std_floor, greedy, running)
 
-        jobs, job_stats = policy_jobs(
-            rollout,
-            samples,
-            adv.reshape(B * G, A, T),
-            self.actors,
-            lambda policy: partial(reinforce_loss, policy, cfg),
-            cfg.epochs,
-            cfg.minibatches,
-            self.normalize_per_agent,
-            refs,
-        )
+        jobs, job_stats = self.loss_jobs(rollout, samples, adv.reshape(B * G, A, T), refs)
         return jobs, {**stats, **job_stats}
 
 
