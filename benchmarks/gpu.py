@@ -178,7 +178,7 @@ def decode_phase(policy, ids, mask, a: Args, mode: str, bandwidth: float, genera
     """Prefill + token loop of one agent in ``mode``; the loop's tokens/s and its fraction of the HBM bound."""
     policy.decode_mode = mode
     cfg = policy.generation
-    ids, mask = policy._prepare_prompts(ids, mask)
+    ids, mask = policy.prepare_prompts(ids, mask)
     backend = policy.backend()
     rows = ids.shape[0]
 

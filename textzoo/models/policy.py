@@ -211,7 +211,7 @@ class Policy:
                 mask[i, P - len(r) :] = 1
         return ids.to(self.device), mask.to(self.device)
 
-    def _prepare_prompts(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def prepare_prompts(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-align the prompts, drop all-pad columns, and give an empty prompt one start token."""
         ids, mask = ids.to(self.device), mask.to(self.device).long()
         if mask.shape[1] and not bool(mask[:, -1].all()):
@@ -301,7 +301,7 @@ class Policy:
     ) -> tuple[Generation, sampling.Decoded]:
         """Prefill the prompts and run `sampling.decode` (``scripts`` None: plain samples); no texts yet."""
         cfg = self.generation
-        prompt_ids, prompt_mask = self._prepare_prompts(prompt_ids, prompt_mask)
+        prompt_ids, prompt_mask = self.prepare_prompts(prompt_ids, prompt_mask)
         S = prompt_ids.shape[0]
         if S == 0:
             empty = torch.zeros((0, 0), dtype=torch.long, device=prompt_ids.device)
@@ -343,7 +343,7 @@ class Policy:
         completion_ids, completion_mask = completion_ids.to(device), completion_mask.to(device)
         if prompt_ids.shape[1] == 0:
             raise ValueError("score needs at least one prompt token per sample (generate adds BOS to empty prompts)")
-        prompt_ids, prompt_mask = self._prepare_prompts(prompt_ids, prompt_mask)
+        prompt_ids, prompt_mask = self.prepare_prompts(prompt_ids, prompt_mask)
         backend = self.backend() if completion_ids.shape[1] > 0 else self.backends().module
         scored = completion_mask.bool()
         with autocast(device, self.autocast):

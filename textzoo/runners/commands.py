@@ -12,10 +12,11 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import tyro
 
-from textzoo.config import JsonDict, TrainConfig, load_config
+from textzoo.config import AgentConfig, JsonDict, TrainConfig, load_config
 from textzoo.errors import CheckpointError, ConfigError
 from textzoo.runners.console import console
 
@@ -230,43 +231,36 @@ def plot(argv: list[str]) -> None:
 
 
 @dataclass
-class SFTArgs:
-    """Supervised warm-up of one agent on (prompt, completion) pairs; saves a model `textzoo train` loads."""
+class SFTArgs(AgentConfig):
+    """Supervised warm-up of one agent on (prompt, completion) pairs; saves a model `textzoo train` loads.
 
-    pairs: str
-    """JSONL file, one {"prompt": ..., "completion": ...} object per line."""
-    out: str
+    The agent's settings are `AgentConfig`'s (model, tiny shape, lr, weight decay, clipping, allowed
+    outputs, prompt format, system prompt, device): the warm-up formats, scores and updates as training will.
+    """
+
+    _where: ClassVar[str] = "sft"
+
+    pairs: str = ""
+    """JSONL file, one {"prompt": ..., "completion": ...} object per line (required)."""
+    out: str = ""
     """Folder to save the trained model and tokenizer in (then: --agent-overrides '{"ROLE": {"model": "OUT"}}')."""
-    model: str = "tiny"
-    """"tiny" (GPT-2 shape built locally), "tiny-llama", a hub id, or a local model folder."""
-    n_layer: int = 2
-    """Layers of a built tiny model."""
-    n_embd: int = 64
-    """Width of a built tiny model."""
-    n_head: int = 2
-    """Attention heads of a built tiny model."""
     steps: int = 100
     """Optimizer steps."""
-    lr: float = 1e-3
-    """AdamW learning rate."""
     batch_size: int = 16
     """Pairs per step."""
-    allowed_outputs: tuple[str, ...] = ()
-    """Score under the same allowed-token restriction the agent will train with (empty = none)."""
     add_eos: bool = True
     """Append EOS to every completion so the policy learns to stop."""
     seed: int = 0
     """Seed of a built tiny model and of the batch order."""
-    device: str = "auto"
-    """"auto" or a torch device string."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.steps < 1:
             raise ConfigError(f"steps must be >= 1, got {self.steps}")
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
-        if not self.lr > 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if not self.pairs:
+            raise ConfigError("pairs must name the JSONL file of (prompt, completion) pairs")
         if not self.out:
             raise ConfigError("out must name the folder to save the model in")
 
