@@ -19,7 +19,8 @@ from textzoo.algorithms.preference.madpo import MADPOFamily  # noqa: E402
 from textzoo.algorithms.registry import ALGORITHMS, Algorithm, configure, register_algorithm, resolve_algorithm  # noqa: E402
 from textzoo.algorithms.reinforce.atgrpo import ATGRPOFamily  # noqa: E402
 from textzoo.algorithms.reinforce.family import ReinforceConfig, ReinforceFamily  # noqa: E402
-from textzoo.config import TrainConfig, from_dict, load_config, to_dict  # noqa: E402
+from textzoo.config import TrainConfig  # noqa: E402
+from textzoo.config_files import from_dict, load_config, to_dict  # noqa: E402
 from textzoo.errors import ConfigError  # noqa: E402
 from textzoo.runners import trainer as trainer_module  # noqa: E402
 

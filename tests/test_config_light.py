@@ -10,6 +10,7 @@ FAMILIES = ("reinforce", "actor_critic", "preference")
 
 LIGHT = (
     "textzoo.config",
+    "textzoo.config_files",
     "textzoo.typecheck",
     "textzoo.models.settings",
     "textzoo.algorithms.settings",
@@ -38,7 +39,8 @@ def test_a_bad_config_fails_without_torch(tmp_path):
     code = (
         "import sys\n"
         "from textzoo.errors import ConfigError\n"
-        "from textzoo.config import TrainConfig, load_config\n"
+        "from textzoo.config import TrainConfig\n"
+        "from textzoo.config_files import load_config\n"
         "from textzoo.algorithms.registry import configure\n"
         "configure(TrainConfig(algo='ippo'))  # an algorithm's defaults and rules, without its family\n"
         f"try:\n    load_config({str(path)!r})\nexcept ConfigError as e:\n    print(e)\n"

@@ -5,7 +5,8 @@ import json
 import pytest
 import torch
 
-from textzoo.config import AgentConfig, TrainConfig, load_config
+from textzoo.config import AgentConfig, TrainConfig
+from textzoo.config_files import load_config
 from textzoo.errors import ConfigError
 from textzoo.models.build import build_policy
 from textzoo.runners.build import build_learner

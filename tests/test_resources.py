@@ -16,7 +16,8 @@ import pytest
 import torch
 from confined import REPO, run_on_tiny_disk
 
-from textzoo.config import AgentConfig, TrainConfig, save_config
+from textzoo.config import AgentConfig, TrainConfig
+from textzoo.config_files import save_config
 from textzoo.errors import ResourceError
 from textzoo.runners import checkpoint as ck
 from textzoo.runners import trainer as trainer_module
@@ -70,7 +71,7 @@ def test_an_unwritable_run_dir_is_refused_before_training(tmp_path):
 
 TRAIN = """
 import sys
-from textzoo.config import load_config
+from textzoo.config_files import load_config
 from textzoo.runners.cli import main
 sys.exit(main(["train", "--config", sys.argv[1]]))
 """

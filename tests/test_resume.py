@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from textzoo.config import AgentConfig, TrainConfig, save_config
+from textzoo.config import AgentConfig, TrainConfig
+from textzoo.config_files import save_config
 from textzoo.errors import CheckpointError
 from textzoo.runners import checkpoint as ck
 from textzoo.runners.cli import main as cli_main
@@ -106,7 +107,7 @@ def test_sigkill_at_a_random_moment_then_resume_is_bit_identical(tmp_path, refer
 KILL_IN_SAVE = """
 import os, signal, sys
 import textzoo.runners.checkpoint as ck
-from textzoo.config import load_config
+from textzoo.config_files import load_config
 from textzoo.runners.trainer import Trainer
 
 real = ck._sha256

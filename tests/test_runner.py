@@ -8,7 +8,8 @@ import torch
 torch.set_num_threads(1)
 
 from textzoo.algorithms.registry import configure  # noqa: E402
-from textzoo.config import AgentConfig, TrainConfig, from_dict, load_config, save_config, to_dict  # noqa: E402
+from textzoo.config import AgentConfig, TrainConfig  # noqa: E402
+from textzoo.config_files import from_dict, load_config, save_config, to_dict  # noqa: E402
 from textzoo.errors import ConfigError, EnvError, ModelError  # noqa: E402
 from textzoo.runners.cli import main  # noqa: E402
 from textzoo.runners.trainer import Trainer  # noqa: E402

@@ -65,7 +65,8 @@ from typing import Any
 import tyro
 
 from textzoo.algorithms.registry import ALGORITHMS, configure, resolve_algorithm
-from textzoo.config import TrainConfig, from_dict, to_dict
+from textzoo.config import TrainConfig
+from textzoo.config_files import from_dict, to_dict
 from textzoo.errors import ConfigError, TextzooError
 
 logger = logging.getLogger(__name__)

@@ -12,12 +12,12 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
 
 import tyro
 
-from textzoo.config import AgentConfig, JsonDict, TrainConfig, load_config
-from textzoo.errors import CheckpointError, ConfigError
+from textzoo.config import JsonDict, SFTArgs, TrainConfig
+from textzoo.config_files import load_config
+from textzoo.errors import CheckpointError
 from textzoo.runners.console import console
 
 
@@ -228,41 +228,6 @@ def plot(argv: list[str]) -> None:
     args = tyro.cli(PlotArgs, args=argv, prog="textzoo plot")
     out = args.out or (str(Path(args.run_dirs[0]) / "curve.png") if len(args.run_dirs) == 1 else "curves.png")
     console().print(str(plot_runs(list(args.run_dirs), out, smooth=args.smooth)))
-
-
-@dataclass
-class SFTArgs(AgentConfig):
-    """Supervised warm-up of one agent on (prompt, completion) pairs; saves a model `textzoo train` loads.
-
-    The agent's settings are `AgentConfig`'s (model, tiny shape, lr, weight decay, clipping, allowed
-    outputs, prompt format, system prompt, device): the warm-up formats, scores and updates as training will.
-    """
-
-    _where: ClassVar[str] = "sft"
-
-    pairs: str = ""
-    """JSONL file, one {"prompt": ..., "completion": ...} object per line (required)."""
-    out: str = ""
-    """Folder to save the trained model and tokenizer in (then: --agent-overrides '{"ROLE": {"model": "OUT"}}')."""
-    steps: int = 100
-    """Optimizer steps."""
-    batch_size: int = 16
-    """Pairs per step."""
-    add_eos: bool = True
-    """Append EOS to every completion so the policy learns to stop."""
-    seed: int = 0
-    """Seed of a built tiny model and of the batch order."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.steps < 1:
-            raise ConfigError(f"steps must be >= 1, got {self.steps}")
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
-        if not self.pairs:
-            raise ConfigError("pairs must name the JSONL file of (prompt, completion) pairs")
-        if not self.out:
-            raise ConfigError("out must name the folder to save the model in")
 
 
 def sft(argv: list[str]) -> None:

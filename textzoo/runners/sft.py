@@ -20,13 +20,12 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from textzoo.algorithms.batch import Job, SampleBatch
 from textzoo.algorithms.rlmath import BatchNorm
-from textzoo.config import AgentConfig, UpdateConfig
+from textzoo.config import AgentConfig, SFTArgs, UpdateConfig
 from textzoo.errors import ConfigError
 from textzoo.jsonl import read_jsonl
 from textzoo.models.build import build_policy, prompt_format, resolve_device
@@ -36,9 +35,6 @@ from textzoo.models.policy import Policy
 from textzoo.models.prompting import PromptFormat
 from textzoo.runners.build import build_learner
 from textzoo.runners.update import run_job
-
-if TYPE_CHECKING:
-    from textzoo.runners.commands import SFTArgs
 
 Pair = tuple[str, str]
 

@@ -21,7 +21,8 @@ import torch
 
 from textzoo.algorithms import registry
 from textzoo.algorithms.batch import Job, Rollout
-from textzoo.config import AgentConfig, TrainConfig, from_dict, precisions_as_in, save_config, to_dict
+from textzoo.config import AgentConfig, TrainConfig, precisions_as_in
+from textzoo.config_files import from_dict, save_config, to_dict
 from textzoo.errors import CheckpointError, ConfigError
 from textzoo.models.team import Actor
 from textzoo.runners import sharding
