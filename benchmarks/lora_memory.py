@@ -84,7 +84,7 @@ def measure(args: Args, mode: str, n: int) -> dict:
         for i, role in enumerate(roles):
             shared = SharedBase(build_policy(agent, i, device))
             policies.append(shared.add(role, agent.lora_rank, agent.lora_alpha, seed=i))
-            policies[-1].generation = generation_config(agent, policies[-1])
+            policies[-1].generation = generation_config(agent, policies[-1].tokenizer, policies[-1].model)
     else:
         cfg = TrainConfig(env="textzoo/Refine-v0", agent=agent)
         policies = [a.policy for a in build_actors(cfg, roles)]

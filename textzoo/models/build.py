@@ -4,11 +4,12 @@ LoRA adapter on a shared base, the prompt format, the device a model is built on
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from textzoo.errors import ConfigError
+from textzoo.models.loading import build_tiny, load_pretrained
 from textzoo.models.lora import SharedBase
 from textzoo.models.policy import GenerationConfig, Policy
 from textzoo.models.precision import PRECISIONS, resolve
@@ -49,39 +50,35 @@ def build_policy(agent: AgentConfig, seed: int, device: torch.device) -> Policy:
     if agent.model in TINY_MODELS:
         logger.info("building a %s model (%d layers, width %d) on %s", agent.model, agent.n_layer, agent.n_embd, device)
         llama = agent.model == "tiny-llama"
-        policy = Policy.tiny(
-            "llama" if llama else "gpt2",
-            n_layer=agent.n_layer,
-            n_embd=agent.n_embd,
-            n_head=agent.n_head,
-            seed=seed,
-            device=device,
-            tokenizer=llama_byte_tokenizer() if llama else None,
-        )
+        arch = "llama" if llama else "gpt2"
+        tokenizer = llama_byte_tokenizer() if llama else None
+        shape = dict(n_layer=agent.n_layer, n_embd=agent.n_embd, n_head=agent.n_head, seed=seed, tokenizer=tokenizer)
+        model, tokenizer = build_tiny(arch, **shape)
+        name = f"tiny-{arch}"
     else:
         logger.info("loading model %s (precision %s) on %s", agent.model, agent.precision, device)
-        policy = Policy.from_pretrained(agent.model, device=device, dtype=loaded.weights)
-    policy.precision = resolve(agent.precision, policy.model, resolve_device(agent.device))
-    precision = PRECISIONS[policy.precision]
-    policy.generation = generation_config(agent, policy)
-    policy.model.to(precision.weights)
-    policy.autocast = precision.compute
+        model, tokenizer = load_pretrained(agent.model, dtype=loaded.weights)
+        name = str(agent.model)
+    model.to(device)
+    precision = resolve(agent.precision, model, resolve_device(agent.device))
+    generation = generation_config(agent, tokenizer, model)
+    model.to(PRECISIONS[precision].weights)
     if agent.gradient_checkpointing:
         # non-reentrant: gradients reach the weights even though the input ids need no gradient
         kwargs = {"use_reentrant": False}
-        if hasattr(policy.model, "activation_checkpointing_enable"):  # the name since transformers 5.x
-            policy.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        if hasattr(model, "activation_checkpointing_enable"):  # the name since transformers 5.x
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
-            policy.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    return policy
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    return Policy(model, tokenizer, generation, name=name, precision=precision)
 
 
-def generation_config(agent: AgentConfig, policy: Policy) -> GenerationConfig:
-    """The agent's sampling settings; its allowed outputs become token ids of `policy`'s tokenizer, and
-    its prompt budget shrinks so that prompt + completion fit the model's positions."""
-    allowed = allowed_token_ids(policy, agent.allowed_outputs) if agent.allowed_outputs else None
+def generation_config(agent: AgentConfig, tokenizer: Any, model: torch.nn.Module) -> GenerationConfig:
+    """The agent's sampling settings; its allowed outputs become token ids of `tokenizer`, and its prompt
+    budget shrinks so that prompt + completion fit `model`'s positions."""
+    allowed = token_ids(tokenizer, agent.allowed_outputs) if agent.allowed_outputs else None
     prompt_budget = agent.max_prompt_tokens
-    positions = position_limit(policy.model)
+    positions = position_limit(model)
     if positions:
         if agent.max_new_tokens >= positions:
             raise ConfigError(
@@ -118,19 +115,17 @@ def lora_policy(agent: AgentConfig, agent_id: str, seed: int, bases: dict[tuple,
     )
     if key not in bases:
         bases[key] = SharedBase(build_policy(agent, seed, build_device(agent.device)))
-    policy = bases[key].add(
+    base = bases[key]
+    return base.add(  # in the base's precision
         agent_id,
         agent.lora_rank,
         agent.lora_alpha,
         agent.lora_dropout,
         agent.lora_target_modules,
         trainable=agent.trainable,
+        generation=generation_config(agent, base.tokenizer, base.model),
         seed=seed,
     )
-    policy.generation = generation_config(agent, policy)
-    policy.precision = bases[key].precision
-    policy.autocast = PRECISIONS[policy.precision].compute
-    return policy
 
 
 def prompt_format(agent: AgentConfig, policy: Policy) -> PromptFormat:
@@ -141,10 +136,15 @@ def prompt_format(agent: AgentConfig, policy: Policy) -> PromptFormat:
 
 
 def allowed_token_ids(policy: Policy, outputs: tuple[str, ...]) -> tuple[int, ...]:
-    """Every token id used to spell any of `outputs` (EOS is added by the policy)."""
+    """Every token id of `policy`'s tokenizer used to spell any of `outputs` (EOS is added by the policy)."""
+    return token_ids(policy.tokenizer, outputs)
+
+
+def token_ids(tokenizer: Any, outputs: tuple[str, ...]) -> tuple[int, ...]:
+    """Every token id used to spell any of `outputs`."""
     ids: set[int] = set()
     for text in outputs:
-        ids.update(policy.tokenizer.encode(text, add_special_tokens=False))
+        ids.update(tokenizer.encode(text, add_special_tokens=False))
     if not ids:
         raise ConfigError(f"allowed_outputs {outputs!r} produce no tokens")
     return tuple(sorted(ids))

@@ -96,7 +96,9 @@ class SharedBase:
             self.trainable.add(name)
         self.active = None
         self._set_requires_grad()
-        return Policy(view, self.tokenizer, generation or self.generation, name=f"{agent_id}@lora")
+        return Policy(
+            view, self.tokenizer, generation or self.generation, name=f"{agent_id}@lora", precision=self.precision
+        )
 
     def frozen_copy(self, policy: Policy, agent_id: str) -> Policy:
         """A frozen copy of `policy`'s adapter on this same base (an adapter's worth of memory, not a
@@ -112,9 +114,7 @@ class SharedBase:
         self._set_requires_grad()
         load_adapter_state_dict(view, adapter_state_dict(source))
         view.training, view.frozen = False, True
-        copy = Policy(view, self.tokenizer, policy.generation, name=f"{agent_id}@lora")
-        copy.precision, copy.autocast = policy.precision, policy.autocast
-        return copy
+        return Policy(view, self.tokenizer, policy.generation, name=f"{agent_id}@lora", precision=policy.precision)
 
     def activate(self, name: str) -> None:
         """Route forwards through adapter `name` (a no-op when it is already active)."""

@@ -38,7 +38,7 @@ from textzoo.models.fastlm import FastDecoder
 from textzoo.models.generation import Generation, GenerationConfig, first_used_column
 from textzoo.models.loading import build_tiny, end_token_ids, load_pretrained
 from textzoo.models.modes import eval_mode
-from textzoo.models.precision import autocast
+from textzoo.models.precision import PRECISIONS, autocast
 
 __all__ = ["Generation", "GenerationConfig", "Policy", "has_dropout"]
 
@@ -59,6 +59,7 @@ class Policy:
         tokenizer: PreTrainedTokenizerBase,
         generation: GenerationConfig | None = None,
         name: str = "policy",
+        precision: str = "fp32",
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -77,10 +78,10 @@ class Policy:
         self.eos_ids: tuple[int, ...] = end_token_ids(model, tokenizer)
         self.fast_forward = True
         """Run the plain-torch decoder (`textzoo.models.fastlm`) when the architecture supports it."""
-        self.precision = "fp32"
+        self.precision = precision
         """The precision name the builder resolved (`textzoo.models.precision.PRECISIONS`); what `autocast` and
-        the weights' dtype implement."""
-        self.autocast: torch.dtype | None = None
+        the weights' dtype implement (the builder moves the weights to its dtype before building the policy)."""
+        self.autocast: torch.dtype | None = PRECISIONS[precision].compute
         """Run forwards (generate, score) under ``torch.autocast`` to this dtype (bf16-mixed precision);
         None = compute in the weights' dtype."""
         self.compact_finished = True

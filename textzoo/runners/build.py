@@ -80,7 +80,9 @@ def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
             # equal share of the prompt budget (left after the sections and the tags), so that all of it
             # fits the model's positions; 2 tokens per role of slack for re-tokenized cut observations.
             tags = sum(len(s) for s in joint.script(dict.fromkeys(roles, "")) if s.forced) + 2 * len(roles)
-            room = generation_config(dataclasses.replace(agent, max_new_tokens=budget + tags), policy)
+            room = generation_config(
+                dataclasses.replace(agent, max_new_tokens=budget + tags), policy.tokenizer, policy.model
+            )
             intro = len(policy.tokenizer(joint.build_prompt(dict.fromkeys(roles, "")))["input_ids"])
             joint.task_tokens = max((room.max_prompt_tokens - intro) // len(roles), 1)
             policy.generation = dataclasses.replace(room, max_new_tokens=budget)
