@@ -18,6 +18,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from textzoo.models.fastlm import FastDecoder, distinct_rows, first_tokens_first, shared_rows
+from textzoo.models.generation import left_padded
 from textzoo.models.modes import eval_mode
 from textzoo.models.policy import Policy
 from textzoo.models.precision import autocast
@@ -86,13 +87,7 @@ class Critic(torch.nn.Module):
     def encode(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded ids and mask ([S, L]); a long text keeps its last `max_tokens` tokens."""
         rows = [r[-self.max_tokens :] or [self.pad_id] for r in self.tokenizer(list(texts), verbose=False)["input_ids"]]
-        L = max((len(r) for r in rows), default=1)
-        ids = torch.full((len(rows), L), self.pad_id, dtype=torch.long)  # [S, L]
-        mask = torch.zeros((len(rows), L), dtype=torch.long)  # [S, L]
-        for i, r in enumerate(rows):
-            ids[i, L - len(r) :] = torch.tensor(r)
-            mask[i, L - len(r) :] = 1
-        return ids, mask
+        return left_padded(rows, self.pad_id, min_width=1)  # [S, L]
 
     def forward(
         self,

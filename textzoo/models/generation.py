@@ -116,3 +116,17 @@ def last_used_column(mask: torch.Tensor) -> int:
     """One past the last column of a right-padded mask with any 1 (0 when none)."""
     used = mask.any(0).nonzero()
     return int(used[-1]) + 1 if len(used) else 0
+
+
+def left_padded(rows: Sequence[Sequence[int]], pad_id: int, min_width: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of token ids as left-padded ids and mask ([S, P], P = the longest row, at least `min_width`):
+    the one encoder of prompts (`Policy.encode`, `PromptFormat.encode`) and of critic texts."""
+    P = max((len(r) for r in rows), default=0)
+    P = max(P, min_width)
+    ids = torch.full((len(rows), P), pad_id, dtype=torch.long)  # [S, P]
+    mask = torch.zeros((len(rows), P), dtype=torch.long)  # [S, P]
+    for i, r in enumerate(rows):
+        if len(r):
+            ids[i, P - len(r) :] = torch.as_tensor(list(r), dtype=torch.long)
+            mask[i, P - len(r) :] = 1
+    return ids, mask

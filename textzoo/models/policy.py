@@ -35,7 +35,7 @@ from textzoo.models.backends import Backend
 from textzoo.models.backends.module import ModuleBackend, has_dropout
 from textzoo.models.backends.plain import PlainBackend
 from textzoo.models.fastlm import FastDecoder
-from textzoo.models.generation import Generation, GenerationConfig, first_used_column
+from textzoo.models.generation import Generation, GenerationConfig, first_used_column, left_padded
 from textzoo.models.loading import build_tiny, end_token_ids, load_pretrained
 from textzoo.models.modes import eval_mode
 from textzoo.models.precision import PRECISIONS, autocast
@@ -202,14 +202,7 @@ class Policy:
         """Left-padded prompt ids and mask ([S, P]); a long prompt keeps its last tokens."""
         rows = self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"]
         keep = self.generation.max_prompt_tokens
-        rows = [r[-keep:] for r in rows]
-        P = max((len(r) for r in rows), default=0)
-        ids = torch.full((len(rows), P), self.pad_id, dtype=torch.long)  # [S, P]
-        mask = torch.zeros((len(rows), P), dtype=torch.long)  # [S, P]
-        for i, r in enumerate(rows):
-            if r:
-                ids[i, P - len(r) :] = torch.tensor(r)
-                mask[i, P - len(r) :] = 1
+        ids, mask = left_padded([r[-keep:] for r in rows], self.pad_id)  # [S, P]
         return ids.to(self.device), mask.to(self.device)
 
     def prepare_prompts(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

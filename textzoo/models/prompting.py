@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from textzoo.errors import ConfigError
+from textzoo.models.generation import left_padded
 from textzoo.models.settings import PROMPT_STYLES
 
 STYLES = PROMPT_STYLES
@@ -120,9 +121,8 @@ class PromptFormat:
         tokenizer = policy.tokenizer
         budget = policy.generation.max_prompt_tokens
         distinct = {t: self.chat_ids(tokenizer, t, budget) for t in dict.fromkeys(texts)}  # G copies render once
-        rows = [distinct[t] for t in texts]
-        batch = tokenizer.pad({"input_ids": rows}, padding_side="left", return_tensors="pt")
-        return batch["input_ids"].to(policy.device), batch["attention_mask"].to(policy.device)
+        ids, mask = left_padded([distinct[t] for t in texts], policy.pad_id)  # [S, P]
+        return ids.to(policy.device), mask.to(policy.device)
 
     def check(self, policy: Any) -> None:
         """Fail now (a `ConfigError`) when the template cannot render or leaves no room for a message."""
