@@ -10,7 +10,8 @@ torch.set_num_threads(1)
 from textzoo.algorithms.actor_critic import family as ac  # noqa: E402
 from textzoo.algorithms.actor_critic.family import (  # noqa: E402
     ActorCriticConfig,
-    ActorCriticFamily,
+    IACFamily,
+    MAACFamily,
     actor_loss,
     critic_name,
     value_job_loss,
@@ -153,7 +154,7 @@ def build_team(env_id: str, env_kwargs: dict, centralized: bool, cfg: ActorCriti
     actors = [AgentActor(r, tiny_policy(i)) for i, r in enumerate(roles)]
     names = ["critic"] if centralized else [critic_name(r) for r in roles]
     critics = {n: tiny_critic(100 + i) for i, n in enumerate(names)}
-    family = ActorCriticFamily(cfg, actors, critics, centralized, gamma=1.0, credit=credit)
+    family = (MAACFamily if centralized else IACFamily)(cfg, actors, critics, gamma=1.0, credit=credit)
     learners = {a.id: Learner(a.policy.model, torch.optim.AdamW(a.policy.model.parameters(), lr=1e-3)) for a in actors}
     learners.update({n: Learner(c, torch.optim.AdamW(c.parameters(), lr=1e-3)) for n, c in critics.items()})
     return Collector(env_fn, actors), actors, critics, family, learners

@@ -37,16 +37,14 @@ def _critic(cfg: TrainConfig, agent: AgentConfig, seed: int, actor: Actor | None
     return Critic.from_policy(policy, **head), settings
 
 
-def _family(cfg: TrainConfig, actors: list[Actor], built: dict, centralized: bool) -> ActorCriticFamily:
-    from textzoo.algorithms.actor_critic.family import ActorCriticFamily
-
-    return ActorCriticFamily(
+def _family(family: type[ActorCriticFamily], cfg: TrainConfig, actors: list[Actor], built: dict) -> ActorCriticFamily:
+    """`family` over the team and the critics `built` (learner name -> (critic, its learner settings))."""
+    return family(
         cfg.actor_critic,
         actors,
         {k: v[0] for k, v in built.items()},
-        centralized,
-        cfg.gamma,
-        cfg.credit,
+        gamma=cfg.gamma,
+        credit=cfg.credit,
         critic_settings={k: v[1] for k, v in built.items()},
         normalize_per_agent=cfg.normalize_per_agent,
     )
@@ -54,19 +52,21 @@ def _family(cfg: TrainConfig, actors: list[Actor], built: dict, centralized: boo
 
 def build_iac(cfg: TrainConfig, actors: list[Actor]) -> ActorCriticFamily:
     """IAC / IPPO: a critic per trainable actor, reading that actor's prompt."""
-    from textzoo.algorithms.actor_critic.family import critic_name
+    from textzoo.algorithms.actor_critic.family import IACFamily, critic_name
 
     built = {
         critic_name(a.id): _critic(cfg, cfg.agent_config(a.id), cfg.seed * 1000 + 500 + i, a)
         for i, a in enumerate(actors)
         if a.trainable
     }
-    return _family(cfg, actors, built, centralized=False)
+    return _family(IACFamily, cfg, actors, built)
 
 
 def build_maac(cfg: TrainConfig, actors: list[Actor]) -> ActorCriticFamily:
     """MAAC / MAPPO: one centralized critic over the whole state (every role's prompt)."""
-    return _family(cfg, actors, {"critic": _critic(cfg, cfg.agent, cfg.seed * 1000 + 999, None)}, centralized=True)
+    from textzoo.algorithms.actor_critic.family import MAACFamily
+
+    return _family(MAACFamily, cfg, actors, {"critic": _critic(cfg, cfg.agent, cfg.seed * 1000 + 999, None)})
 
 
 def check_iac(cfg: TrainConfig) -> None:

@@ -25,12 +25,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from textzoo.algorithms.actor_critic.config import ActorCriticConfig, check_actor_critic
-from textzoo.algorithms.batch import Job, Rollout, SampleBatch
+from textzoo.algorithms.batch import ActorSamples, Job, Rollout, SampleBatch
 from textzoo.algorithms.family import RolloutNeeds, policy_jobs, trainable_samples
 from textzoo.algorithms.rlmath import (
     BatchNorm,
@@ -86,45 +86,53 @@ class CriticInput:
 
 
 class ActorCriticFamily:
-    """Actor jobs (policy gradient on GAE advantages) plus one job per critic.
+    """Actor jobs (policy gradient on GAE advantages) plus one job per critic; `IACFamily` and `MAACFamily`
+    say which critics there are and what they read (`critic_jobs`).
 
     `critics` maps a learner name to a critic: for IAC `"<actor id>.critic"` per trainable actor,
-    for MAAC the single `"critic"` (`centralized=True`). These names are stable, so checkpoints find
-    the critics and their optimizers again.
+    for MAAC the single `"critic"`. These names are stable, so checkpoints find the critics and their
+    optimizers again.
     """
+
+    centralized: ClassVar[bool] = False
+    """One critic over the whole state (MAAC) rather than one per actor (IAC)."""
 
     def __init__(
         self,
         config: ActorCriticConfig,
         actors: list[Actor],
         critics: dict[str, Critic],
-        centralized: bool,
         gamma: float = 1.0,
         credit: str = "shared",
         critic_settings: dict[str, Any] | None = None,
         normalize_per_agent: bool = False,
     ):
-        check_actor_critic(config, centralized, credit)
+        check_actor_critic(config, self.centralized, credit)
         if config.epochs is None:  # built without an algorithm's defaults: one pass
             config = dataclasses.replace(config, epochs=1)
         self.config = config
         self.actors = {a.id: a for a in actors}
-        self.centralized = centralized
         self.gamma = gamma
         self.credit = credit
         self.critics = critics
         self.critic_settings = critic_settings or {}
         self.normalize_per_agent = normalize_per_agent
-        expected = ["critic"] if centralized else [critic_name(a.id) for a in actors if a.trainable]
+        expected = self.expected_critics(actors)
         if sorted(critics) != sorted(expected):
-            raise ConfigError(f"{'maac' if centralized else 'iac'} needs critics {expected}, got {sorted(critics)}")
-        # an IAC critic reads its actor's token ids when their vocabularies match (checked once)
-        self.reads_ids = {
-            critic_name(a.id): _same_vocab(critics[critic_name(a.id)].tokenizer, a.policy.tokenizer)
-            for a in actors
-            if not centralized and a.trainable
-        }
+            raise ConfigError(f"{self.name} needs critics {expected}, got {sorted(critics)}")
         self.needs = RolloutNeeds()
+
+    name: ClassVar[str] = "actor-critic"
+
+    def expected_critics(self, actors: list[Actor]) -> list[str]:
+        """The critics' learner names for this team."""
+        raise NotImplementedError
+
+    def critic_jobs(
+        self, rollout: Rollout, rewards: torch.Tensor, samples: dict[str, ActorSamples]
+    ) -> tuple[torch.Tensor, list[Job], dict[str, float]]:
+        """The actors' advantages [E, A, T], the critics' jobs and their statistics."""
+        raise NotImplementedError
 
     def trainable_models(self) -> dict[str, tuple[torch.nn.Module, Any]]:
         return {name: (critic, self.critic_settings.get(name)) for name, critic in self.critics.items()}
@@ -141,44 +149,8 @@ class ActorCriticFamily:
     def jobs(self, rollout: Rollout) -> tuple[list[Job], dict[str, float]]:
         cfg = self.config
         rewards = credited_rewards(rollout.rewards, rollout.actor_roles, self.credit)  # [E, A, T]
-        E, A, T = rewards.shape
-        stats: dict[str, float] = {}
         samples = trainable_samples(rollout, self.actors)
-
-        critic_jobs: list[Job] = []
-        if self.centralized:
-            decided = rollout.active.any(1)  # [E, T] some actor acted
-            where = decided.nonzero()  # [N, 2] (env, turn)
-            inputs = self._central_inputs(rollout, where)
-            old, _ = self._values(self.critics["critic"], inputs)  # [N]
-            values = torch.zeros(E, T)
-            values[where[:, 0], where[:, 1]] = old.cpu()
-            team_adv, targets = gae(rollout.team_rewards, values, decided, self.gamma, cfg.gae_lambda)  # [E, T]
-            adv = team_adv.unsqueeze(1).expand(E, A, T)  # [E, A, T]
-            critic_jobs.append(
-                self._critic_job(
-                    "critic", inputs, old, targets[where[:, 0], where[:, 1]], team_adv[where[:, 0], where[:, 1]]
-                )
-            )
-            stats.update(self._value_stats("critic", old, targets[where[:, 0], where[:, 1]]))
-        else:
-            adv = torch.zeros(E, A, T)
-            for ai, actor_id in enumerate(rollout.actors):
-                name = critic_name(actor_id)
-                if name not in self.critics or actor_id not in samples:
-                    continue
-                gen, env_ids, turns = samples[actor_id].gen, samples[actor_id].env_ids, samples[actor_id].turns
-                inputs = self._own_inputs(name, self.actors[actor_id].policy, gen)
-                old, features = self._values(self.critics[name], inputs)  # [S], [S, d] or None
-                values = torch.zeros(E, T)
-                values[env_ids, turns] = old.cpu()
-                a_adv, targets = gae(rewards[:, ai], values, rollout.active[:, ai], self.gamma, cfg.gae_lambda)
-                adv[:, ai] = a_adv
-                critic_jobs.append(
-                    self._critic_job(name, inputs, old, targets[env_ids, turns], a_adv[env_ids, turns], features)
-                )
-                stats.update(self._value_stats(name, old, targets[env_ids, turns]))
-
+        adv, critic_jobs, stats = self.critic_jobs(rollout, rewards, samples)
         jobs, job_stats = policy_jobs(
             rollout,
             samples,
@@ -266,6 +238,82 @@ class ActorCriticFamily:
             f"agent/{name}/return": float(targets.mean()),
             f"agent/{name}/explained_variance": explained,
         }
+
+
+class IACFamily(ActorCriticFamily):
+    """IAC / IPPO: a critic per trainable actor, reading that actor's prompt (V) or its sample too (Q)."""
+
+    name = "iac"
+
+    def __init__(self, config: ActorCriticConfig, actors: list[Actor], critics: dict[str, Critic], **kwargs: Any):
+        super().__init__(config, actors, critics, **kwargs)
+        # a critic reads its actor's token ids when their vocabularies match (checked once)
+        self.reads_ids = {
+            critic_name(a.id): _same_vocab(critics[critic_name(a.id)].tokenizer, a.policy.tokenizer)
+            for a in actors
+            if a.trainable
+        }
+
+    def expected_critics(self, actors: list[Actor]) -> list[str]:
+        return [critic_name(a.id) for a in actors if a.trainable]
+
+    def critic_jobs(
+        self, rollout: Rollout, rewards: torch.Tensor, samples: dict[str, ActorSamples]
+    ) -> tuple[torch.Tensor, list[Job], dict[str, float]]:
+        cfg = self.config
+        E, A, T = rewards.shape
+        stats: dict[str, float] = {}
+        critic_jobs: list[Job] = []
+        adv = torch.zeros(E, A, T)
+        for ai, actor_id in enumerate(rollout.actors):
+            name = critic_name(actor_id)
+            if name not in self.critics or actor_id not in samples:
+                continue
+            gen, env_ids, turns = samples[actor_id].gen, samples[actor_id].env_ids, samples[actor_id].turns
+            inputs = self._own_inputs(name, self.actors[actor_id].policy, gen)
+            old, features = self._values(self.critics[name], inputs)  # [S], [S, d] or None
+            values = torch.zeros(E, T)
+            values[env_ids, turns] = old.cpu()
+            a_adv, targets = gae(rewards[:, ai], values, rollout.active[:, ai], self.gamma, cfg.gae_lambda)
+            adv[:, ai] = a_adv
+            critic_jobs.append(
+                self._critic_job(name, inputs, old, targets[env_ids, turns], a_adv[env_ids, turns], features)
+            )
+            stats.update(self._value_stats(name, old, targets[env_ids, turns]))
+        return adv, critic_jobs, stats
+
+
+class MAACFamily(ActorCriticFamily):
+    """MAAC / MAPPO: one centralized critic over the whole state (every role's prompt; Q: and samples)."""
+
+    name = "maac"
+    centralized = True
+
+    def expected_critics(self, actors: list[Actor]) -> list[str]:
+        return ["critic"]
+
+    def critic_jobs(
+        self, rollout: Rollout, rewards: torch.Tensor, samples: dict[str, ActorSamples]
+    ) -> tuple[torch.Tensor, list[Job], dict[str, float]]:
+        cfg = self.config
+        E, A, T = rewards.shape
+        stats: dict[str, float] = {}
+        critic_jobs: list[Job] = []
+        decided = rollout.active.any(1)  # [E, T] some actor acted
+        where = decided.nonzero()  # [N, 2] (env, turn)
+        inputs = self._central_inputs(rollout, where)
+        old, _ = self._values(self.critics["critic"], inputs)  # [N]
+        values = torch.zeros(E, T)
+        values[where[:, 0], where[:, 1]] = old.cpu()
+        team_adv, targets = gae(rollout.team_rewards, values, decided, self.gamma, cfg.gae_lambda)  # [E, T]
+        adv = team_adv.unsqueeze(1).expand(E, A, T)  # [E, A, T]
+        critic_jobs.append(
+            self._critic_job(
+                "critic", inputs, old, targets[where[:, 0], where[:, 1]], team_adv[where[:, 0], where[:, 1]]
+            )
+        )
+        stats.update(self._value_stats("critic", old, targets[where[:, 0], where[:, 1]]))
+        return adv, critic_jobs, stats
 
 
 def critic_name(actor_id: str) -> str:
