@@ -85,6 +85,10 @@ class CriticInput:
     at_completion: bool  # read at the last completion token (Q on the actor's own tokens)
 
 
+CriticJobs = tuple[torch.Tensor, list[Job], dict[str, float]]
+"""The actors' advantages [E, A, T], the critics' update jobs and their statistics."""
+
+
 class ActorCriticFamily:
     """Actor jobs (policy gradient on GAE advantages) plus one job per critic; `IACFamily` and `MAACFamily`
     say which critics there are and what they read (`critic_jobs`).
@@ -128,10 +132,8 @@ class ActorCriticFamily:
         """The critics' learner names for this team."""
         raise NotImplementedError
 
-    def critic_jobs(
-        self, rollout: Rollout, rewards: torch.Tensor, samples: dict[str, ActorSamples]
-    ) -> tuple[torch.Tensor, list[Job], dict[str, float]]:
-        """The actors' advantages [E, A, T], the critics' jobs and their statistics."""
+    def critic_jobs(self, rollout: Rollout, rewards: torch.Tensor, samples: dict[str, ActorSamples]) -> CriticJobs:
+        """The actors' advantages [E, A, T] (from `rewards` [E, A, T]), the critics' jobs and their statistics."""
         raise NotImplementedError
 
     def trainable_models(self) -> dict[str, tuple[torch.nn.Module, Any]]:
@@ -257,14 +259,9 @@ class IACFamily(ActorCriticFamily):
     def expected_critics(self, actors: list[Actor]) -> list[str]:
         return [critic_name(a.id) for a in actors if a.trainable]
 
-    def critic_jobs(
-        self, rollout: Rollout, rewards: torch.Tensor, samples: dict[str, ActorSamples]
-    ) -> tuple[torch.Tensor, list[Job], dict[str, float]]:
-        cfg = self.config
+    def critic_jobs(self, rollout: Rollout, rewards: torch.Tensor, samples: dict[str, ActorSamples]) -> CriticJobs:
         E, A, T = rewards.shape
-        stats: dict[str, float] = {}
-        critic_jobs: list[Job] = []
-        adv = torch.zeros(E, A, T)
+        adv, critic_jobs, stats = torch.zeros(E, A, T), [], {}
         for ai, actor_id in enumerate(rollout.actors):
             name = critic_name(actor_id)
             if name not in self.critics or actor_id not in samples:
@@ -274,7 +271,7 @@ class IACFamily(ActorCriticFamily):
             old, features = self._values(self.critics[name], inputs)  # [S], [S, d] or None
             values = torch.zeros(E, T)
             values[env_ids, turns] = old.cpu()
-            a_adv, targets = gae(rewards[:, ai], values, rollout.active[:, ai], self.gamma, cfg.gae_lambda)
+            a_adv, targets = gae(rewards[:, ai], values, rollout.active[:, ai], self.gamma, self.config.gae_lambda)
             adv[:, ai] = a_adv
             critic_jobs.append(
                 self._critic_job(name, inputs, old, targets[env_ids, turns], a_adv[env_ids, turns], features)
@@ -292,28 +289,22 @@ class MAACFamily(ActorCriticFamily):
     def expected_critics(self, actors: list[Actor]) -> list[str]:
         return ["critic"]
 
-    def critic_jobs(
-        self, rollout: Rollout, rewards: torch.Tensor, samples: dict[str, ActorSamples]
-    ) -> tuple[torch.Tensor, list[Job], dict[str, float]]:
-        cfg = self.config
+    def critic_jobs(self, rollout: Rollout, rewards: torch.Tensor, samples: dict[str, ActorSamples]) -> CriticJobs:
         E, A, T = rewards.shape
-        stats: dict[str, float] = {}
-        critic_jobs: list[Job] = []
         decided = rollout.active.any(1)  # [E, T] some actor acted
         where = decided.nonzero()  # [N, 2] (env, turn)
         inputs = self._central_inputs(rollout, where)
         old, _ = self._values(self.critics["critic"], inputs)  # [N]
         values = torch.zeros(E, T)
         values[where[:, 0], where[:, 1]] = old.cpu()
-        team_adv, targets = gae(rollout.team_rewards, values, decided, self.gamma, cfg.gae_lambda)  # [E, T]
+        team_adv, targets = gae(rollout.team_rewards, values, decided, self.gamma, self.config.gae_lambda)  # [E, T]
         adv = team_adv.unsqueeze(1).expand(E, A, T)  # [E, A, T]
-        critic_jobs.append(
-            self._critic_job(
-                "critic", inputs, old, targets[where[:, 0], where[:, 1]], team_adv[where[:, 0], where[:, 1]]
-            )
+        targets, team_adv = targets[where[:, 0], where[:, 1]], team_adv[where[:, 0], where[:, 1]]  # [N]
+        return (
+            adv,
+            [self._critic_job("critic", inputs, old, targets, team_adv)],
+            self._value_stats("critic", old, targets),
         )
-        stats.update(self._value_stats("critic", old, targets[where[:, 0], where[:, 1]]))
-        return adv, critic_jobs, stats
 
 
 def critic_name(actor_id: str) -> str:
