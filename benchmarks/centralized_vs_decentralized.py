@@ -34,10 +34,10 @@ from pathlib import Path
 import torch
 import tyro
 
-from textzoo.agents.policy import Policy
+from textzoo.algorithms.registry import ALGORITHMS
+from textzoo.config import AgentConfig, TrainConfig
 from textzoo.errors import TextzooError
-from textzoo.runners.algorithms import ALGORITHMS
-from textzoo.runners.config import AgentConfig, TrainConfig
+from textzoo.models.policy import Policy
 from textzoo.runners.trainer import Trainer
 
 MODES = ("decentralized", "centralized")

@@ -37,7 +37,7 @@ def rollout_tokens_per_s(policy, prompts: list[str], group: int, repeats: int) -
     """(tokens/s, seconds per call) of sampling `group` completions of each prompt, after a warm-up call."""
     import torch
 
-    from textzoo.agents.prompting import PromptFormat
+    from textzoo.models.prompting import PromptFormat
 
     fmt = PromptFormat.resolve(policy.tokenizer)
     texts = [p for p in prompts for _ in range(group)]
@@ -53,7 +53,7 @@ def rollout_tokens_per_s(policy, prompts: list[str], group: int, repeats: int) -
 
 def train_steps(model: str, engine: str, dtype: str, B: int, G: int, budget: int, run_dir: Path) -> dict:
     """The second of two MAGRPO steps on Writing-v0 with agents on `engine`."""
-    from textzoo.runners.config import AgentConfig, TrainConfig
+    from textzoo.config import AgentConfig, TrainConfig
     from textzoo.runners.engines import close_engines
     from textzoo.runners.trainer import Trainer
 
@@ -83,10 +83,10 @@ def main() -> None:
 
     import torch
 
-    from textzoo.agents.engine import EngineClient
-    from textzoo.agents.policy import Policy
-    from textzoo.agents.vllm_engine import VLLMEngine
-    from textzoo.runners.config import AgentConfig
+    from textzoo.config import AgentConfig
+    from textzoo.models.engine import EngineClient
+    from textzoo.models.policy import Policy
+    from textzoo.models.vllm_engine import VLLMEngine
 
     if not args.model:
         import smollm2

@@ -44,15 +44,16 @@ import torch
 import tyro
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from textzoo.agents import sampling
-from textzoo.agents.batch import Job, SampleBatch
-from textzoo.agents.generation import Generation
-from textzoo.agents.precision import autocast
-from textzoo.agents.reinforce import ReinforceConfig, reinforce_loss
-from textzoo.agents.tokenizer import byte_tokenizer
+from textzoo.algorithms.batch import Job, SampleBatch
+from textzoo.algorithms.reinforce.family import ReinforceConfig, reinforce_loss
+from textzoo.config import AgentConfig
 from textzoo.envs import make
-from textzoo.runners.build import build_learner, build_policy
-from textzoo.runners.config import AgentConfig
+from textzoo.models import sampling
+from textzoo.models.build import build_policy
+from textzoo.models.generation import Generation
+from textzoo.models.precision import autocast
+from textzoo.models.tokenizer import byte_tokenizer
+from textzoo.runners.build import build_learner
 from textzoo.runners.update import UpdateConfig, run_job
 
 QWEN2_0_5B = dict(
@@ -177,7 +178,7 @@ def decode_phase(policy, ids, mask, a: Args, mode: str, bandwidth: float, genera
     """Prefill + token loop of one agent in ``mode``; the loop's tokens/s and its fraction of the HBM bound."""
     policy.decode_mode = mode
     cfg = policy.generation
-    ids, mask = policy._prepare_prompts(ids, mask)
+    ids, mask = policy.prepare_prompts(ids, mask)
     backend = policy.backend()
     rows = ids.shape[0]
 

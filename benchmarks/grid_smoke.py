@@ -24,8 +24,8 @@ from pathlib import Path
 
 import tyro
 
+from textzoo.config import TrainConfig
 from textzoo.runners.bench import Grid, load_grid, run_grid, write_report
-from textzoo.runners.config import TrainConfig
 
 _MODEL_KEYS = (
     "model",

@@ -58,9 +58,10 @@ def _storage_bytes(tensors) -> int:
 
 
 def measure(args: Args, mode: str, n: int) -> dict:
-    from textzoo.agents.lora import SharedBase
-    from textzoo.runners.build import build_actors, build_learner, build_policy, generation_config
-    from textzoo.runners.config import AgentConfig, TrainConfig
+    from textzoo.config import AgentConfig, TrainConfig
+    from textzoo.models.build import build_policy, generation_config
+    from textzoo.models.lora import SharedBase
+    from textzoo.runners.build import build_actors, build_learner
 
     torch.set_num_threads(1)
     device = torch.device(args.device)
@@ -83,7 +84,7 @@ def measure(args: Args, mode: str, n: int) -> dict:
         for i, role in enumerate(roles):
             shared = SharedBase(build_policy(agent, i, device))
             policies.append(shared.add(role, agent.lora_rank, agent.lora_alpha, seed=i))
-            policies[-1].generation = generation_config(agent, policies[-1])
+            policies[-1].generation = generation_config(agent, policies[-1].tokenizer, policies[-1].model)
     else:
         cfg = TrainConfig(env="textzoo/Refine-v0", agent=agent)
         policies = [a.policy for a in build_actors(cfg, roles)]

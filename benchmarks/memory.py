@@ -13,7 +13,7 @@ hide the other's. Figures per mode:
 Then both modes run here on one batch and the largest |gradient difference| is printed.
 
 The Qwen-vocabulary case (`--preset qwen-vocab`, part of the default run) measures the selected-token
-log-probs (`textzoo.agents.sampling.selected_log_probs`) with a vocabulary of V = 151,936 on a narrow
+log-probs (`textzoo.models.sampling.selected_log_probs`) with a vocabulary of V = 151,936 on a narrow
 2-layer Qwen2 model (width 64, so it runs on CPU): the peak of a scoring pass (no gradients) and of a
 forward + backward, each with all [S, C, V] logits at once (naive, `Policy.logits_chunk = 0`) and in
 chunks of positions (`Policy.logits_chunk`, the default), each in a fresh subprocess; then the largest
@@ -36,10 +36,10 @@ from functools import partial
 
 import torch
 
-from textzoo.agents import sampling
-from textzoo.agents.batch import Job, SampleBatch
-from textzoo.agents.policy import Generation, Policy
-from textzoo.agents.reinforce import ReinforceConfig, reinforce_loss
+from textzoo.algorithms.batch import Job, SampleBatch
+from textzoo.algorithms.reinforce.family import ReinforceConfig, reinforce_loss
+from textzoo.models import sampling
+from textzoo.models.policy import Generation, Policy
 from textzoo.runners.update import Learner, UpdateConfig, run_job
 
 MODES = ["batched", "per_sample", "per_sample_shared"]
@@ -229,7 +229,7 @@ def build_vocab_case(args: argparse.Namespace, device: torch.device) -> tuple[Po
     """The narrow Qwen2 policy with a 151,936-token vocabulary, a batch of random ids and advantages."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from textzoo.agents.tokenizer import byte_tokenizer
+    from textzoo.models.tokenizer import byte_tokenizer
 
     tokenizer = byte_tokenizer()
     config = Qwen2Config(

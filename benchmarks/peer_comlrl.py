@@ -70,12 +70,12 @@ from typing import Literal
 import torch
 import tyro
 
-from textzoo.agents.policy import GenerationConfig, Policy
+from textzoo.config import AgentConfig, TrainConfig, UpdateConfig
 from textzoo.envs import make
 from textzoo.envs._sources import procedural_paragraph
 from textzoo.envs.writing_v0 import GENERATOR_SEED, length_ratio_score
+from textzoo.models.policy import GenerationConfig, Policy
 from textzoo.runners.build import ItemSampler
-from textzoo.runners.config import AgentConfig, TrainConfig, UpdateConfig
 from textzoo.runners.trainer import Trainer
 
 ENV_KWARGS = {"terms": {"length_ratio": 1.0}}

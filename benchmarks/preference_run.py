@@ -32,7 +32,8 @@ from typing import Any
 
 import torch
 
-from textzoo.runners.config import TrainConfig, from_dict, to_dict
+from textzoo.config import TrainConfig
+from textzoo.config_files import from_dict, to_dict
 from textzoo.runners.trainer import Trainer
 
 TASKS: dict[str, dict[str, Any]] = {

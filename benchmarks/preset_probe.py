@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import torch
 import tyro
 
+from textzoo.config import AgentConfig, TrainConfig
 from textzoo.runners.build import build_actors, env_factory
-from textzoo.runners.config import AgentConfig, TrainConfig
 from textzoo.runners.diagnostics import truncated
 from textzoo.runners.rollout import Collector, prompt_seed
 

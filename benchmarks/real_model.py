@@ -166,7 +166,7 @@ def memory_breakdown(trainer) -> dict[str, float]:
     update only, AdamW state), of the bf16 weight copies the plain decoder reads under autocast, and the
     peak RSS; ``rest`` = the peak minus all of them
     (activations, logits chunks, the KV cache, allocator slack, the interpreter and libraries)."""
-    from textzoo.agents import fastlm
+    from textzoo.models import fastlm
 
     mib = 1 << 20
     seen: set[int] = set()
@@ -194,7 +194,7 @@ def _max_rss_mib() -> float:
 
 
 def config_for(args: Args, mode: str, precision: str = "auto"):
-    from textzoo.runners.config import AgentConfig, TrainConfig
+    from textzoo.config import AgentConfig, TrainConfig
 
     run_dir = str(Path(args.out) / (mode if mode == "tiny" else f"{mode}-{precision}"))
     if mode == "tiny":

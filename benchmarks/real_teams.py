@@ -86,9 +86,9 @@ def cell_config(args: Args, model: str, task: str, algo: str, mode: str, seed: i
     """The TrainConfig of one cell (`single`: the single-agent baseline, evaluated only)."""
     import importlib
 
-    from textzoo.agents.actor_critic import ActorCriticConfig
-    from textzoo.agents.reinforce import ReinforceConfig
-    from textzoo.runners.config import AgentConfig, TrainConfig
+    from textzoo.algorithms.actor_critic.family import ActorCriticConfig
+    from textzoo.algorithms.reinforce.family import ReinforceConfig
+    from textzoo.config import AgentConfig, TrainConfig
 
     env, module, name = TASKS[task]
     preset = importlib.import_module(module).PRESETS[name]

@@ -26,11 +26,11 @@ from typing import Any
 import torch
 import tyro
 
-from textzoo.agents.policy import Policy
-from textzoo.agents.reinforce import ReinforceConfig
+from textzoo.algorithms.reinforce.family import ReinforceConfig
+from textzoo.config import AgentConfig, TrainConfig
 from textzoo.envs import make
 from textzoo.errors import ConfigError
-from textzoo.runners.config import AgentConfig, TrainConfig
+from textzoo.models.policy import Policy
 from textzoo.runners.sft import Pair, sft
 from textzoo.runners.trainer import Trainer
 

@@ -31,7 +31,7 @@ def folder() -> Path:
     """A transformers folder of the model (converted once, then cached)."""
     import transformers
 
-    from textzoo.agents.loading import convert_gguf
+    from textzoo.models.loading import convert_gguf
 
     root = Path(os.environ.get("TEXTZOO_CACHE", Path.home() / ".cache" / "textzoo"))
     out = root / f"smollm2-{importlib.metadata.version(PACKAGE)}-transformers-{transformers.__version__}"
@@ -50,7 +50,7 @@ if __name__ == "__main__":
     import sys
 
     if len(sys.argv) > 1:
-        from textzoo.agents.loading import convert_gguf
+        from textzoo.models.loading import convert_gguf
 
         print(convert_gguf(gguf_path(), sys.argv[1]))
     else:

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 import torch
 import tyro
 
-from textzoo.agents.policy import Policy
+from textzoo.config import AgentConfig, TrainConfig, UpdateConfig
 from textzoo.envs import make
+from textzoo.models.policy import Policy
 from textzoo.runners import trainer as trainer_module
 from textzoo.runners import update as update_module
-from textzoo.runners.config import AgentConfig, TrainConfig, UpdateConfig
 from textzoo.runners.rollout import Collector
 from textzoo.runners.trainer import Trainer
 
@@ -56,7 +56,7 @@ class Args:
     micro_batch_size: int = 32
     per_sample_backward: bool = False
     fast_forward: bool = True
-    """Use the plain-torch forward (textzoo.agents.fastlm) where the architecture supports it."""
+    """Use the plain-torch forward (textzoo.models.fastlm) where the architecture supports it."""
     share_prompts: bool = True
     """Run each distinct prompt once per generate / score call (group prefix sharing)."""
     parallel_jobs: int = 2

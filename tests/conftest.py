@@ -55,7 +55,7 @@ def smollm2(request, tmp_path_factory, smollm2_file) -> Path:
     cache = getattr(request.config, "cache", None)  # None under `-p no:cacheprovider`: convert per session
     folder = Path(cache.mkdir(name) if cache is not None else tmp_path_factory.mktemp("real") / name)
     if not (folder / "complete").is_file():
-        from textzoo.agents.loading import convert_gguf
+        from textzoo.models.loading import convert_gguf
 
         staging = folder.with_name(folder.name + f".tmp-{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)

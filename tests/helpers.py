@@ -10,7 +10,7 @@ from __future__ import annotations
 from os import PathLike
 from typing import Any
 
-from textzoo.runners.config import AgentConfig, TrainConfig
+from textzoo.config import AgentConfig, TrainConfig
 
 TINY: dict[str, Any] = {
     "steps": 2,

@@ -9,23 +9,25 @@ torch.set_num_threads(1)
 
 from helpers import tiny_config  # noqa: E402
 
-from textzoo.agents import actor_critic as ac  # noqa: E402
-from textzoo.agents.actor_critic import (  # noqa: E402
+from textzoo.algorithms.actor_critic import family as ac  # noqa: E402
+from textzoo.algorithms.actor_critic.family import (  # noqa: E402
     ActorCriticConfig,
-    ActorCriticFamily,
+    IACFamily,
+    MAACFamily,
     actor_loss,
     critic_name,
     value_job_loss,
 )
-from textzoo.agents.batch import Job, SampleBatch  # noqa: E402
-from textzoo.agents.critic import Critic  # noqa: E402
-from textzoo.agents.policy import GenerationConfig, Policy  # noqa: E402
-from textzoo.agents.reinforce import ReinforceConfig, reinforce_loss  # noqa: E402
-from textzoo.agents.rlmath import BatchNorm, policy_gradient_loss  # noqa: E402
-from textzoo.agents.team import AgentActor  # noqa: E402
+from textzoo.algorithms.batch import Job, SampleBatch  # noqa: E402
+from textzoo.algorithms.registry import configure  # noqa: E402
+from textzoo.algorithms.reinforce.family import ReinforceConfig, reinforce_loss  # noqa: E402
+from textzoo.algorithms.rlmath import BatchNorm, policy_gradient_loss  # noqa: E402
+from textzoo.config import AgentConfig, TrainConfig  # noqa: E402
 from textzoo.envs import make  # noqa: E402
 from textzoo.errors import ConfigError  # noqa: E402
-from textzoo.runners.config import AgentConfig, TrainConfig  # noqa: E402
+from textzoo.models.critic import Critic  # noqa: E402
+from textzoo.models.policy import GenerationConfig, Policy  # noqa: E402
+from textzoo.models.team import AgentActor  # noqa: E402
 from textzoo.runners.rollout import Collector  # noqa: E402
 from textzoo.runners.update import Learner, UpdateConfig, run_job  # noqa: E402
 
@@ -154,7 +156,7 @@ def build_team(env_id: str, env_kwargs: dict, centralized: bool, cfg: ActorCriti
     actors = [AgentActor(r, tiny_policy(i)) for i, r in enumerate(roles)]
     names = ["critic"] if centralized else [critic_name(r) for r in roles]
     critics = {n: tiny_critic(100 + i) for i, n in enumerate(names)}
-    family = ActorCriticFamily(cfg, actors, critics, centralized, gamma=1.0, credit=credit)
+    family = (MAACFamily if centralized else IACFamily)(cfg, actors, critics, gamma=1.0, credit=credit)
     learners = {a.id: Learner(a.policy.model, torch.optim.AdamW(a.policy.model.parameters(), lr=1e-3)) for a in actors}
     learners.update({n: Learner(c, torch.optim.AdamW(c.parameters(), lr=1e-3)) for n, c in critics.items()})
     return Collector(env_fn, actors), actors, critics, family, learners
@@ -265,17 +267,24 @@ def test_a_critic_with_another_vocabulary_reads_decoded_text():
 
 
 # ---- config ---------------------------------------------------------------------------------------
+def configured(**kwargs) -> TrainConfig:
+    """A config as the run built from it sees it: the algorithm's defaults filled, its rules checked."""
+    cfg = TrainConfig(**kwargs)
+    configure(cfg)
+    return cfg
+
+
 def test_algorithm_names_set_ppo_defaults_and_explicit_values_win():
-    assert TrainConfig(algo="ippo").actor_critic.clip_range == 0.2
-    assert TrainConfig(algo="mappo").actor_critic.epochs == 2
-    assert TrainConfig(algo="iac").actor_critic.clip_range is None
-    cfg = TrainConfig(algo="ippo", actor_critic=ActorCriticConfig(clip_range=0.1, epochs=4))
+    assert configured(algo="ippo").actor_critic.clip_range == 0.2
+    assert configured(algo="mappo").actor_critic.epochs == 2
+    assert configured(algo="iac").actor_critic.clip_range is None
+    cfg = configured(algo="ippo", actor_critic=ActorCriticConfig(clip_range=0.1, epochs=4))
     assert (cfg.actor_critic.clip_range, cfg.actor_critic.epochs) == (0.1, 4)
     # an explicit value equal to the plain default is still explicit
-    assert TrainConfig(algo="ippo", actor_critic=ActorCriticConfig(epochs=1)).actor_critic.epochs == 1
-    assert TrainConfig(algo="iac").actor_critic.epochs == 1
+    assert configured(algo="ippo", actor_critic=ActorCriticConfig(epochs=1)).actor_critic.epochs == 1
+    assert configured(algo="iac").actor_critic.epochs == 1
     with pytest.raises(ConfigError, match="clip_range"):
-        TrainConfig(algo="iac", actor_critic=ActorCriticConfig(epochs=2))
+        configured(algo="iac", actor_critic=ActorCriticConfig(epochs=2))
     with pytest.raises(ConfigError, match="critic_type"):
         ActorCriticConfig(critic_type="z")
     with pytest.raises(ConfigError, match="credit='shared'"):
@@ -298,6 +307,7 @@ def test_cli_flags_reach_the_config():
             "0.2",
         ],
     )
+    configure(cfg)  # what the run does first: mappo's defaults, then its rules
     assert cfg.algo == "mappo" and cfg.actor_critic.critic_type == "q"
     assert cfg.actor_critic.gae_lambda == 0.9 and cfg.actor_critic.value_clip == 0.2
     assert cfg.actor_critic.clip_range == 0.2 and cfg.actor_critic.epochs == 2
@@ -306,7 +316,7 @@ def test_cli_flags_reach_the_config():
 # ---- learning ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("algo", ["iac", "maac"])
 def test_writing_reward_rises(algo, tmp_path):
-    from textzoo.runners.config import AgentConfig
+    from textzoo.config import AgentConfig
     from textzoo.runners.trainer import Trainer
 
     steps, gains = 20, []
@@ -338,7 +348,7 @@ def test_writing_reward_rises(algo, tmp_path):
 def test_resume_restores_critics_and_their_optimizers_exactly(tmp_path, critic_model):
     import shutil
 
-    from textzoo.runners.config import AgentConfig
+    from textzoo.config import AgentConfig
     from textzoo.runners.trainer import Trainer
 
     def config(run_dir):

@@ -1,4 +1,4 @@
-"""The algorithm registry, config rules checked before anything is built, old configs, import direction."""
+"""The algorithm registry, config rules checked when the run is built (before any model), old configs, imports."""
 
 import json
 import pkgutil
@@ -10,17 +10,19 @@ import torch
 
 torch.set_num_threads(1)
 
-import textzoo.agents  # noqa: E402
-from textzoo.agents.actor_critic import ActorCriticConfig, ActorCriticFamily  # noqa: E402
-from textzoo.agents.atgrpo import ATGRPOFamily  # noqa: E402
-from textzoo.agents.family import RolloutNeeds  # noqa: E402
-from textzoo.agents.preference import MADPOFamily  # noqa: E402
-from textzoo.agents.reinforce import ReinforceConfig, ReinforceFamily  # noqa: E402
+import textzoo.models  # noqa: E402
+from textzoo.algorithms import registry as algorithms  # noqa: E402
+from textzoo.algorithms.actor_critic.family import ActorCriticConfig, ActorCriticFamily  # noqa: E402
+from textzoo.algorithms.family import RolloutNeeds  # noqa: E402
+from textzoo.algorithms.preference.config import PreferenceConfig  # noqa: E402
+from textzoo.algorithms.preference.madpo import MADPOFamily  # noqa: E402
+from textzoo.algorithms.registry import ALGORITHMS, Algorithm, configure, register_algorithm, resolve_algorithm  # noqa: E402
+from textzoo.algorithms.reinforce.atgrpo import ATGRPOFamily  # noqa: E402
+from textzoo.algorithms.reinforce.family import ReinforceConfig, ReinforceFamily  # noqa: E402
+from textzoo.config import TrainConfig  # noqa: E402
+from textzoo.config_files import from_dict, load_config, to_dict  # noqa: E402
 from textzoo.errors import ConfigError  # noqa: E402
-from textzoo.runners import algorithms  # noqa: E402
 from textzoo.runners import trainer as trainer_module  # noqa: E402
-from textzoo.runners.algorithms import ALGORITHMS, Algorithm, register_algorithm, resolve_algorithm  # noqa: E402
-from textzoo.runners.config import TrainConfig, from_dict, load_config, to_dict  # noqa: E402
 
 
 def small(**kwargs) -> TrainConfig:
@@ -68,9 +70,10 @@ def test_a_registered_algorithm_is_configured_built_and_trained(tmp_path, monkey
     with pytest.raises(ConfigError, match="already registered"):
         register_algorithm("mine", mine)
     cfg = small(algo="mine", run_dir=str(tmp_path / "run"))
+    assert configure(cfg) is mine
     assert (cfg.reinforce.clip_range, cfg.reinforce.epochs) == (0.3, 2)  # its defaults, unless set
     with pytest.raises(ConfigError, match="at most four"):
-        TrainConfig(algo="mine", group_size=8)
+        configure(TrainConfig(algo="mine", group_size=8))
     history = trainer_module.Trainer(cfg).train()
     assert built == [0.3] and history[-1]["step"] == 1
 
@@ -89,13 +92,21 @@ def test_a_registered_algorithm_is_configured_built_and_trained(tmp_path, monkey
         ({"algo": "madpo", "normalize_per_agent": True}, "madpo has none"),
         ({"algo": "maac", "actor_critic": ActorCriticConfig(critic_model="actor")}, "critic_model='actor'"),
         ({"algo": "mappo", "credit": "per_agent"}, "credit='shared'"),
-        ({"algo": "marlhf", "rl_algo": "madpo"}, "online algorithm"),
-        ({"algo": "marlhf", "rl_algo": "iac", "reinforce": ReinforceConfig(joint_mode="cross")}, "aligned"),
+        ({"algo": "marlhf", "preference": PreferenceConfig(rl_algo="madpo")}, "online algorithm"),
+        (
+            {
+                "algo": "marlhf",
+                "preference": PreferenceConfig(rl_algo="iac"),
+                "reinforce": ReinforceConfig(joint_mode="cross"),
+            },
+            "aligned",
+        ),
     ],
 )
-def test_contradictions_fail_in_the_config(kwargs, match):
+def test_contradictions_fail_when_the_run_is_built(kwargs, match):
+    cfg = TrainConfig(**kwargs)  # a config is data: the algorithm's rules run when a run is built from it
     with pytest.raises(ConfigError, match=match):
-        TrainConfig(**kwargs)
+        configure(cfg)
 
 
 def test_cross_mode_with_too_many_agents_fails_before_any_model_is_built(tmp_path, monkeypatch):
@@ -164,8 +175,10 @@ def test_imports_flow_runners_agents_envs():
         out = subprocess.run([sys.executable, "-c", code, *modules], capture_output=True, text=True, check=True)
         return out.stdout
 
-    agents = loaded(*sorted(m.name for m in pkgutil.walk_packages(textzoo.agents.__path__, "textzoo.agents.")))
+    agents = loaded(*sorted(m.name for m in pkgutil.walk_packages(textzoo.models.__path__, "textzoo.models.")))
     assert "textzoo.runners" not in agents and "textzoo.envs" not in agents
     envs = loaded("textzoo.envs")
-    assert "textzoo.agents" not in envs and "textzoo.runners" not in envs
-    assert "textzoo.runners.trainer" not in loaded("textzoo.runners.preference", "textzoo.runners.algorithms")
+    assert "textzoo.models" not in envs and "textzoo.runners" not in envs
+    assert "textzoo.runners.trainer" not in loaded(
+        "textzoo.algorithms.preference.rounds", "textzoo.algorithms.registry"
+    )

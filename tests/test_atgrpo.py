@@ -8,13 +8,14 @@ torch.set_num_threads(1)
 from helpers import tiny_config  # noqa: E402
 from toy import CategoricalPolicy, TargetWordEnv  # noqa: E402
 
-from textzoo.agents.atgrpo import ATGRPOFamily  # noqa: E402
-from textzoo.agents.policy import Generation  # noqa: E402
-from textzoo.agents.reinforce import ReinforceConfig, ReinforceFamily  # noqa: E402
-from textzoo.agents.team import AgentActor  # noqa: E402
+from textzoo.algorithms.registry import configure  # noqa: E402
+from textzoo.algorithms.reinforce.atgrpo import ATGRPOFamily  # noqa: E402
+from textzoo.algorithms.reinforce.family import ReinforceConfig, ReinforceFamily  # noqa: E402
+from textzoo.config import AgentConfig, TrainConfig  # noqa: E402
 from textzoo.envs.base import StepResult, TextParallelEnv  # noqa: E402
 from textzoo.errors import ConfigError  # noqa: E402
-from textzoo.runners.config import AgentConfig, TrainConfig  # noqa: E402
+from textzoo.models.policy import Generation  # noqa: E402
+from textzoo.models.team import AgentActor  # noqa: E402
 from textzoo.runners.rollout import Collector  # noqa: E402
 from textzoo.runners.trainer import Trainer  # noqa: E402
 from textzoo.runners.update import Learner, UpdateConfig, run_job  # noqa: E402
@@ -71,12 +72,12 @@ def _team(targets, seed=0):
 
 def test_config_rules():
     with pytest.raises(ConfigError, match="tree_rollout"):
-        TrainConfig(algo="magrpo", reinforce=ReinforceConfig(tree_rollout=True))
+        configure(TrainConfig(algo="magrpo", reinforce=ReinforceConfig(tree_rollout=True)))
     with pytest.raises(ConfigError, match="group_size"):
-        TrainConfig(algo="atgrpo", group_size=1)
+        configure(TrainConfig(algo="atgrpo", group_size=1))
     with pytest.raises(ConfigError, match="joint_mode"):
-        TrainConfig(algo="atgrpo", reinforce=ReinforceConfig(joint_mode="cross"))
-    TrainConfig(algo="atgrpo", reinforce=ReinforceConfig(tree_rollout=True))
+        configure(TrainConfig(algo="atgrpo", reinforce=ReinforceConfig(joint_mode="cross")))
+    configure(TrainConfig(algo="atgrpo", reinforce=ReinforceConfig(tree_rollout=True)))
 
 
 def test_single_turn_advantages_are_magrpos():

@@ -10,8 +10,8 @@ import torch
 torch.set_num_threads(1)
 
 import textzoo.runners.bench as bench  # noqa: E402
+from textzoo.algorithms import registry as algorithms  # noqa: E402
 from textzoo.errors import ConfigError, TextzooError  # noqa: E402
-from textzoo.runners import algorithms  # noqa: E402
 from textzoo.runners.bench import load_grid, merge_config, run_grid, summarize, write_report  # noqa: E402
 from textzoo.runners.cli import main as cli_main  # noqa: E402
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from textzoo.agents.policy import Policy
+from textzoo.config import AgentConfig, TrainConfig
 from textzoo.errors import CheckpointError
+from textzoo.models.policy import Policy
 from textzoo.runners import checkpoint as ck
-from textzoo.runners.config import AgentConfig, TrainConfig
 
 torch.set_num_threads(1)
 

@@ -6,7 +6,20 @@ import sys
 
 import pytest
 
-LIGHT = ("textzoo.runners.config", "textzoo.runners.algorithms", "textzoo.agents.settings", "textzoo.typecheck")
+FAMILIES = ("reinforce", "actor_critic", "preference")
+
+LIGHT = (
+    "textzoo.config",
+    "textzoo.config_files",
+    "textzoo.typecheck",
+    "textzoo.models.settings",
+    "textzoo.algorithms.settings",
+    "textzoo.algorithms.algorithm",
+    "textzoo.algorithms.registry",
+    *(f"textzoo.algorithms.{family}.{part}" for family in FAMILIES for part in ("config", "entries")),
+    "textzoo.runners.cli",
+    "textzoo.runners.commands",
+)
 
 
 @pytest.mark.parametrize("module", LIGHT)
@@ -26,8 +39,10 @@ def test_a_bad_config_fails_without_torch(tmp_path):
     code = (
         "import sys\n"
         "from textzoo.errors import ConfigError\n"
-        "from textzoo.runners.config import TrainConfig, load_config\n"
-        "TrainConfig(algo='ippo')  # an algorithm's defaults and rules, without its family\n"
+        "from textzoo.config import TrainConfig\n"
+        "from textzoo.config_files import load_config\n"
+        "from textzoo.algorithms.registry import configure\n"
+        "configure(TrainConfig(algo='ippo'))  # an algorithm's defaults and rules, without its family\n"
         f"try:\n    load_config({str(path)!r})\nexcept ConfigError as e:\n    print(e)\n"
         "print('torch' in sys.modules)"
     )
@@ -36,9 +51,11 @@ def test_a_bad_config_fails_without_torch(tmp_path):
 
 
 def test_the_name_lists_match_what_they_name():
-    from textzoo.agents import joint, precision, prompting, rlmath, settings
+    from textzoo.algorithms import rlmath
+    from textzoo.algorithms import settings as learning
+    from textzoo.models import joint, precision, prompting, settings
 
-    assert settings.AGGREGATION_NAMES == tuple(rlmath.AGGREGATIONS)
+    assert learning.AGGREGATION_NAMES == tuple(rlmath.AGGREGATIONS)
     assert settings.PRECISION_NAMES == (settings.AUTO, *precision.PRECISIONS)
     assert settings.PROMPT_STYLES == prompting.STYLES and joint.JOINT_FORMATS == settings.JOINT_FORMATS
     assert set(settings.LEGACY_DTYPES.values()) <= set(settings.PRECISION_NAMES)

@@ -8,9 +8,10 @@ from typing import Literal
 
 import pytest
 
+from textzoo.config import TrainConfig
+from textzoo.config_files import load_config
 from textzoo.errors import ConfigError
 from textzoo.runners import cli
-from textzoo.runners.config import TrainConfig, load_config
 from textzoo.typecheck import check_mapping, check_value, field_types, matches
 
 

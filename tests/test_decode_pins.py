@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from textzoo.agents.joint import JointActor
-from textzoo.agents.policy import GenerationConfig, Policy
-from textzoo.agents.sampling import Segment
-from textzoo.agents.tokenizer import BYTE_OFFSET
+from textzoo.models.joint import JointActor
+from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.models.sampling import Segment
+from textzoo.models.tokenizer import BYTE_OFFSET
 
 torch.set_num_threads(1)
 

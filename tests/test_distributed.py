@@ -9,7 +9,7 @@ import pytest
 import torch
 from replicas import assert_states_equal, run_script
 
-from textzoo.agents.policy import Policy
+from textzoo.models.policy import Policy
 from textzoo.runners import checkpoint as ck
 from textzoo.runners.distributed import DistContext, merge_rows
 
@@ -22,10 +22,14 @@ from pathlib import Path
 
 import torch
 
-from textzoo.agents.batch import Job, SampleBatch
-from textzoo.agents.policy import GenerationConfig, Policy
-from textzoo.agents.reinforce import ReinforceConfig, reinforce_loss
+from textzoo.algorithms.batch import Job, SampleBatch
+from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.algorithms.reinforce.family import ReinforceConfig, reinforce_loss
 from helpers import tiny_config
+from textzoo.algorithms.batch import Job, SampleBatch
+from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.algorithms.reinforce.family import ReinforceConfig, reinforce_loss
+from textzoo.config import AgentConfig, TrainConfig
 from textzoo.runners.distributed import launch
 from textzoo.runners.trainer import Trainer
 from textzoo.runners.update import Learner, UpdateConfig, run_job

@@ -6,13 +6,13 @@ import math
 import pytest
 import torch
 
-from textzoo.agents.engine import EngineClient, LocalEngine, SamplingSettings
-from textzoo.agents.generation import GenerationConfig
-from textzoo.agents.policy import Policy
-from textzoo.agents.rlmath import engine_gap, truncated_importance_weights
-from textzoo.agents.sampling import Segment
+from textzoo.algorithms.rlmath import engine_gap, truncated_importance_weights
+from textzoo.config import AgentConfig, TrainConfig
 from textzoo.errors import ConfigError
-from textzoo.runners.config import AgentConfig, TrainConfig
+from textzoo.models.engine import EngineClient, LocalEngine, SamplingSettings
+from textzoo.models.generation import GenerationConfig
+from textzoo.models.policy import Policy
+from textzoo.models.sampling import Segment
 from textzoo.runners.engines import engine_metrics, sync_engines
 
 
@@ -64,7 +64,7 @@ def test_engine_settings_are_checked_when_the_config_is_built():
 def test_a_missing_vllm_is_a_config_error_that_says_what_to_install(monkeypatch):
     import importlib.util
 
-    from textzoo.agents import vllm_engine
+    from textzoo.models import vllm_engine
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))

@@ -13,12 +13,12 @@ import torch
 
 pytest.importorskip("vllm")
 
-from textzoo.agents.engine import EngineClient  # noqa: E402
-from textzoo.agents.inference import score_no_grad  # noqa: E402
-from textzoo.agents.lora import SharedBase  # noqa: E402
-from textzoo.agents.policy import Policy  # noqa: E402
-from textzoo.agents.vllm_engine import EngineError, VLLMEngine  # noqa: E402
-from textzoo.runners.config import ActorCriticConfig, AgentConfig, TrainConfig  # noqa: E402
+from textzoo.config import ActorCriticConfig, AgentConfig, TrainConfig  # noqa: E402
+from textzoo.models.engine import EngineClient  # noqa: E402
+from textzoo.models.inference import score_no_grad  # noqa: E402
+from textzoo.models.lora import SharedBase  # noqa: E402
+from textzoo.models.policy import Policy  # noqa: E402
+from textzoo.models.vllm_engine import EngineError, VLLMEngine  # noqa: E402
 from textzoo.runners.engines import close_engines, engine_metrics  # noqa: E402
 from textzoo.runners.trainer import Trainer  # noqa: E402
 
@@ -47,7 +47,7 @@ def engine(policy, smollm2):
 
 def _completion(policy, engine) -> tuple[list[list[int]], list[list[int]]]:
     """Chat prompts and one greedy completion of each, by the engine."""
-    from textzoo.agents.prompting import PromptFormat
+    from textzoo.models.prompting import PromptFormat
 
     fmt = PromptFormat.resolve(policy.tokenizer)
     prompts = [fmt.chat_ids(policy.tokenizer, p, 256) for p in PROMPTS]
@@ -62,7 +62,7 @@ def _completion(policy, engine) -> tuple[list[list[int]], list[list[int]]]:
 
 
 def _trainer_logprobs(policy, prompts, completions) -> list[torch.Tensor]:
-    from textzoo.agents.engine import padded, to_generation
+    from textzoo.models.engine import padded, to_generation
 
     ids, mask = padded(prompts, policy.pad_id)
     gen = to_generation(
@@ -112,7 +112,7 @@ def test_after_a_sync_the_engine_scores_like_the_trainer_and_not_like_before(pol
 
 
 def _trainer_logprobs_grad(policy, prompts, completions) -> torch.Tensor:
-    from textzoo.agents.engine import padded, to_generation
+    from textzoo.models.engine import padded, to_generation
 
     ids, mask = padded(prompts, policy.pad_id)
     gen = to_generation(
@@ -127,7 +127,7 @@ def _trainer_logprobs_grad(policy, prompts, completions) -> torch.Tensor:
 
 
 def test_sampled_requests_carry_the_trainers_logprobs_and_log_the_gap(policy, engine):
-    from textzoo.agents.prompting import PromptFormat
+    from textzoo.models.prompting import PromptFormat
 
     fmt = PromptFormat.resolve(policy.tokenizer)
     policy.engine = EngineClient(engine)

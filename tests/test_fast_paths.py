@@ -6,10 +6,10 @@ import pytest
 import torch
 from helpers import tiny_config
 
-from textzoo.agents.backends.module import ModuleBackend
-from textzoo.agents.backends.plain import PlainBackend
-from textzoo.agents.fastlm import FastDecoder, KVCache
-from textzoo.agents.policy import GenerationConfig, Policy
+from textzoo.models.backends.module import ModuleBackend
+from textzoo.models.backends.plain import PlainBackend
+from textzoo.models.fastlm import FastDecoder, KVCache
+from textzoo.models.policy import GenerationConfig, Policy
 
 torch.set_num_threads(1)
 
@@ -27,7 +27,7 @@ def _grouped(prompts: list[str], G: int) -> list[str]:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fast_forward_matches_transformers_with_left_padding_and_cache(arch):
-    from textzoo.agents.fastlm import first_tokens_first
+    from textzoo.models.fastlm import first_tokens_first
 
     policy = _tiny(arch)
     model = policy.model.eval()
@@ -197,7 +197,7 @@ def test_single_token_completions_share_prompts():
 
 
 def _train_two_steps(parallel_jobs: int = 1, **overrides):
-    from textzoo.runners.config import AgentConfig
+    from textzoo.config import AgentConfig
     from textzoo.runners.trainer import Trainer
     from textzoo.runners.update import UpdateConfig
 
@@ -232,7 +232,7 @@ def test_parallel_update_jobs_give_the_sequential_weights():
 
 
 def test_jobs_that_share_modules_or_draw_random_numbers_stay_sequential():
-    from textzoo.agents.batch import Job
+    from textzoo.algorithms.batch import Job
     from textzoo.runners.update import Learner, _independent
 
     def learner(model):
@@ -289,7 +289,7 @@ def test_scoring_with_active_dropout_gives_each_sample_its_own_prompt_pass(monke
 def _gqa_policy() -> Policy:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from textzoo.agents.tokenizer import byte_tokenizer
+    from textzoo.models.tokenizer import byte_tokenizer
 
     tokenizer = byte_tokenizer()
     config = LlamaConfig(
@@ -323,7 +323,7 @@ def test_grouped_query_attention_models_take_the_grouped_path_exactly(layout):
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_long_scoring_passes_take_fused_attention_with_the_same_results(arch, monkeypatch):
-    from textzoo.agents import fastlm
+    from textzoo.models import fastlm
 
     policy = _gqa_policy() if arch == "llama" else _tiny(arch)
     prompts = _grouped(PROMPTS, 3)
@@ -350,7 +350,7 @@ def test_long_scoring_passes_take_fused_attention_with_the_same_results(arch, mo
 def test_scoring_skips_the_positions_after_each_rows_last_scored_token(arch, monkeypatch):
     """Completions of different lengths: the layers run on the needed positions only (`Packed`), with
     the log-probs and gradients of running every position, and the masked-out positions cost no head."""
-    from textzoo.agents import fastlm
+    from textzoo.models import fastlm
 
     policy = _gqa_policy() if arch == "llama" else _tiny(arch)
     gen = _generate(policy, _grouped(PROMPTS, 3))

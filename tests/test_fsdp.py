@@ -8,9 +8,9 @@ import pytest
 import torch
 from replicas import assert_states_equal, run_script
 
+from textzoo.config import AgentConfig, TrainConfig
 from textzoo.errors import ConfigError
 from textzoo.runners import checkpoint as ck
-from textzoo.runners.config import AgentConfig, TrainConfig
 
 torch.set_num_threads(1)
 
@@ -21,11 +21,12 @@ from pathlib import Path
 
 import torch
 
-from textzoo.agents.batch import Job, SampleBatch
-from textzoo.agents.policy import GenerationConfig, Policy
-from textzoo.agents.reinforce import ReinforceConfig, reinforce_loss
+from textzoo.algorithms.batch import Job, SampleBatch
+from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.algorithms.reinforce.family import ReinforceConfig, reinforce_loss
 from textzoo.runners import sharding
 from helpers import tiny_config
+from textzoo.config import AgentConfig, TrainConfig
 from textzoo.runners.distributed import launch
 from textzoo.runners.trainer import Trainer
 from textzoo.runners.update import Learner, UpdateConfig, run_job
@@ -87,7 +88,7 @@ def sharded_run(tmp_path_factory):
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_two_shards_equal_one_process_with_the_combined_batch(sharded_run, arch):
-    from textzoo.agents.policy import Policy
+    from textzoo.models.policy import Policy
 
     _, out = sharded_run
     rank0, rank1 = torch.load(out / f"fixed-{arch}-rank0.pt"), torch.load(out / f"fixed-{arch}-rank1.pt")
@@ -101,7 +102,7 @@ def test_two_shards_equal_one_process_with_the_combined_batch(sharded_run, arch)
 
 
 def test_sharded_trainer_processes_hold_the_same_weights_and_checkpoint_them_whole(sharded_run):
-    from textzoo.runners.build import build_policy
+    from textzoo.models.build import build_policy
 
     _, out = sharded_run
     assert_states_equal(torch.load(out / "train-rank0.pt"), torch.load(out / "train-rank1.pt"))

@@ -17,14 +17,14 @@ torch.set_num_threads(1)
 from helpers import tiny_config  # noqa: E402
 from toy import CategoricalPolicy  # noqa: E402
 
-from textzoo.agents.reinforce import ReinforceConfig, ReinforceFamily  # noqa: E402
-from textzoo.agents.rlmath import credited_rewards  # noqa: E402
-from textzoo.agents.team import AgentActor  # noqa: E402
-from textzoo.agents.tokenizer import byte_tokenizer  # noqa: E402
+from textzoo.algorithms.reinforce.family import ReinforceConfig, ReinforceFamily  # noqa: E402
+from textzoo.algorithms.rlmath import credited_rewards  # noqa: E402
+from textzoo.config import AgentConfig, TrainConfig  # noqa: E402
 from textzoo.envs import make  # noqa: E402
 from textzoo.errors import ConfigError  # noqa: E402
+from textzoo.models.team import AgentActor  # noqa: E402
+from textzoo.models.tokenizer import byte_tokenizer  # noqa: E402
 from textzoo.runners.build import build_learner  # noqa: E402
-from textzoo.runners.config import AgentConfig, TrainConfig  # noqa: E402
 from textzoo.runners.rollout import Collector  # noqa: E402
 from textzoo.runners.schedule import build_schedule  # noqa: E402
 from textzoo.runners.trainer import Trainer  # noqa: E402

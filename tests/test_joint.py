@@ -4,20 +4,23 @@ import copy
 
 import pytest
 import torch
+from toy import CategoricalPolicy
 
-from textzoo.agents.batch import ActorStep, Rollout
-from textzoo.agents.joint import JointActor, parse_joint
-from textzoo.agents.policy import GenerationConfig, Policy
-from textzoo.agents.reinforce import ReinforceConfig, ReinforceFamily
-from textzoo.agents.rlmath import BatchNorm
-from textzoo.agents.team import AgentActor
+from textzoo.algorithms.batch import ActorStep, Rollout
+from textzoo.algorithms.registry import ALGORITHMS
+from textzoo.algorithms.reinforce.family import ReinforceConfig, ReinforceFamily
+from textzoo.algorithms.rlmath import BatchNorm
+from textzoo.config import AgentConfig, TrainConfig
 from textzoo.envs.base import StepResult, TextParallelEnv
 from textzoo.envs.registry import register
 from textzoo.errors import ConfigError
-from textzoo.runners.algorithms import ALGORITHMS
-from textzoo.runners.config import AgentConfig, TrainConfig
+from textzoo.models.joint import JointActor, parse_joint
+from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.models.team import AgentActor
 from textzoo.runners.rollout import Collector, prompt_seed
 from textzoo.runners.trainer import Trainer, rollout_metrics
+
+STAND_IN = CategoricalPolicy(["-"])  # a policy these prompt-building tests never ask to act
 
 torch.set_num_threads(1)
 
@@ -36,10 +39,12 @@ def _answer(r: str) -> str:
 # ---- prompt building ----------------------------------------------------------------------------
 def test_single_role_prompt_is_the_observation():
     obs = {"summary": "Summarize: x\nSummary:"}
-    assert JointActor(["summary"], policy=None).build_prompt(obs) == AgentActor("summary", None).build_prompt(obs)
+    assert JointActor(["summary"], policy=STAND_IN).build_prompt(obs) == AgentActor("summary", STAND_IN).build_prompt(
+        obs
+    )
     # a multi-role actor asked for one role (turn-taking env) also gets the plain observation
     assert (
-        JointActor(["sender", "receiver"], None).build_prompt({"receiver": "Message: A\nAnswer:"})
+        JointActor(["sender", "receiver"], STAND_IN).build_prompt({"receiver": "Message: A\nAnswer:"})
         == "Message: A\nAnswer:"
     )
 
@@ -47,10 +52,11 @@ def test_single_role_prompt_is_the_observation():
 @pytest.mark.parametrize("roles", ROLE_SETS[1:])
 def test_joint_prompt_lists_every_role_in_role_order(roles):
     obs = {r: f"task of {r}\nline two" for r in reversed(roles)}  # dict order must not matter
-    prompt = JointActor(roles, None, joint_format="tags").build_prompt(obs)
+    prompt = JointActor(roles, STAND_IN, joint_format="tags").build_prompt(obs)
     # structured: the prompt is the first role's task; the tags and later tasks are forced tokens
     assert (
-        JointActor(roles, None).build_prompt(obs) == f'<task role="{roles[0]}">\ntask of {roles[0]}\nline two\n</task>'
+        JointActor(roles, STAND_IN).build_prompt(obs)
+        == f'<task role="{roles[0]}">\ntask of {roles[0]}\nline two\n</task>'
     )
     positions = [prompt.index(f'<task role="{r}">\ntask of {r}\nline two\n</task>') for r in roles]
     assert positions == sorted(positions)
@@ -59,7 +65,7 @@ def test_joint_prompt_lists_every_role_in_role_order(roles):
 
 
 def test_prompt_holds_only_the_active_roles():
-    prompt = JointActor(["a", "b", "c"], None, joint_format="tags").build_prompt({"c": "obs c", "b": "obs b"})
+    prompt = JointActor(["a", "b", "c"], STAND_IN, joint_format="tags").build_prompt({"c": "obs c", "b": "obs b"})
     assert '<task role="a">' not in prompt and "<a>" not in prompt
     assert prompt.index('<task role="b">') < prompt.index('<task role="c">')
     assert prompt.endswith("\n<b>")
@@ -75,7 +81,7 @@ def test_user_builder_and_parser_override_the_default():
     def parser(text, roles):
         return dict(zip(roles, text.split("|"))), False
 
-    actor = JointActor(["x", "y"], None, prompt_builder=builder, parser=parser, joint_format="tags")
+    actor = JointActor(["x", "y"], STAND_IN, prompt_builder=builder, parser=parser, joint_format="tags")
     assert actor.build_prompt({"y": "2", "x": "1"}) == "x=1 | y=2"
     assert list(seen["obs"]) == ["x", "y"]
     assert actor.parse("one|two", ("x", "y")) == ({"x": "one", "y": "two"}, False)
@@ -83,9 +89,9 @@ def test_user_builder_and_parser_override_the_default():
 
 def test_roles_must_be_distinct():
     with pytest.raises(ConfigError, match="distinct"):
-        JointActor(["a", "a"], None)
+        JointActor(["a", "a"], STAND_IN)
     with pytest.raises(ConfigError):
-        JointActor([], None)
+        JointActor([], STAND_IN)
 
 
 # ---- parsing ------------------------------------------------------------------------------------

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from textzoo.agents.loading import END_TOKENS, end_token_ids, load_pretrained
-from textzoo.agents.policy import GenerationConfig, Policy
-from textzoo.agents.tokenizer import byte_tokenizer
+from textzoo.config import AgentConfig
 from textzoo.errors import ModelError
-from textzoo.runners.build import build_policy, prompt_format
-from textzoo.runners.config import AgentConfig
+from textzoo.models.build import build_policy, prompt_format
+from textzoo.models.loading import END_TOKENS, end_token_ids, load_pretrained
+from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.models.tokenizer import byte_tokenizer
 
 torch.set_num_threads(1)
 

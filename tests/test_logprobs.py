@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from textzoo.agents.backends import HeadInput
-from textzoo.agents.backends.module import ModuleBackend
-from textzoo.agents.policy import GenerationConfig, Policy
-from textzoo.agents.sampling import log_probs, selected_log_probs
+from textzoo.models.backends import HeadInput
+from textzoo.models.backends.module import ModuleBackend
+from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.models.sampling import log_probs, selected_log_probs
 
 torch.set_num_threads(1)
 
@@ -144,7 +144,7 @@ def test_the_module_backend_scores_from_hidden_states_when_the_head_is_plain():
 def test_models_with_logit_postprocessing_score_from_the_module_logits():
     from transformers import AutoModelForCausalLM, Gemma2Config
 
-    from textzoo.agents.tokenizer import byte_tokenizer
+    from textzoo.models.tokenizer import byte_tokenizer
 
     tokenizer = byte_tokenizer()
     config = Gemma2Config(

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from textzoo.runners.config import AgentConfig, PreferenceConfig, ReinforceConfig, TrainConfig
+from textzoo.config import AgentConfig, PreferenceConfig, ReinforceConfig, TrainConfig
 from textzoo.runners.trainer import Trainer
 
 torch.set_num_threads(1)

@@ -5,11 +5,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from toy import CategoricalPolicy
 
-from textzoo.agents.team import AgentActor
+from textzoo.config import AgentConfig
 from textzoo.errors import ConfigError
-from textzoo.runners.build import build_policy
-from textzoo.runners.config import AgentConfig
+from textzoo.models.build import build_policy
+from textzoo.models.team import AgentActor
 from textzoo.runners.placement import DeviceSpec, ModelSpec, model_bytes, resolve_placement, team_models
 from textzoo.runners.rollout import Collector
 
@@ -84,11 +85,16 @@ def test_team_models_lists_actors_family_models_and_references():
     assert model_bytes(models["b"][0], False) == 9 * 4
 
 
-class _FakePolicy:
+class _FakePolicy(CategoricalPolicy):
     """Answers after every other device's thread has arrived: only concurrent calls can finish."""
 
     def __init__(self, device, barrier):
-        self.device, self.barrier = torch.device(device), barrier
+        super().__init__(["x"])
+        self._device, self.barrier = torch.device(device), barrier
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
 
     def generate(self, prompts, greedy=False, generator=None):
         self.barrier.wait(timeout=10)
@@ -107,12 +113,10 @@ def test_actors_on_distinct_devices_generate_concurrently():
 def test_actors_on_one_device_generate_in_turn():
     calls = []
 
-    class Recorder:
-        device = torch.device("cpu")
-
+    class Recorder(CategoricalPolicy):
         def __init__(self, name):
+            super().__init__([name])
             self.name = name
-            self.model = torch.nn.Linear(1, 1)
 
         def generate(self, prompts, greedy=False, generator=None):
             calls.append((self.name, threading.current_thread() is threading.main_thread()))
@@ -153,10 +157,10 @@ def test_bf16_and_gradient_checkpointing_are_per_agent_options():
 
 
 def test_models_that_share_weights_are_placed_as_one_unit():
-    from textzoo.agents.critic import Critic
-    from textzoo.agents.lora import SharedBase
-    from textzoo.agents.policy import Policy
-    from textzoo.agents.team import AgentActor, frozen_references
+    from textzoo.models.critic import Critic
+    from textzoo.models.lora import SharedBase
+    from textzoo.models.policy import Policy
+    from textzoo.models.team import AgentActor, frozen_references
     from textzoo.runners.placement import place_models, shared_units
 
     shared = SharedBase(Policy.tiny("gpt2", seed=1))

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from textzoo.agents import Generation, GenerationConfig, Policy
-from textzoo.agents.tokenizer import BYTE_OFFSET, EOS_ID, PAD_ID
 from textzoo.errors import ConfigError, ModelError
+from textzoo.models import Generation, GenerationConfig, Policy
+from textzoo.models.tokenizer import BYTE_OFFSET, EOS_ID, PAD_ID
 
 torch.set_num_threads(1)
 
@@ -301,3 +301,15 @@ def test_length_counts_rows_without_texts(policy):
     assert len(bare.select([2, 0])) == 2 and bare.select([2, 0]).texts == []
     both = Generation.cat([bare, gen], pad_id=PAD_ID)
     assert len(both) == 6 and both.texts == []  # texts of only some batches would misalign rows
+
+
+def test_the_policy_and_the_test_stand_ins_implement_the_whole_interface():
+    from toy import CategoricalPolicy
+
+    from textzoo.models.interface import PolicyInterface
+
+    policy = Policy.tiny("gpt2", n_layer=1, n_embd=16, n_head=2, seed=0)
+    assert isinstance(policy, PolicyInterface) and isinstance(CategoricalPolicy(["a", "b"]), PolicyInterface)
+    assert not isinstance(object(), PolicyInterface)  # the check can fail
+    with policy.prompt_cache(), CategoricalPolicy(["a"]).prompt_cache():
+        pass

@@ -5,9 +5,11 @@ import json
 import pytest
 import torch
 
+from textzoo.config import AgentConfig, TrainConfig
+from textzoo.config_files import load_config
 from textzoo.errors import ConfigError
-from textzoo.runners.build import build_learner, build_policy
-from textzoo.runners.config import AgentConfig, TrainConfig, load_config
+from textzoo.models.build import build_policy
+from textzoo.runners.build import build_learner
 from textzoo.runners.update import UpdateConfig
 
 torch.set_num_threads(1)
@@ -115,7 +117,7 @@ def test_auto_resolves_the_tiny_default_to_fp32_and_records_it(tmp_path):
 
 
 def test_auto_is_bf16_mixed_for_a_large_model_on_a_native_bf16_cpu(monkeypatch):
-    from textzoo.agents import precision
+    from textzoo.models import precision
 
     big = torch.nn.Linear(5000, 4000)  # 20,004,000 parameters: just over the threshold
     small = torch.nn.Linear(4000, 4000)
@@ -132,7 +134,7 @@ def test_auto_is_bf16_mixed_for_a_large_model_on_a_native_bf16_cpu(monkeypatch):
 
 
 def test_cpu_flags_reads_the_flags_line(tmp_path):
-    from textzoo.agents.precision import cpu_flags
+    from textzoo.models.precision import cpu_flags
 
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nmodel name\t: X\nflags\t\t: fpu avx512f avx512_bf16 amx_tile\n\nprocessor\t: 1\n")
@@ -210,7 +212,7 @@ def test_bf16_weight_copies_follow_the_weights():
 
 
 def test_embedding_rows_gradient_under_autocast_matches_the_module():
-    from textzoo.agents.fastlm import embed
+    from textzoo.models.fastlm import embed
 
     table = torch.nn.Embedding(10, 4, padding_idx=0)
     ids = torch.tensor([[3, 3, 0, 7], [1, 0, 3, 9]])

@@ -1,5 +1,6 @@
 """MADPO: the joint DPO loss against hand-computed values, pair selection, the family, learning, resume."""
 
+import dataclasses
 import json
 import math
 import shutil
@@ -12,8 +13,7 @@ torch.set_num_threads(1)
 from helpers import tiny_config  # noqa: E402
 from toy import CategoricalPolicy, TargetWordEnv  # noqa: E402
 
-from textzoo.agents.joint import JointActor  # noqa: E402
-from textzoo.agents.preference import (  # noqa: E402
+from textzoo.algorithms.preference.madpo import (  # noqa: E402
     MADPOFamily,
     PairBatch,
     PairStore,
@@ -21,12 +21,14 @@ from textzoo.agents.preference import (  # noqa: E402
     merge_groups,
     select_pairs,
 )
-from textzoo.agents.rlmath import BatchNorm  # noqa: E402
-from textzoo.agents.team import AgentActor  # noqa: E402
-from textzoo.agents.tokenizer import byte_tokenizer  # noqa: E402
+from textzoo.algorithms.registry import configure  # noqa: E402
+from textzoo.algorithms.rlmath import BatchNorm  # noqa: E402
+from textzoo.config import AgentConfig, TrainConfig  # noqa: E402
 from textzoo.errors import ConfigError  # noqa: E402
+from textzoo.models.joint import JointActor  # noqa: E402
+from textzoo.models.team import AgentActor  # noqa: E402
+from textzoo.models.tokenizer import byte_tokenizer  # noqa: E402
 from textzoo.runners.checkpoint import list_checkpoints, read_checkpoint  # noqa: E402
-from textzoo.runners.config import AgentConfig, TrainConfig  # noqa: E402
 from textzoo.runners.rollout import Collector  # noqa: E402
 from textzoo.runners.trainer import Trainer  # noqa: E402
 from textzoo.runners.update import Learner, UpdateConfig, run_job  # noqa: E402
@@ -69,9 +71,9 @@ def test_config_validation_names_the_field():
     with pytest.raises(ConfigError, match="comparator_model"):
         PreferenceConfig(comparator="model")
     with pytest.raises(ConfigError, match="iterations"):
-        TrainConfig(algo="madpo", steps=5, iterations=2)
+        configure(TrainConfig(algo="madpo", steps=5, preference=PreferenceConfig(iterations=2)))
     with pytest.raises(ConfigError, match="rl_algo"):
-        TrainConfig(algo="marlhf", rl_algo="madpo")
+        configure(TrainConfig(algo="marlhf", preference=PreferenceConfig(rl_algo="madpo")))
 
 
 # ---- the family on toy agents --------------------------------------------------------------------
@@ -207,8 +209,8 @@ def test_merge_groups_interleaves_prompts():
 
 def test_centralized_team_is_one_actor_with_joint_pairs():
     """With a joint actor, N = 1: one job over pairs of joint completions, reference = its initial copy."""
-    from textzoo.agents.policy import GenerationConfig, Policy
     from textzoo.envs import make
+    from textzoo.models.policy import GenerationConfig, Policy
 
     policy = Policy.tiny(n_layer=1, n_embd=32, generation=GenerationConfig(max_new_tokens=6))
     env = lambda: make("textzoo/Writing-v0", terms={"length_ratio": 1.0}, max_prompt_chars=128)  # noqa: E731
@@ -265,10 +267,10 @@ def small(tmp_path, **kw) -> TrainConfig:
         eval_prompts=1,
         save_every=1,
         keep_last=0,
-        iterations=2,
-        run_dir=tmp_path,
+        run_dir=str(tmp_path),
     )
     base.update(kw)
+    base["preference"] = dataclasses.replace(base.get("preference", PreferenceConfig()), iterations=2)
     return tiny_config(**base)
 
 

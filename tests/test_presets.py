@@ -2,13 +2,13 @@
 
 import pytest
 
+from textzoo.config import TrainConfig
 from textzoo.envs import make
 from textzoo.envs.debate_v0 import PRESETS as DEBATE
 from textzoo.envs.debate_v0 import one_digit_sums
 from textzoo.envs.planpath_v0 import PRESETS as PLANPATH
 from textzoo.envs.presets import TaskPreset
 from textzoo.envs.sudoku_v0 import PRESETS as SUDOKU
-from textzoo.runners.config import TrainConfig
 
 ALL = [
     ("textzoo/Debate-v0", DEBATE),

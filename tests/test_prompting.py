@@ -5,13 +5,13 @@ checked in test_real_model.py)."""
 import pytest
 import torch
 
-from textzoo.agents.policy import GenerationConfig, Policy
-from textzoo.agents.prompting import PromptFormat
-from textzoo.agents.team import AgentActor
-from textzoo.agents.tokenizer import byte_tokenizer
+from textzoo.config import AgentConfig, TrainConfig
 from textzoo.errors import ConfigError
+from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.models.prompting import PromptFormat
+from textzoo.models.team import AgentActor
+from textzoo.models.tokenizer import byte_tokenizer
 from textzoo.runners.build import build_actors
-from textzoo.runners.config import AgentConfig, TrainConfig
 
 torch.set_num_threads(1)
 

@@ -48,7 +48,7 @@ def test_contributing_recipe_runs(index, tmp_path):
 
 
 def test_the_math_table_names_functions_and_tests_that_exist():
-    import textzoo.agents.rlmath as rlmath
+    import textzoo.algorithms.rlmath as rlmath
 
     table = README.read_text().split("<!-- math table")[1].split("\n\n")[0]
     rows = [line.split("|")[1:4] for line in table.splitlines() if line.startswith("| `") or line.startswith("| every")]

@@ -13,14 +13,14 @@ import torch
 from helpers import tiny_config
 from safetensors.torch import load_file
 
-from textzoo.agents.actor_critic import ActorCriticConfig
-from textzoo.agents.fastlm import FastDecoder, first_tokens_first
-from textzoo.agents.policy import GenerationConfig, Policy
-from textzoo.agents.preference import PreferenceConfig
-from textzoo.agents.prompting import PromptFormat
-from textzoo.agents.team import AgentActor
+from textzoo.algorithms.actor_critic.family import ActorCriticConfig
+from textzoo.algorithms.preference.madpo import PreferenceConfig
+from textzoo.config import AgentConfig, TrainConfig
 from textzoo.envs import make
-from textzoo.runners.config import AgentConfig, TrainConfig
+from textzoo.models.fastlm import FastDecoder, first_tokens_first
+from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.models.prompting import PromptFormat
+from textzoo.models.team import AgentActor
 from textzoo.runners.trainer import Trainer
 
 torch.set_num_threads(1)

@@ -8,9 +8,11 @@ pytest.importorskip("reasoning_gym")
 
 from helpers import tiny_config  # noqa: E402
 
+from textzoo.config import (  # noqa: E402
+    AgentConfig,  # noqa: E402
+)
 from textzoo.envs import check_env, make  # noqa: E402
 from textzoo.errors import EnvError  # noqa: E402
-from textzoo.runners.config import AgentConfig  # noqa: E402
 from textzoo.runners.trainer import Trainer  # noqa: E402
 
 ID = "textzoo/ReasoningGym-v0"

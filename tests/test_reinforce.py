@@ -7,11 +7,11 @@ torch.set_num_threads(1)
 
 from toy import CategoricalPolicy, TargetWordEnv  # noqa: E402
 
-from textzoo.agents.batch import SampleBatch  # noqa: E402
-from textzoo.agents.reinforce import ReinforceConfig, ReinforceFamily  # noqa: E402
-from textzoo.agents.rlmath import policy_gradient_loss  # noqa: E402
-from textzoo.agents.team import AgentActor  # noqa: E402
+from textzoo.algorithms.batch import SampleBatch  # noqa: E402
+from textzoo.algorithms.reinforce.family import ReinforceConfig, ReinforceFamily  # noqa: E402
+from textzoo.algorithms.rlmath import policy_gradient_loss  # noqa: E402
 from textzoo.errors import ConfigError  # noqa: E402
+from textzoo.models.team import AgentActor  # noqa: E402
 from textzoo.runners.rollout import Collector  # noqa: E402
 from textzoo.runners.update import Learner, UpdateConfig, run_job  # noqa: E402
 
@@ -37,9 +37,9 @@ def _learner(model, lr=1e-2):
 
 
 def test_per_sample_backward_equals_batched_gradient():
-    from textzoo.agents.batch import Job
-    from textzoo.agents.policy import Policy
-    from textzoo.agents.reinforce import reinforce_loss
+    from textzoo.algorithms.batch import Job
+    from textzoo.algorithms.reinforce.family import reinforce_loss
+    from textzoo.models.policy import Policy
 
     policy = Policy.tiny(seed=1)
     batch = _tiny_batch(policy)
@@ -56,9 +56,9 @@ def test_per_sample_backward_equals_batched_gradient():
 
 
 def test_zero_signal_batch_leaves_weights_and_optimizer_untouched():
-    from textzoo.agents.batch import Job
-    from textzoo.agents.policy import Policy
-    from textzoo.agents.reinforce import reinforce_loss
+    from textzoo.algorithms.batch import Job
+    from textzoo.algorithms.reinforce.family import reinforce_loss
+    from textzoo.models.policy import Policy
 
     policy = Policy.tiny(seed=2)
     batch = _tiny_batch(policy)
@@ -74,7 +74,7 @@ def test_zero_signal_batch_leaves_weights_and_optimizer_untouched():
 
 
 def test_nonfinite_sample_is_skipped_and_counted():
-    from textzoo.agents.batch import Job
+    from textzoo.algorithms.batch import Job
 
     policy = CategoricalPolicy(["a", "b"])
     gen = policy.generate(["x", "y", "z"])
@@ -186,10 +186,10 @@ def test_kl_shaping_pulls_towards_the_reference():
 @pytest.mark.parametrize("arch, lora", [("gpt2", False), ("llama", False), ("llama", True)])
 def test_per_sample_backward_runs_each_prompt_once_with_the_batched_gradient(arch, lora, monkeypatch):
     """Also with a LoRA adapter on q/v only (peft's llama default), where layer 0's prompt keys are constants."""
-    from textzoo.agents.batch import Job
-    from textzoo.agents.lora import SharedBase
-    from textzoo.agents.policy import GenerationConfig, Policy
-    from textzoo.agents.reinforce import reinforce_loss
+    from textzoo.algorithms.batch import Job
+    from textzoo.algorithms.reinforce.family import reinforce_loss
+    from textzoo.models.lora import SharedBase
+    from textzoo.models.policy import GenerationConfig, Policy
 
     policy = Policy.tiny(arch, seed=1, generation=GenerationConfig(max_new_tokens=6))
     if lora:

@@ -17,10 +17,10 @@ import torch
 from confined import REPO, run_on_tiny_disk
 from helpers import tiny_config
 
+from textzoo.config_files import save_config
 from textzoo.errors import ResourceError
 from textzoo.runners import checkpoint as ck
 from textzoo.runners import trainer as trainer_module
-from textzoo.runners.config import save_config
 from textzoo.runners.resources import checkpoint_bytes, optimizer_bytes
 from textzoo.runners.trainer import Trainer
 
@@ -60,7 +60,7 @@ def test_an_unwritable_run_dir_is_refused_before_training(tmp_path):
 
 TRAIN = """
 import sys
-from textzoo.runners.config import load_config
+from textzoo.config_files import load_config
 from textzoo.runners.cli import main
 sys.exit(main(["train", "--config", sys.argv[1]]))
 """

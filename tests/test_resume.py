@@ -21,10 +21,11 @@ import pytest
 import torch
 from helpers import tiny_config
 
+from textzoo.config import AgentConfig
+from textzoo.config_files import save_config
 from textzoo.errors import CheckpointError
 from textzoo.runners import checkpoint as ck
 from textzoo.runners.cli import main as cli_main
-from textzoo.runners.config import AgentConfig, save_config
 from textzoo.runners.trainer import Trainer, find_resumable
 
 torch.set_num_threads(1)
@@ -96,7 +97,7 @@ def test_sigkill_at_a_random_moment_then_resume_is_bit_identical(tmp_path, refer
 KILL_IN_SAVE = """
 import os, signal, sys
 import textzoo.runners.checkpoint as ck
-from textzoo.runners.config import load_config
+from textzoo.config_files import load_config
 from textzoo.runners.trainer import Trainer
 
 real = ck._sha256

@@ -2,6 +2,7 @@
 
 import logging
 import random
+from functools import partial
 
 import pytest
 import torch
@@ -11,12 +12,10 @@ torch.set_num_threads(1)
 from helpers import tiny_config  # noqa: E402
 from toy import CategoricalPolicy, TargetWordEnv  # noqa: E402
 
-from textzoo.agents.batch import Job  # noqa: E402
-from textzoo.agents.critic import Critic  # noqa: E402
-from textzoo.agents.policy import Policy  # noqa: E402
-from textzoo.agents.preference import PairBatch  # noqa: E402
-from textzoo.agents.reinforce import ReinforceConfig, ReinforceFamily  # noqa: E402
-from textzoo.agents.reward_model import (  # noqa: E402
+from textzoo.algorithms.batch import Job  # noqa: E402
+from textzoo.algorithms.preference.config import PreferenceConfig  # noqa: E402
+from textzoo.algorithms.preference.madpo import PairBatch  # noqa: E402
+from textzoo.algorithms.preference.reward_model import (  # noqa: E402
     HackingMonitor,
     RewardModel,
     agreement,
@@ -28,11 +27,14 @@ from textzoo.agents.reward_model import (  # noqa: E402
     reward_model_loss,
     scores,
 )
-from textzoo.agents.rlmath import credited_rewards  # noqa: E402
-from textzoo.agents.team import AgentActor  # noqa: E402
-from textzoo.agents.tokenizer import byte_tokenizer  # noqa: E402
-from textzoo.runners.config import AgentConfig, TrainConfig  # noqa: E402
-from textzoo.runners.preference import build_reward_model, fit_reward_model  # noqa: E402
+from textzoo.algorithms.preference.rounds import build_reward_model, fit_reward_model  # noqa: E402
+from textzoo.algorithms.reinforce.family import ReinforceConfig, ReinforceFamily  # noqa: E402
+from textzoo.algorithms.rlmath import credited_rewards  # noqa: E402
+from textzoo.config import AgentConfig, TrainConfig  # noqa: E402
+from textzoo.models.critic import Critic  # noqa: E402
+from textzoo.models.policy import Policy  # noqa: E402
+from textzoo.models.team import AgentActor  # noqa: E402
+from textzoo.models.tokenizer import byte_tokenizer  # noqa: E402
 from textzoo.runners.rollout import Collector  # noqa: E402
 from textzoo.runners.trainer import Trainer  # noqa: E402
 from textzoo.runners.update import Learner, UpdateConfig, run_job  # noqa: E402
@@ -100,8 +102,7 @@ def test_relabel_moves_task_rewards_to_terms():
 def test_marlhf_trains_the_reward_model_then_the_online_family(tmp_path):
     cfg = tiny_config(
         algo="marlhf",
-        rl_algo="marloo",
-        iterations=2,
+        preference=PreferenceConfig(rl_algo="marloo", iterations=2),
         group_size=3,
         env_kwargs={"terms": {"length_ratio": 1.0}, "max_prompt_chars": 128},
         agent=AgentConfig(max_new_tokens=6, n_layer=1, n_embd=32),
@@ -209,7 +210,7 @@ def test_early_stopping_keeps_the_epoch_with_the_best_heldout_accuracy():
     start = snapshot(stopped)
     for rm, early in ((stopped, True), (plain, False)):
         learner = Learner(rm, torch.optim.AdamW(rm.parameters(), lr=3e-3))
-        epoch, losses = fit_reward_model(rm, learner, train, held, 4, 2, early, UpdateConfig())
+        epoch, losses = fit_reward_model(rm, learner, train, held, 4, 2, early, partial(run_job, cfg=UpdateConfig()))
         assert len(losses) == 4
         assert epoch == (0 if early else 4)
     assert all(torch.equal(v, stopped.state_dict()[k]) for k, v in start.items())  # epoch 0: as it came
@@ -236,7 +237,7 @@ def train_on_reward_model(score, caplog, steps: int = 40) -> HackingMonitor:
     family = ReinforceFamily(ReinforceConfig(), actors, "grpo", credit="per_agent", group_size=8)
     learners = {a.id: Learner(a.policy.model, torch.optim.AdamW(a.policy.model.parameters(), lr=0.1)) for a in actors}
     monitor = HackingMonitor(window=10, threshold=0.5)
-    with caplog.at_level(logging.WARNING, logger="textzoo.agents.reward_model"):
+    with caplog.at_level(logging.WARNING, logger="textzoo.algorithms.preference.reward_model"):
         for step in range(steps):
             rollout = collector.collect(list(range(4)), [step * 10 + b for b in range(4)], 8)
             task = rollout.team_rewards.sum(-1)
@@ -278,11 +279,11 @@ def test_held_out_pairs_come_from_prompts_the_model_never_trains_on(monkeypatch)
     import re
     from types import SimpleNamespace
 
-    import textzoo.runners.preference as pipeline
+    import textzoo.algorithms.preference.rounds as pipeline
 
     cfg = TrainConfig(algo="marlhf", batch_prompts=5, group_size=4, steps=2)
     cfg.preference.rm_batches, cfg.preference.rm_holdout = 2, 0.3
-    rounds = pipeline.PreferenceRounds(cfg, marlhf=True)
+    rounds = pipeline.RewardModelRounds(cfg)
     rounds.reward_model, rounds.rm_learner = RewardModel([tiny_member(0)], "mean"), None  # fit is captured
     targets = {"p0": "alpha", "p1": "beta"}
     actors = [AgentActor(r, CategoricalPolicy(["alpha", "beta"])) for r in targets]

@@ -1,4 +1,4 @@
-"""`textzoo.agents.rlmath` against hand-computed values: every row of the README's algorithm table.
+"""`textzoo.algorithms.rlmath` against hand-computed values: every row of the README's algorithm table.
 
 Returns and credit, the four baselines and their scaling, the reference-KL estimators, GAE, the
 policy-gradient / PPO-clip / value-clip losses, DPO and Bradley–Terry (single and ensemble), and the
@@ -12,7 +12,7 @@ import torch
 
 torch.set_num_threads(1)
 
-from textzoo.agents.rlmath import (  # noqa: E402
+from textzoo.algorithms.rlmath import (  # noqa: E402
     AGGREGATIONS,
     BatchNorm,
     advantages,
@@ -490,7 +490,7 @@ def test_group_pair_accuracy_by_hand():
 
 
 # ---- self-play credit and role-conditioned baselines (SPIRAL's RAE) --------------------------------
-from textzoo.agents import rlmath  # noqa: E402  (module access keeps these tests apart from the list above)
+from textzoo.algorithms import rlmath  # noqa: E402  (module access keeps these tests apart from the list above)
 
 
 def test_acting_role_returns_credit_each_turn_with_the_movers_return():

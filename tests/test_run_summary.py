@@ -1,8 +1,8 @@
 """The end-of-run summary and the curve legend name each figure: what was decoded how, on how many prompts,
 first -> last and the change, so a figure that learned and one that stayed flat read as such."""
 
+from textzoo.config import TrainConfig
 from textzoo.runners.commands import summary_lines
-from textzoo.runners.config import TrainConfig
 from textzoo.runners.plot import curve_label
 
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 from helpers import tiny_config
 
+from textzoo.config import AgentConfig
 from textzoo.errors import ConfigError
 from textzoo.runners import checkpoint as ck
 from textzoo.runners.cli import main as cli_main
-from textzoo.runners.config import AgentConfig
 from textzoo.runners.rundir import holds_run, start_fresh
 from textzoo.runners.trainer import Trainer
 

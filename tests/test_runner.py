@@ -9,22 +9,24 @@ torch.set_num_threads(1)
 
 from helpers import tiny_config  # noqa: E402
 
+from textzoo.algorithms.registry import configure  # noqa: E402
+from textzoo.config import AgentConfig, TrainConfig  # noqa: E402
+from textzoo.config_files import from_dict, load_config, save_config, to_dict  # noqa: E402
 from textzoo.errors import ConfigError, EnvError, ModelError  # noqa: E402
 from textzoo.runners.cli import main  # noqa: E402
-from textzoo.runners.config import AgentConfig, TrainConfig, from_dict, load_config, save_config, to_dict  # noqa: E402
 from textzoo.runners.trainer import Trainer  # noqa: E402
 
 
 # ---- bad input fails before any work ---------------------------------------------------------------
 def test_unknown_algorithm():
     with pytest.raises(ConfigError, match="unknown algo"):
-        tiny_config(algo="magic")
+        configure(tiny_config(algo="magic"))
 
 
 def test_group_estimators_need_two_samples():
     with pytest.raises(ConfigError, match="group_size"):
-        tiny_config(algo="marloo", group_size=1)
-    tiny_config(algo="mareinforce", group_size=1)  # no group needed
+        configure(tiny_config(algo="marloo", group_size=1))
+    configure(tiny_config(algo="mareinforce", group_size=1))  # no group needed
 
 
 def test_unknown_env(tmp_path):
@@ -218,8 +220,8 @@ def test_prompt_budget_leaves_room_for_the_completion_within_the_models_position
 def test_every_sampling_setting_of_an_agent_reaches_its_policy():
     import dataclasses
 
-    from textzoo.agents.generation import GenerationConfig, SamplingConfig
-    from textzoo.runners.build import build_policy
+    from textzoo.models.build import build_policy
+    from textzoo.models.generation import GenerationConfig, SamplingConfig
 
     names = {cls: {f.name for f in dataclasses.fields(cls)} for cls in (SamplingConfig, GenerationConfig, AgentConfig)}
     assert names[SamplingConfig] <= names[AgentConfig]

@@ -11,9 +11,9 @@ import torch
 from helpers import tiny_config
 from rich.console import Console
 
+from textzoo.config import TrainConfig
 from textzoo.envs import make
 from textzoo.runners.cli import main as cli_main
-from textzoo.runners.config import TrainConfig
 from textzoo.runners.samples import episodes, read_samples, samples_markdown, samples_table
 from textzoo.runners.trainer import Trainer
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from textzoo.agents.sampling import BLOCK, BLOCKED_VOCAB, draw
+from textzoo.models.sampling import BLOCK, BLOCKED_VOCAB, draw
 
 
 def _reference(logp: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:

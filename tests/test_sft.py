@@ -5,11 +5,12 @@ import json
 import pytest
 import torch
 
-from textzoo.agents.policy import GenerationConfig, Policy
+from textzoo.config import AgentConfig, TrainConfig
 from textzoo.errors import ConfigError
-from textzoo.runners.build import allowed_token_ids, build_actors, build_policy
+from textzoo.models.build import allowed_token_ids, build_policy
+from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.runners.build import build_actors
 from textzoo.runners.cli import main
-from textzoo.runners.config import AgentConfig, TrainConfig
 from textzoo.runners.sft import completion_ids, load_pairs, save_pairs, sft, sft_loss
 
 torch.set_num_threads(1)

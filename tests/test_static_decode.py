@@ -4,11 +4,11 @@ the same samples and log-probs as the dynamic path, with the same seed."""
 import pytest
 import torch
 
-from textzoo.agents.backends import static
-from textzoo.agents.backends.module import ModuleDecoding
-from textzoo.agents.backends.plain import PlainDecoding
-from textzoo.agents.policy import GenerationConfig, Policy
 from textzoo.errors import ConfigError
+from textzoo.models.backends import static
+from textzoo.models.backends.module import ModuleDecoding
+from textzoo.models.backends.plain import PlainDecoding
+from textzoo.models.policy import GenerationConfig, Policy
 
 torch.set_num_threads(1)
 
@@ -25,7 +25,7 @@ def _policy(arch: str, generation=SHORT, **kw) -> Policy:
     if arch == "gqa":
         from transformers import AutoModelForCausalLM, LlamaConfig
 
-        from textzoo.agents.tokenizer import byte_tokenizer
+        from textzoo.models.tokenizer import byte_tokenizer
 
         tokenizer = byte_tokenizer()
         config = LlamaConfig(

@@ -2,16 +2,19 @@
 
 import pytest
 import torch
+from toy import CategoricalPolicy
 
-from textzoo.agents.joint import JointActor, structured_text
-from textzoo.agents.policy import GenerationConfig, Policy
-from textzoo.agents.prompting import PromptFormat
-from textzoo.agents.sampling import Segment
-from textzoo.agents.tokenizer import BYTE_OFFSET, EOS_ID, byte_tokenizer
 from textzoo.envs import make
 from textzoo.errors import ConfigError
+from textzoo.models.joint import JointActor, structured_text
+from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.models.prompting import PromptFormat
+from textzoo.models.sampling import Segment
+from textzoo.models.tokenizer import BYTE_OFFSET, EOS_ID, byte_tokenizer
 from textzoo.runners.rollout import Collector
 from textzoo.runners.trainer import rollout_metrics
+
+STAND_IN = CategoricalPolicy(["-"])  # a policy these prompt-building tests never ask to act
 
 torch.set_num_threads(1)
 
@@ -145,7 +148,7 @@ def test_free_form_formats_ask_for_their_layout_and_parse_it():
         assert rollout_metrics(rollout)["parse_failure_rate"] == 1.0  # a random tiny model writes none of them
     chat = PromptFormat("chat")
     assert (
-        not JointActor(["a", "b"], None, joint_format="tags", prompt_format=chat)
+        not JointActor(["a", "b"], STAND_IN, joint_format="tags", prompt_format=chat)
         .build_prompt({"a": "x", "b": "y"})
         .endswith("<a>")
     )  # a chat prompt lets the assistant turn begin
@@ -153,9 +156,9 @@ def test_free_form_formats_ask_for_their_layout_and_parse_it():
 
 def test_a_parser_needs_a_free_form_format():
     with pytest.raises(ConfigError, match="free-form"):
-        JointActor(["a", "b"], None, parser=lambda text, roles: ({}, True))
+        JointActor(["a", "b"], STAND_IN, parser=lambda text, roles: ({}, True))
     with pytest.raises(ConfigError, match="joint_format"):
-        JointActor(["a", "b"], None, joint_format="xml")
+        JointActor(["a", "b"], STAND_IN, joint_format="xml")
 
 
 def test_lone_roles_of_a_structured_actor_answer_plainly():
@@ -179,8 +182,8 @@ def test_a_byte_tokenizer_encodes_the_markers_as_their_bytes():
 
 @pytest.mark.parametrize("mode", ["static", "module"])
 def test_scripts_decode_alike_on_every_backend_and_finished_rows_are_let_go(mode, monkeypatch):
-    from textzoo.agents.backends.module import ModuleDecoding
-    from textzoo.agents.backends.static import StaticDecoding
+    from textzoo.models.backends.module import ModuleDecoding
+    from textzoo.models.backends.static import StaticDecoding
 
     pol = Policy.tiny("llama", seed=3, generation=GenerationConfig(max_new_tokens=16, allowed_tokens=ids("ab ")))
     script = [

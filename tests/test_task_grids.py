@@ -69,7 +69,7 @@ def test_real_model_grid_runs_with_tiny_models(tmp_path):
 
 def test_the_smoke_replaces_a_grids_precision_and_legacy_dtype(tmp_path):
     """A grid's bf16 precision (or the legacy dtype it migrated from) becomes fp32 for the tiny models."""
-    from textzoo.runners.config import AgentConfig, TrainConfig
+    from textzoo.config import AgentConfig, TrainConfig
 
     smoke = smoke_module()
     args = smoke.Args(grid="unused")

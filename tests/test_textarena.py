@@ -102,14 +102,15 @@ def test_the_aec_form_steps_only_the_player_to_move():
 
 
 def test_self_play_settings_are_checked_before_anything_is_built():
-    from textzoo.runners.config import ReinforceConfig, TrainConfig
+    from textzoo.algorithms.registry import configure
+    from textzoo.config import ReinforceConfig, TrainConfig
 
     with pytest.raises(ConfigError, match="acting_role.*reinforce-family"):
-        TrainConfig(algo="iac", credit="acting_role")
+        configure(TrainConfig(algo="iac", credit="acting_role"))
     with pytest.raises(ConfigError, match="per_role.*mareinforce"):
-        TrainConfig(algo="magrpo", reinforce=ReinforceConfig(reinforce_baseline="per_role"))
+        configure(TrainConfig(algo="magrpo", reinforce=ReinforceConfig(reinforce_baseline="per_role")))
     with pytest.raises(ConfigError, match="remax's greedy"):
-        TrainConfig(algo="maremax", credit="acting_role")
+        configure(TrainConfig(algo="maremax", credit="acting_role"))
 
 
 def _legal_rate(row, prefix=""):
@@ -127,7 +128,7 @@ def test_self_play_on_tictactoe_raises_the_legal_move_rate(tmp_path):
     # Measured over seeds 0-4 (6 steps, B=8, G=4, lr 1e-2): train legal rate at step 1 -> the mean of
     # steps 5-6: 0.13 -> 0.41, 0.20 -> 0.33, 0.14 -> 0.36, 0.08 -> 0.35, 0.15 -> 0.46 (smallest rise 0.13);
     # held-out (sampled) 0.06 -> 0.41, 0.00 -> 0.38, 0.21 -> 0.29, 0.14 -> 0.35, 0.20 -> 0.44.
-    from textzoo.runners.config import AgentConfig, ReinforceConfig, TrainConfig
+    from textzoo.config import AgentConfig, ReinforceConfig, TrainConfig
     from textzoo.runners.trainer import Trainer
 
     cfg = TrainConfig(

@@ -13,23 +13,24 @@ pytest.importorskip("tianshou", reason="the tianshou extra is not installed (pip
 
 from tianshou.data import Collector, VectorReplayBuffer  # noqa: E402
 from tianshou.env import DummyVectorEnv  # noqa: E402
+from toy import CategoricalPolicy  # noqa: E402
 
 import textzoo.interop.tianshou as ts_interop  # noqa: E402
-from textzoo.agents.joint import JointActor  # noqa: E402
-from textzoo.agents.policy import GenerationConfig, Policy  # noqa: E402
-from textzoo.agents.team import AgentActor  # noqa: E402
 from textzoo.envs import make  # noqa: E402
 from textzoo.errors import TextzooError  # noqa: E402
 from textzoo.interop.tianshou import TextPettingZooEnv, TextPolicy, team_policy  # noqa: E402
+from textzoo.models.joint import JointActor  # noqa: E402
+from textzoo.models.policy import GenerationConfig, Policy  # noqa: E402
+from textzoo.models.team import AgentActor  # noqa: E402
 
 
-class ScriptedPolicy:
+class ScriptedPolicy(CategoricalPolicy):
     """Stands in for a `Policy`: answers `reply(prompt, call)` and records every batched call."""
 
     def __init__(self, reply):
+        super().__init__(["-"])
         self.reply = reply
         self.calls: list[list[str]] = []
-        self.model = torch.nn.Linear(1, 1)
 
     def generate(self, prompts, greedy=False, generator=None):
         self.calls.append(list(prompts))

@@ -5,7 +5,7 @@ import random
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from textzoo.agents.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, byte_tokenizer
+from textzoo.models.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, byte_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import sys
 import pytest
 import torch
 
+from textzoo.config import TrainConfig
 from textzoo.errors import TextzooError
-from textzoo.runners.config import TrainConfig
 from textzoo.runners.tracking import TensorBoardTracker, WandbTracker, build_trackers
 
 torch.set_num_threads(1)

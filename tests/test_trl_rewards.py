@@ -11,9 +11,10 @@ torch.set_num_threads(1)
 
 from helpers import tiny_config  # noqa: E402
 
+from textzoo.config import AgentConfig, TrainConfig  # noqa: E402
+from textzoo.config_files import to_dict  # noqa: E402
 from textzoo.envs import make  # noqa: E402
 from textzoo.errors import EnvError  # noqa: E402
-from textzoo.runners.config import AgentConfig, TrainConfig, to_dict  # noqa: E402
 from textzoo.runners.trainer import Trainer  # noqa: E402
 
 

@@ -2,9 +2,9 @@
 
 import torch
 
-from textzoo.agents.batch import Job, SampleBatch
-from textzoo.agents.policy import Policy
-from textzoo.agents.reinforce import ReinforceConfig, reinforce_loss
+from textzoo.algorithms.batch import Job, SampleBatch
+from textzoo.algorithms.reinforce.family import ReinforceConfig, reinforce_loss
+from textzoo.models.policy import Policy
 from textzoo.runners.update import Learner, UpdateConfig, run_job, run_jobs
 
 

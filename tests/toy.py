@@ -1,16 +1,19 @@
 """Tiny non-LLM agents and tasks with known optima, for fast algorithm tests.
 
-`CategoricalPolicy` speaks the `Policy` interface (generate/score returning `Generation`s) but is a
-single softmax over a handful of words, so learning can be checked against an exact optimum.
-`TargetWordEnv` rewards each agent for saying its own target word.
+`CategoricalPolicy` implements the whole policy interface (`textzoo.models.interface.PolicyInterface`:
+generate/score returning `Generation`s, tokenizer None) but is a single softmax over a handful of
+words, so learning can be checked against an exact optimum. `TargetWordEnv` rewards each agent for
+saying its own target word.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
-from textzoo.agents.policy import Generation, GenerationConfig
 from textzoo.envs.base import StepResult, TextParallelEnv
+from textzoo.models.policy import Generation, GenerationConfig
 
 
 class _Logits(torch.nn.Module):
@@ -28,6 +31,7 @@ class CategoricalPolicy:
         self.generation = GenerationConfig(max_new_tokens=1)
         self.pad_id = 0
         self.eos_id = 0
+        self.eos_ids: tuple[int, ...] = ()  # a completion is one word: no token ends it early
         self.tokenizer = None
 
     @property
@@ -54,6 +58,9 @@ class CategoricalPolicy:
             logprobs=logp[tokens].view(n, 1),
             texts=[self.words[t] for t in tokens],
         )
+
+    def prompt_cache(self):
+        return nullcontext()  # nothing to share: the prompt is not read
 
     def score(self, prompt_ids, prompt_mask, completion_ids, completion_mask, *, return_entropy=False):
         logp = torch.log_softmax(self.model.logits, -1)  # [K]

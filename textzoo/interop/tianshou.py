@@ -5,7 +5,7 @@ in its buffer::
 
     from tianshou.data import Collector, VectorReplayBuffer
     from tianshou.env import DummyVectorEnv
-    from textzoo.agents import Policy
+    from textzoo.models import Policy
     from textzoo.envs import make
     from textzoo.interop.tianshou import TextPettingZooEnv, team_policy
 
@@ -55,10 +55,10 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("textzoo.interop.tianshou needs tianshou>=2.0: pip install 'textzoo[tianshou]'") from e
 
-from textzoo.agents.policy import Policy
-from textzoo.agents.prompting import PromptFormat
-from textzoo.agents.team import Actor
 from textzoo.errors import TextzooError
+from textzoo.models.policy import Policy
+from textzoo.models.prompting import PromptFormat
+from textzoo.models.team import Actor
 
 PLACEHOLDER_ACTION_SPACE = spaces.Discrete(1)
 """What `TextPolicy` declares to tianshou instead of the task's `Text` space (which tianshou rejects)."""

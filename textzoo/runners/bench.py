@@ -64,9 +64,10 @@ from typing import Any
 
 import tyro
 
+from textzoo.algorithms.registry import ALGORITHMS, configure, resolve_algorithm
+from textzoo.config import TrainConfig
+from textzoo.config_files import from_dict, to_dict
 from textzoo.errors import ConfigError, TextzooError
-from textzoo.runners.algorithms import ALGORITHMS, resolve_algorithm
-from textzoo.runners.config import TrainConfig, from_dict, to_dict
 
 logger = logging.getLogger(__name__)
 
@@ -208,6 +209,7 @@ def load_grid(path: str | Path, out_dir: str = "") -> Grid:
                     merged = {**merged, "algo": algo, "collaboration": mode, "seed": seed, "run_dir": str(run_dir)}
                     try:
                         config = from_dict(TrainConfig, merged)
+                        configure(config)  # the algorithm's defaults and rules, as the run will check them
                     except TextzooError as e:
                         raise ConfigError(f"grid cell {task}/{algo}/{mode}/seed {seed}: {e}") from e
                     _check_metric(grid, config, f"grid cell {task}/{algo}/{mode}/seed {seed}")

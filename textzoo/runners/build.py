@@ -1,4 +1,5 @@
-"""Builders: turn a `TrainConfig` into envs, policies, actors and learners (families: `algorithms`).
+"""Builders: turn a `TrainConfig` into envs, actors and learners (models: `textzoo.models.build`; families:
+`textzoo.algorithms.registry`).
 
 Everything that can fail on bad input (unknown env, missing model, agents that do not match the env)
 fails here, before any training work starts.
@@ -15,39 +16,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from textzoo.agents.joint import JointActor
-from textzoo.agents.lora import SharedBase
-from textzoo.agents.policy import GenerationConfig, Policy
-from textzoo.agents.precision import AUTO, PRECISIONS, resolve
-from textzoo.agents.prompting import PromptFormat
-from textzoo.agents.settings import TINY_MODELS
-from textzoo.agents.team import Actor, AgentActor
-from textzoo.agents.tokenizer import llama_byte_tokenizer
 from textzoo.envs import make as make_env
 from textzoo.errors import ConfigError, EnvError
+from textzoo.models.build import build_device, build_policy, generation_config, lora_policy, prompt_format
+from textzoo.models.joint import JointActor
+from textzoo.models.lora import SharedBase
+from textzoo.models.precision import AUTO
+from textzoo.models.team import Actor, AgentActor
 from textzoo.runners.engines import attach_engines
 from textzoo.runners.update import Learner
 
 if TYPE_CHECKING:
-    from textzoo.runners.config import AgentConfig, TrainConfig
+    from textzoo.config import AgentConfig, TrainConfig
 
 
 logger = logging.getLogger(__name__)
-
-
-def resolve_device(spec: str) -> torch.device:
-    """ "auto" -> the first GPU when there is one, else CPU; anything else is passed to torch."""
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return torch.device(spec)
-    except RuntimeError as e:
-        raise ConfigError(f"bad device {spec!r}: {e}") from e
-
-
-def build_device(spec: str) -> torch.device:
-    """Where a model is built: CPU for "auto" (the runner's placement moves it), else `spec`."""
-    return torch.device("cpu") if spec == "auto" else resolve_device(spec)
 
 
 def env_factory(cfg: TrainConfig, eval: bool = False):
@@ -66,119 +49,6 @@ def env_factory(cfg: TrainConfig, eval: bool = False):
     except TypeError as e:
         raise EnvError(f"cannot build {cfg.env!r} with {kwargs}: {e}") from e
     return build
-
-
-def build_policy(agent: AgentConfig, seed: int, device: torch.device) -> Policy:
-    """A policy from an agent config: a tiny model built locally, or a pretrained one.
-
-    "tiny-llama" gets `llama_byte_tokenizer` (BOS-prefixed prompts, other special ids), so a team of
-    "tiny" and "tiny-llama" agents has two different tokenizers, as real heterogeneous teams do.
-    Precision "auto" is resolved here, for the loaded model and the device it runs on (`Policy.precision`).
-    """
-    # "auto" resolves to fp32 or bf16-mixed, whose weights are both float32
-    loaded = PRECISIONS.get(agent.precision, PRECISIONS["fp32"])
-    if agent.model in TINY_MODELS:
-        logger.info("building a %s model (%d layers, width %d) on %s", agent.model, agent.n_layer, agent.n_embd, device)
-        llama = agent.model == "tiny-llama"
-        policy = Policy.tiny(
-            "llama" if llama else "gpt2",
-            n_layer=agent.n_layer,
-            n_embd=agent.n_embd,
-            n_head=agent.n_head,
-            seed=seed,
-            device=device,
-            tokenizer=llama_byte_tokenizer() if llama else None,
-        )
-    else:
-        logger.info("loading model %s (precision %s) on %s", agent.model, agent.precision, device)
-        policy = Policy.from_pretrained(agent.model, device=device, dtype=loaded.weights)
-    policy.precision = resolve(agent.precision, policy.model, resolve_device(agent.device))
-    precision = PRECISIONS[policy.precision]
-    policy.generation = generation_config(agent, policy)
-    policy.model.to(precision.weights)
-    policy.autocast = precision.compute
-    if agent.gradient_checkpointing:
-        # non-reentrant: gradients reach the weights even though the input ids need no gradient
-        kwargs = {"use_reentrant": False}
-        if hasattr(policy.model, "activation_checkpointing_enable"):  # the name since transformers 5.x
-            policy.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            policy.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    return policy
-
-
-def generation_config(agent: AgentConfig, policy: Policy) -> GenerationConfig:
-    """The agent's sampling settings; its allowed outputs become token ids of `policy`'s tokenizer, and
-    its prompt budget shrinks so that prompt + completion fit the model's positions."""
-    allowed = allowed_token_ids(policy, agent.allowed_outputs) if agent.allowed_outputs else None
-    prompt_budget = agent.max_prompt_tokens
-    positions = position_limit(policy.model)
-    if positions:
-        if agent.max_new_tokens >= positions:
-            raise ConfigError(
-                f"agent.max_new_tokens={agent.max_new_tokens} leaves no room for a prompt in model "
-                f"{agent.model!r}, which has {positions} positions; lower max_new_tokens"
-            )
-        prompt_budget = min(prompt_budget, positions - agent.max_new_tokens)
-    return GenerationConfig(**{**agent.sampling(), "max_prompt_tokens": prompt_budget}, allowed_tokens=allowed)
-
-
-def position_limit(model: torch.nn.Module) -> int:
-    """How many positions a model with learned or bounded positions handles (0 = unknown)."""
-    config = getattr(model, "config", None)
-    if config is None:
-        return 0
-    if getattr(config, "model_type", None) == "gpt2":  # learned absolute positions: a hard limit
-        return int(config.n_positions)
-    return int(getattr(config, "max_position_embeddings", 0) or 0)
-
-
-def lora_policy(agent: AgentConfig, agent_id: str, seed: int, bases: dict[tuple, SharedBase]) -> Policy:
-    """The agent's LoRA adapter on the base that every LoRA agent with the same model settings shares.
-
-    `bases` collects the shared bases of a team; a base is built once, from the seed of its first agent.
-    """
-    key = (
-        agent.model,
-        agent.n_layer,
-        agent.n_embd,
-        agent.n_head,
-        agent.precision,
-        agent.device,
-        agent.gradient_checkpointing,
-    )
-    if key not in bases:
-        bases[key] = SharedBase(build_policy(agent, seed, build_device(agent.device)))
-    policy = bases[key].add(
-        agent_id,
-        agent.lora_rank,
-        agent.lora_alpha,
-        agent.lora_dropout,
-        agent.lora_target_modules,
-        trainable=agent.trainable,
-        seed=seed,
-    )
-    policy.generation = generation_config(agent, policy)
-    policy.precision = bases[key].precision
-    policy.autocast = PRECISIONS[policy.precision].compute
-    return policy
-
-
-def prompt_format(agent: AgentConfig, policy: Policy) -> PromptFormat:
-    """The agent's prompt format resolved for its tokenizer, checked by rendering one prompt."""
-    fmt = PromptFormat.resolve(policy.tokenizer, agent.prompt_format, agent.system_prompt, agent.chat_template_kwargs)
-    fmt.check(policy)
-    return fmt
-
-
-def allowed_token_ids(policy: Policy, outputs: tuple[str, ...]) -> tuple[int, ...]:
-    """Every token id used to spell any of `outputs` (EOS is added by the policy)."""
-    ids: set[int] = set()
-    for text in outputs:
-        ids.update(policy.tokenizer.encode(text, add_special_tokens=False))
-    if not ids:
-        raise ConfigError(f"allowed_outputs {outputs!r} produce no tokens")
-    return tuple(sorted(ids))
 
 
 def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
@@ -211,7 +81,9 @@ def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
             # equal share of the prompt budget (left after the sections and the tags), so that all of it
             # fits the model's positions; 2 tokens per role of slack for re-tokenized cut observations.
             tags = sum(len(s) for s in joint.script(dict.fromkeys(roles, "")) if s.forced) + 2 * len(roles)
-            room = generation_config(dataclasses.replace(agent, max_new_tokens=budget + tags), policy)
+            room = generation_config(
+                dataclasses.replace(agent, max_new_tokens=budget + tags), policy.tokenizer, policy.model
+            )
             intro = len(policy.tokenizer(joint.build_prompt(dict.fromkeys(roles, "")))["input_ids"])
             joint.task_tokens = max((room.max_prompt_tokens - intro) // len(roles), 1)
             policy.generation = dataclasses.replace(room, max_new_tokens=budget)

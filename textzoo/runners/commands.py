@@ -15,8 +15,9 @@ from pathlib import Path
 
 import tyro
 
-from textzoo.errors import CheckpointError, ConfigError
-from textzoo.runners.config import JsonDict, TrainConfig, load_config
+from textzoo.config import JsonDict, SFTArgs, TrainConfig
+from textzoo.config_files import load_config
+from textzoo.errors import CheckpointError
 from textzoo.runners.console import console
 
 
@@ -227,48 +228,6 @@ def plot(argv: list[str]) -> None:
     args = tyro.cli(PlotArgs, args=argv, prog="textzoo plot")
     out = args.out or (str(Path(args.run_dirs[0]) / "curve.png") if len(args.run_dirs) == 1 else "curves.png")
     console().print(str(plot_runs(list(args.run_dirs), out, smooth=args.smooth)))
-
-
-@dataclass
-class SFTArgs:
-    """Supervised warm-up of one agent on (prompt, completion) pairs; saves a model `textzoo train` loads."""
-
-    pairs: str
-    """JSONL file, one {"prompt": ..., "completion": ...} object per line."""
-    out: str
-    """Folder to save the trained model and tokenizer in (then: --agent-overrides '{"ROLE": {"model": "OUT"}}')."""
-    model: str = "tiny"
-    """"tiny" (GPT-2 shape built locally), "tiny-llama", a hub id, or a local model folder."""
-    n_layer: int = 2
-    """Layers of a built tiny model."""
-    n_embd: int = 64
-    """Width of a built tiny model."""
-    n_head: int = 2
-    """Attention heads of a built tiny model."""
-    steps: int = 100
-    """Optimizer steps."""
-    lr: float = 1e-3
-    """AdamW learning rate."""
-    batch_size: int = 16
-    """Pairs per step."""
-    allowed_outputs: tuple[str, ...] = ()
-    """Score under the same allowed-token restriction the agent will train with (empty = none)."""
-    add_eos: bool = True
-    """Append EOS to every completion so the policy learns to stop."""
-    seed: int = 0
-    """Seed of a built tiny model and of the batch order."""
-    device: str = "auto"
-    """"auto" or a torch device string."""
-
-    def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise ConfigError(f"steps must be >= 1, got {self.steps}")
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
-        if not self.lr > 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr}")
-        if not self.out:
-            raise ConfigError("out must name the folder to save the model in")
 
 
 def sft(argv: list[str]) -> None:

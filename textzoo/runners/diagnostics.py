@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from textzoo.agents.batch import Rollout
-from textzoo.agents.rlmath import acting_role_returns, credited_rewards, discounted_returns
+from textzoo.algorithms.batch import Rollout
+from textzoo.algorithms.rlmath import acting_role_returns, credited_rewards, discounted_returns
 
 logger = logging.getLogger(__name__)
 

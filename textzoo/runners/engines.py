@@ -1,5 +1,5 @@
 """The run's rollout engines: built for the agents that ask for one (``agent.engine="vllm"``), synced
-after every optimizer step, their log-prob gap logged, and closed (`textzoo.agents.engine` has the seam).
+after every optimizer step, their log-prob gap logged, and closed (`textzoo.models.engine` has the seam).
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from textzoo.agents.engine import EngineClient
-from textzoo.agents.lora import AdapterView
-from textzoo.agents.rlmath import engine_gap, truncated_importance_weights
-from textzoo.agents.vllm_engine import VLLMEngine
+from textzoo.algorithms.rlmath import engine_gap, truncated_importance_weights
+from textzoo.models.engine import EngineClient
+from textzoo.models.lora import AdapterView
+from textzoo.models.vllm_engine import VLLMEngine
 
 
 def attach_engines(actors: Sequence[Any], agents: Sequence[Any], seed: int = 0) -> None:

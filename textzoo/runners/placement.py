@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from textzoo.agents.critic import Critic, LMTrunk
-from textzoo.agents.family import Family
-from textzoo.agents.lora import AdapterView
-from textzoo.agents.team import Actor
+from textzoo.algorithms.family import Family
 from textzoo.errors import ConfigError
+from textzoo.models.critic import Critic, LMTrunk
+from textzoo.models.lora import AdapterView
+from textzoo.models.team import Actor
 
 ADAM_COPIES = 3
 """Besides its weights, a trained parameter holds a gradient and AdamW's two moments."""

@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from textzoo.agents.batch import ActorStep, Rollout
-from textzoo.agents.policy import Generation
-from textzoo.agents.team import Actor
+from textzoo.algorithms.batch import ActorStep, Rollout
 from textzoo.errors import EnvError
+from textzoo.models.policy import Generation
+from textzoo.models.team import Actor
 from textzoo.runners.update import disjoint_models
 
 

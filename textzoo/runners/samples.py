@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from textzoo.agents.batch import Rollout
-from textzoo.agents.team import Actor
+from textzoo.algorithms.batch import Rollout
+from textzoo.models.team import Actor
 
 CONSOLE_CHARS = 240
 """Console cells show at most this many characters of a text (the file keeps it whole)."""
@@ -87,7 +87,7 @@ def sample_rows(rollout: Rollout, actors: Sequence[Actor], step: int, split: str
 
 
 def _prompt_text(actor: Actor, ids: list[int]) -> str | None:
-    tokenizer = getattr(actor.policy, "tokenizer", None)
+    tokenizer = actor.policy.tokenizer
     return None if tokenizer is None else tokenizer.decode(ids, skip_special_tokens=False)
 
 

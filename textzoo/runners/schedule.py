@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from textzoo.agents.batch import Job
+from textzoo.algorithms.batch import Job
 from textzoo.errors import ConfigError
 
 

@@ -2,9 +2,11 @@
 
 Loss: token-level cross-entropy on the completion tokens only, the mean over every completion
 token of the batch; prompt tokens and padding contribute nothing. Each completion is followed by
-EOS (so the warmed-up policy learns to stop). Log-probs come from `Policy.score`, the function RL
-scores samples with, so positions under left padding, temperature and an allowed-token restriction
-are the same distribution the agent later samples from.
+EOS (so the warmed-up policy learns to stop). Prompts go through the agent's prompt format (the chat
+template of an instruct model, raw text otherwise) and log-probs come from `Policy.score`, the function
+RL scores samples with, so the context, positions under left padding, temperature and an allowed-token
+restriction are the ones the agent later samples in. Each step is one update job run by the trainer's
+update path (`textzoo.runners.update.run_job`, AdamW from `textzoo.runners.build.build_learner`).
 
 Python: ``losses = sft(policy, pairs, steps=100, lr=1e-3, batch_size=16)``.
 CLI: ``textzoo sft --pairs pairs.jsonl --out OUT`` (one JSON object per line with ``prompt`` and
@@ -16,18 +18,23 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-from textzoo.agents.inference import eval_mode
-from textzoo.agents.policy import Policy
+from textzoo.algorithms.batch import Job, SampleBatch
+from textzoo.algorithms.rlmath import BatchNorm
+from textzoo.config import AgentConfig, SFTArgs, UpdateConfig
 from textzoo.errors import ConfigError
 from textzoo.jsonl import read_jsonl
-
-if TYPE_CHECKING:
-    from textzoo.runners.commands import SFTArgs
+from textzoo.models.build import build_policy, prompt_format, resolve_device
+from textzoo.models.generation import Generation
+from textzoo.models.modes import eval_mode
+from textzoo.models.policy import Policy
+from textzoo.models.prompting import PromptFormat
+from textzoo.runners.build import build_learner
+from textzoo.runners.update import run_job
 
 Pair = tuple[str, str]
 
@@ -77,9 +84,16 @@ def sft_loss(
     completion_mask: torch.Tensor,
 ) -> torch.Tensor:
     """Mean negative log-likelihood of the completion tokens (a scalar with gradient)."""
-    logprobs = policy.score(prompt_ids, prompt_mask, completion_ids, completion_mask)  # [S, C]
-    mask = completion_mask.to(logprobs.dtype)  # [S, C]
-    return -(logprobs * mask).sum() / mask.sum().clamp(min=1)
+    gen = Generation(prompt_ids, prompt_mask, completion_ids, completion_mask, torch.zeros_like(completion_ids), [])
+    return completion_nll(policy, SampleBatch(gen, torch.zeros(len(gen))), BatchNorm.of(completion_mask, 1))[0].sum()
+
+
+def completion_nll(policy: Policy, batch: SampleBatch, norm: BatchNorm) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-sample shares [S] of the batch's mean completion-token NLL (an update job's loss function)."""
+    gen = batch.gen
+    logprobs = policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)  # [S, C]
+    mask = gen.completion_mask.to(logprobs.dtype)  # [S, C]
+    return -(logprobs * mask).sum(-1) / norm.num_tokens, {}
 
 
 def sft(
@@ -93,10 +107,12 @@ def sft(
     max_grad_norm: float = 1.0,
     add_eos: bool = True,
     seed: int = 0,
+    prompt_format: PromptFormat | None = None,
 ) -> list[float]:
     """Train `policy` in place on `pairs` for `steps` AdamW steps; return the loss of each step.
 
-    Batches are drawn from shuffled passes over the pairs (seeded by `seed`, global RNG untouched).
+    Prompts are formatted by `prompt_format` (default: "auto" for the policy's tokenizer). Batches are
+    drawn from shuffled passes over the pairs (seeded by `seed`, global RNG untouched).
     """
     if steps < 1 or batch_size < 1:
         raise ConfigError(f"sft needs steps >= 1 and batch_size >= 1, got steps={steps}, batch_size={batch_size}")
@@ -104,11 +120,13 @@ def sft(
         raise ConfigError(f"sft lr must be > 0, got {lr}")
     if not pairs:
         raise ConfigError("sft needs at least one (prompt, completion) pair")
+    fmt = prompt_format or PromptFormat.resolve(policy.tokenizer)
     prompts = [p for p, _ in pairs]
     targets = completion_ids(policy, pairs, add_eos)
     device = policy.device
-    params = [p for p in policy.model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    settings = AgentConfig(lr=lr, weight_decay=weight_decay, max_grad_norm=max_grad_norm)
+    learner = build_learner(policy.model, settings, steps)
+    update = UpdateConfig(micro_batch_size=batch_size)  # one forward per step, as one batch
     generator = torch.Generator().manual_seed(seed)
     order: list[int] = []
     losses: list[float] = []
@@ -117,43 +135,38 @@ def sft(
             if len(order) < min(batch_size, len(pairs)):
                 order += torch.randperm(len(pairs), generator=generator).tolist()
             rows, order = order[:batch_size], order[batch_size:]
-            # The prompt is prepared exactly as `generate` prepares it (left-aligned, an empty prompt
-            # gets a start token), so the scored context is the one the policy will sample in.
-            prompt_ids, prompt_mask = policy._prepare_prompts(*policy.encode([prompts[r] for r in rows]))  # [S, P]
+            # The prompt is prepared exactly as `generate` prepares it (formatted, left-aligned, an empty
+            # prompt gets a start token), so the scored context is the one the policy will sample in.
+            prompt_ids, prompt_mask = policy.prepare_prompts(*fmt.encode(policy, [prompts[r] for r in rows]))  # [S, P]
             C = max(len(targets[r]) for r in rows)
             comp = torch.full((len(rows), C), policy.pad_id, dtype=torch.long)  # [S, C]
             comp_mask = torch.zeros((len(rows), C), dtype=torch.long)  # [S, C]
             for i, r in enumerate(rows):
                 comp[i, : len(targets[r])] = torch.tensor(targets[r])
                 comp_mask[i, : len(targets[r])] = 1
-            loss = sft_loss(policy, prompt_ids, prompt_mask, comp.to(device), comp_mask.to(device))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-            optimizer.step()
-            losses.append(float(loss.detach()))
+            gen = Generation(prompt_ids, prompt_mask, comp.to(device), comp_mask.to(device), comp.to(device) * 0.0, [])
+            job = Job(
+                "sft", SampleBatch(gen, torch.zeros(len(rows))), partial(completion_nll, policy), max_new_tokens=C
+            )
+            losses.append(run_job(job, learner, update)["loss"])
     return losses
 
 
 def run_sft(args: SFTArgs) -> list[float]:
     """Build the policy `args` describe, warm it up on the pairs file, save it to `args.out`."""
-    from textzoo.runners.build import build_policy, resolve_device
-    from textzoo.runners.config import AgentConfig
-
     pairs = load_pairs(args.pairs)
-    agent = AgentConfig(
-        model=args.model,
-        n_layer=args.n_layer,
-        n_embd=args.n_embd,
-        n_head=args.n_head,
-        lr=args.lr,
-        allowed_outputs=tuple(args.allowed_outputs),
-        device=args.device,
-    )
-    policy = build_policy(agent, args.seed, resolve_device(args.device))
+    policy = build_policy(args, args.seed, resolve_device(args.device))  # SFTArgs is the agent's AgentConfig
     losses = sft(
-        policy, pairs, steps=args.steps, lr=args.lr, batch_size=args.batch_size, add_eos=args.add_eos, seed=args.seed
+        policy,
+        pairs,
+        steps=args.steps,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        weight_decay=args.weight_decay,
+        max_grad_norm=args.max_grad_norm,
+        add_eos=args.add_eos,
+        seed=args.seed,
+        prompt_format=prompt_format(args, policy),
     )
     out = Path(args.out)
     policy.save_pretrained(out)

@@ -19,10 +19,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from textzoo.agents.batch import Rollout
+from textzoo.algorithms import registry
+from textzoo.algorithms.batch import Job, Rollout
+from textzoo.config import AgentConfig, TrainConfig, precisions_as_in
+from textzoo.config_files import from_dict, save_config, to_dict
 from textzoo.errors import CheckpointError, ConfigError
+from textzoo.models.team import Actor
 from textzoo.runners import sharding
-from textzoo.runners.algorithms import resolve_algorithm
 from textzoo.runners.build import ItemSampler, build_actors, build_learner, env_factory, resolved_config
 from textzoo.runners.checkpoint import (
     apply_weights,
@@ -35,7 +38,6 @@ from textzoo.runners.checkpoint import (
     restore_rng,
     write_checkpoint,
 )
-from textzoo.runners.config import TrainConfig, from_dict, precisions_as_in, save_config, to_dict
 from textzoo.runners.diagnostics import no_signal_streak, signal_metrics
 from textzoo.runners.distributed import DistContext, merge_rows
 from textzoo.runners.engines import engine_metrics, sync_engines
@@ -54,7 +56,7 @@ from textzoo.runners.rundir import start_fresh
 from textzoo.runners.samples import SamplesLog, sample_rows, samples_table
 from textzoo.runners.schedule import build_schedule
 from textzoo.runners.tracking import build_trackers
-from textzoo.runners.update import run_jobs
+from textzoo.runners.update import Learner, run_job, run_jobs
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +128,7 @@ class Trainer:
         resume: str | Path | None = None,
         dist: DistContext | None = None,
     ):
+        registry.configure(cfg)  # the algorithm's defaults, then its rules across fields: before anything is built
         self.cfg = cfg
         self.dist = dist or DistContext.from_env()
         if cfg.batch_prompts % self.dist.world_size:
@@ -144,11 +147,9 @@ class Trainer:
         probe.close()
         if not num_items:
             raise ConfigError(f"{cfg.env!r} has no num_items(); textzoo runners select prompts by index")
-        algorithm = resolve_algorithm(cfg.algo)
-        algorithm.check(cfg)  # again: the config may have changed since it was built
-        algorithm.check_team(cfg, self.roles)
+        registry.check_team(cfg, self.roles)
         self.actors = build_actors(cfg, self.roles)
-        self.family = algorithm.build(cfg, self.actors)
+        self.family = registry.build_family(cfg, self.actors)
         cfg = self.cfg = resolved_config(cfg, self.actors)  # precision "auto" as built: config.json records it
         for actor in self.actors:
             logger.info("agent %s: precision %s", actor.id, actor.policy.precision)
@@ -183,7 +184,7 @@ class Trainer:
         )
         self.step = 0
         # pipeline stages between collection and the family (preference rounds, reward-model rewards)
-        self.hooks = algorithm.hooks(cfg)
+        self.hooks = registry.build_hooks(cfg)
         for hook in self.hooks:
             hook.attach(self)
         self._resume_tried = resume == "auto"
@@ -217,6 +218,23 @@ class Trainer:
             self._resume()
 
     # ---- one step of the recipe --------------------------------------------------------------
+    # ---- what a rollout hook may use of the run (`textzoo.algorithms.hooks.Run`) ------------------------
+    def build_team(self, cfg: TrainConfig) -> list[Actor]:
+        """A team for this run's roles, built from `cfg` (a comparator's)."""
+        return build_actors(cfg, self.roles)
+
+    def build_learner(self, model: torch.nn.Module, settings: AgentConfig, total_steps: int) -> Learner:
+        """AdamW over `model` with `settings`' learning rate, schedule and clipping."""
+        return build_learner(model, settings, total_steps)
+
+    def collector_for(self, actors: list[Actor]) -> Collector:
+        """A collector that plays `actors` on this run's training env."""
+        return Collector(self.env_fn, actors, self.cfg.env_workers)
+
+    def run_job(self, job: Job, learner: Learner) -> dict[str, float]:
+        """Train `learner` on `job` with this run's update settings (the shared update path)."""
+        return run_job(job, learner, self.cfg.update)
+
     def train_step(self) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
@@ -250,7 +268,7 @@ class Trainer:
         hook_stats.update(sync_engines(self.actors, {k: v.version for k, v in self.learners.items()}))
         row = {"step": self.step, **rollout_metrics(rollout), **hook_stats, **family_stats}
         budgets = {a.id: a.policy.generation.max_new_tokens for a in self.actors}
-        ends = {a.id: getattr(a.policy, "eos_ids", ()) for a in self.actors}
+        ends = {a.id: a.policy.eos_ids for a in self.actors}
         row.update(signal_metrics(rollout, budgets, ends, cfg.credit, cfg.gamma))
         for learner, stats in update_stats.items():
             row.update({f"agent/{learner}/{k}": v for k, v in stats.items()})

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from textzoo.agents.batch import Job
-from textzoo.agents.fastlm import forget_casts
-from textzoo.agents.policy import has_dropout
-from textzoo.agents.rlmath import BatchNorm
+from textzoo.algorithms.batch import Job
+from textzoo.algorithms.rlmath import BatchNorm
+from textzoo.config import UpdateConfig
+from textzoo.models.fastlm import forget_casts
+from textzoo.models.policy import has_dropout
 from textzoo.runners import sharding
-from textzoo.runners.config import UpdateConfig
 
 
 @dataclass
@@ -102,7 +102,7 @@ def run_jobs(
     synchronisation across replicas keeps jobs sequential (collectives must be issued in one order).
     Each learner's gradients are freed once its job is done, so the next job and the next rollout do not
     hold them (a 135M-parameter model's: 513 MiB); one at a time, a learner's job runs without the bf16
-    weight copies (`textzoo.agents.fastlm.autocast_weight`) of the learners after it, which their own
+    weight copies (`textzoo.models.fastlm.autocast_weight`) of the learners after it, which their own
     jobs cast again (256 MiB at that size, for a cast that takes a tenth of a second).
     """
     workers = min(cfg.parallel_jobs, len(jobs))

