@@ -43,7 +43,17 @@ TASKS: dict[str, tuple[str, str, str]] = {  # name -> env id, module, preset
     "debate": ("textzoo/Debate-v0", "textzoo.envs.debate_v0", "one-digit-sums"),
     "planpath": ("textzoo/PlanPath-v0", "textzoo.envs.planpath_v0", "open-4x4"),
     "sudoku": ("textzoo/Sudoku-v0", "textzoo.envs.sudoku_v0", "4x4-2-blanks"),
+    "chainsum": ("textzoo/ReasoningGym-v0", "textzoo.envs.reasoning_gym_v0", "chain-sum-team"),
+    "arithmetic": ("textzoo/ReasoningGym-v0", "textzoo.envs.reasoning_gym_v0", "basic-arithmetic-team"),
 }
+PARTNER = {"debate": "debater_1", "chainsum": "agent_1", "arithmetic": "agent_1"}
+"""The role the single-agent row silences (budget one token); the tool/plan tasks: `tool`."""
+ALONE = {
+    "debate": "eval/greedy/role/debater_0/reward/solved",
+    "chainsum": "eval/greedy/role/agent_0/reward/own_solved",
+    "arithmetic": "eval/greedy/role/agent_0/reward/own_solved",
+}
+"""The single-agent row's metric: the answering agent's own success (default: `eval/greedy/reward/solved`)."""
 FORMAT_TERMS = ("valid", "plan_valid", "tool_valid", "tool_ran", "agreement")
 QUICK = {"task": "debate", "algo": "magrpo", "collaboration": "decentralized", "steps": 6}
 """The `--quick` cell."""
@@ -94,7 +104,7 @@ def cell_config(args: Args, model: str, task: str, algo: str, mode: str, seed: i
     preset = importlib.import_module(module).PRESETS[name]
     fields = preset.train_fields(mode)
     if single:  # the partner writes one token at most: nothing it says can solve or help
-        partner = "debater_1" if task == "debate" else "tool"
+        partner = PARTNER.get(task, "tool")
         fields["agent_overrides"][partner] = {"max_new_tokens": 1, "trainable": False}
     label = "single" if single else f"{algo}-{mode}"
     return TrainConfig(
@@ -112,7 +122,7 @@ def cell_config(args: Args, model: str, task: str, algo: str, mode: str, seed: i
         ),
         reinforce=ReinforceConfig(tree_rollout=algo == "atgrpo"),
         actor_critic=ActorCriticConfig(critic_model="actor"),
-        credit="per_agent" if task == "debate" and mode == "decentralized" else "shared",
+        credit="per_agent" if task in PARTNER and mode == "decentralized" else "shared",
         steps=steps,
         batch_prompts=args.batch_prompts,
         group_size=args.group_size,
@@ -177,7 +187,7 @@ def main(args: Args) -> None:
             cfg = cell_config(args, model, task, "magrpo", "decentralized", seed, 1, single=True)
             start = time.perf_counter()
             row = evaluate_only(cfg)
-            key = "eval/greedy/role/debater_0/reward/solved" if task == "debate" else "eval/greedy/reward/solved"
+            key = ALONE.get(task, "eval/greedy/reward/solved")
             lines.append(
                 f"| {task} | single agent | {seed} | {row[key]:.3f} | {terms(row)} | 0 | 0 | "
                 f"{time.perf_counter() - start:.0f} | (evaluation only) |"
