@@ -28,7 +28,7 @@ solving, the command that reproduces the cell, steps, samples (steps x B x G epi
     OMP_NUM_THREADS=1 python benchmarks/real_teams.py --quick      # one cell; prints `gain: ...` last
     OMP_NUM_THREADS=1 python benchmarks/real_teams.py --tasks debate --eval-only   # the two untrained rows
 
-`--quick` trains only `QUICK` (chainsum, MAGRPO decentralized, 12 steps: the cheapest cell that
+`--quick` trains only `QUICK` (chainsum, MAGRPO decentralized, 6 steps: the cheapest cell that
 learned in the results table, one turn of 48 tokens per agent) and prints its before -> after and,
 last, `gain: <after - before>`.
 """
@@ -63,7 +63,7 @@ ALONE = {
 }
 """The single-agent row's metric: the answering agent's own success (default: `eval/greedy/reward/solved`)."""
 FORMAT_TERMS = ("valid", "plan_valid", "tool_valid", "tool_ran", "agreement")
-QUICK = {"task": "chainsum", "algo": "magrpo", "collaboration": "decentralized", "steps": 12}
+QUICK = {"task": "chainsum", "algo": "magrpo", "collaboration": "decentralized", "steps": 6}
 """The `--quick` cell."""
 
 
