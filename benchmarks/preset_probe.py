@@ -28,6 +28,7 @@ TASKS = {
     "planpath": ("textzoo/PlanPath-v0", "textzoo.envs.planpath_v0"),
     "sudoku": ("textzoo/Sudoku-v0", "textzoo.envs.sudoku_v0"),
     "debate": ("textzoo/Debate-v0", "textzoo.envs.debate_v0"),
+    "reasoninggym": ("textzoo/ReasoningGym-v0", "textzoo.envs.reasoning_gym_v0"),
 }
 FORMAT_TERMS = ("plan_valid", "tool_valid", "tool_ran", "valid")
 

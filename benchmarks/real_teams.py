@@ -3,12 +3,19 @@
 Per task (a preset of its module, `textzoo.envs.presets`), on the same held-out items, greedy:
 
 - **single agent**: one untrained model alone: its partner's budget is one token (Debate-v0: debater_1,
-  and the row reports debater_0's own `solved`; the tool/plan tasks: the tool agent, so the plan agent
-  answers alone);
+  and the row reports debater_0's own `solved`; the reasoning-gym teams: agent_1, and the row reports
+  agent_0's `own_solved`; the tool/plan tasks: the tool agent, so the plan agent answers alone);
 - **untrained team**: the team at step 0 (the step-0 evaluation of the decentralized MAGRPO cell, whose
   LoRA adapters start at zero: the base model);
 - **trained, decentralized** and **trained, centralized** (one joint actor): MAGRPO and AT-GRPO (with its
-  tree rollout), plus IAC (decentralized, value heads on the actors' trunks) on the first task.
+  tree rollout), plus IAC (decentralized, value heads on the actors' trunks) on the first task
+  (`--cells algo:mode ...` runs only the cells named).
+
+Tasks (`TASKS`): debate (Debate-v0 `one-digit-sums`), chainsum and arithmetic (ReasoningGym-v0
+`chain-sum-team`, `basic-arithmetic-team`: one turn, so AT-GRPO's groups are MAGRPO's there), planpath
+(PlanPath-v0 `open-4x4`), sudoku (Sudoku-v0 `4x4-2-blanks`). Debate-v0 and the reasoning-gym teams train
+decentralized with `credit="per_agent"` (each agent from its own answer's reward), the rest, and every
+centralized cell, from the team reward.
 
 Each trained cell is one `Trainer` run (LoRA rank 16 on one shared base, chat format, the default
 precision "auto": bf16-mixed on a CPU or GPU with native bf16, else fp32; each run's config.json records it), evaluated
@@ -17,12 +24,13 @@ share of final answers that solve the item: `eval/greedy/reward/solved`), the fo
 solving, the command that reproduces the cell, steps, samples (steps x B x G episodes), and wall time.
 `OUT/curves-<task>.png` draws every cell's curves (`textzoo plot`); `OUT/results.md` the table.
 
-    OMP_NUM_THREADS=1 python benchmarks/real_teams.py --tasks debate planpath --steps 20 --seeds 0 1
+    OMP_NUM_THREADS=1 python benchmarks/real_teams.py --tasks chainsum arithmetic --steps 6 --seeds 0 1
     OMP_NUM_THREADS=1 python benchmarks/real_teams.py --quick      # one cell; prints `gain: ...` last
     OMP_NUM_THREADS=1 python benchmarks/real_teams.py --tasks debate --eval-only   # the two untrained rows
 
-`--quick` trains only `QUICK` (the cell with the most signal in the zero-shot probe,
-`benchmarks/preset_probe.py`) and prints its before -> after and, last, `gain: <after - before>`.
+`--quick` trains only `QUICK` (chainsum, MAGRPO decentralized, 6 steps: the cheapest cell that
+learned in the results table, one turn of 48 tokens per agent) and prints its before -> after and,
+last, `gain: <after - before>`.
 """
 
 from __future__ import annotations
@@ -43,9 +51,19 @@ TASKS: dict[str, tuple[str, str, str]] = {  # name -> env id, module, preset
     "debate": ("textzoo/Debate-v0", "textzoo.envs.debate_v0", "one-digit-sums"),
     "planpath": ("textzoo/PlanPath-v0", "textzoo.envs.planpath_v0", "open-4x4"),
     "sudoku": ("textzoo/Sudoku-v0", "textzoo.envs.sudoku_v0", "4x4-2-blanks"),
+    "chainsum": ("textzoo/ReasoningGym-v0", "textzoo.envs.reasoning_gym_v0", "chain-sum-team"),
+    "arithmetic": ("textzoo/ReasoningGym-v0", "textzoo.envs.reasoning_gym_v0", "basic-arithmetic-team"),
 }
+PARTNER = {"debate": "debater_1", "chainsum": "agent_1", "arithmetic": "agent_1"}
+"""The role the single-agent row silences (budget one token); the tool/plan tasks: `tool`."""
+ALONE = {
+    "debate": "eval/greedy/role/debater_0/reward/solved",
+    "chainsum": "eval/greedy/role/agent_0/reward/own_solved",
+    "arithmetic": "eval/greedy/role/agent_0/reward/own_solved",
+}
+"""The single-agent row's metric: the answering agent's own success (default: `eval/greedy/reward/solved`)."""
 FORMAT_TERMS = ("valid", "plan_valid", "tool_valid", "tool_ran", "agreement")
-QUICK = {"task": "debate", "algo": "magrpo", "collaboration": "decentralized", "steps": 6}
+QUICK = {"task": "chainsum", "algo": "magrpo", "collaboration": "decentralized", "steps": 6}
 """The `--quick` cell."""
 
 
@@ -56,6 +74,9 @@ class Args:
     modes: list[str] = field(default_factory=lambda: ["decentralized", "centralized"])
     actor_critic: str = "iac"
     """The actor-critic family's cell, on the first task only ("" = none)."""
+    cells: list[str] = field(default_factory=list)
+    """Only these cells, as algo:mode (e.g. atgrpo:centralized iac:decentralized), on every task; empty =
+    algos x modes and the actor-critic cell. The untrained-team row comes from a magrpo:decentralized cell."""
     seeds: list[int] = field(default_factory=lambda: [0])
     steps: int = 20
     batch_prompts: int = 4
@@ -94,7 +115,7 @@ def cell_config(args: Args, model: str, task: str, algo: str, mode: str, seed: i
     preset = importlib.import_module(module).PRESETS[name]
     fields = preset.train_fields(mode)
     if single:  # the partner writes one token at most: nothing it says can solve or help
-        partner = "debater_1" if task == "debate" else "tool"
+        partner = PARTNER.get(task, "tool")
         fields["agent_overrides"][partner] = {"max_new_tokens": 1, "trainable": False}
     label = "single" if single else f"{algo}-{mode}"
     return TrainConfig(
@@ -112,7 +133,7 @@ def cell_config(args: Args, model: str, task: str, algo: str, mode: str, seed: i
         ),
         reinforce=ReinforceConfig(tree_rollout=algo == "atgrpo"),
         actor_critic=ActorCriticConfig(critic_model="actor"),
-        credit="per_agent" if task == "debate" and mode == "decentralized" else "shared",
+        credit="per_agent" if task in PARTNER and mode == "decentralized" else "shared",
         steps=steps,
         batch_prompts=args.batch_prompts,
         group_size=args.group_size,
@@ -177,7 +198,7 @@ def main(args: Args) -> None:
             cfg = cell_config(args, model, task, "magrpo", "decentralized", seed, 1, single=True)
             start = time.perf_counter()
             row = evaluate_only(cfg)
-            key = "eval/greedy/role/debater_0/reward/solved" if task == "debate" else "eval/greedy/reward/solved"
+            key = ALONE.get(task, "eval/greedy/reward/solved")
             lines.append(
                 f"| {task} | single agent | {seed} | {row[key]:.3f} | {terms(row)} | 0 | 0 | "
                 f"{time.perf_counter() - start:.0f} | (evaluation only) |"
@@ -198,11 +219,13 @@ def main(args: Args) -> None:
             cells = [(a, m) for a in args.algos for m in args.modes]
             if args.actor_critic and ti == 0:
                 cells.append((args.actor_critic, "decentralized"))
+            if args.cells:
+                cells = [tuple(c.split(":")) for c in args.cells]
             for algo, mode in cells:
                 cfg = cell_config(args, model, task, algo, mode, seed, args.steps)
                 first, last, seconds = train(cfg)
                 runs.append(cfg.run_dir)
-                if (algo, mode) == (args.algos[0], "decentralized"):
+                if (algo, mode) == ("magrpo" if args.cells else args.algos[0], "decentralized"):
                     lines.append(
                         f"| {task} | untrained team | {seed} | {first['eval/greedy/reward/solved']:.3f} | "
                         f"{terms(first)} | 0 | 0 | | (step 0 of the next row) |"

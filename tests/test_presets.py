@@ -1,5 +1,8 @@
 """Task presets (`textzoo.envs.presets`): the fields they set, and that each one makes its task."""
 
+import importlib.util
+import re
+
 import pytest
 
 from textzoo.config import TrainConfig
@@ -8,12 +11,18 @@ from textzoo.envs.debate_v0 import PRESETS as DEBATE
 from textzoo.envs.debate_v0 import one_digit_sums
 from textzoo.envs.planpath_v0 import PRESETS as PLANPATH
 from textzoo.envs.presets import TaskPreset
+from textzoo.envs.reasoning_gym_v0 import PRESETS as REASONING_GYM
 from textzoo.envs.sudoku_v0 import PRESETS as SUDOKU
 
 ALL = [
     ("textzoo/Debate-v0", DEBATE),
     ("textzoo/PlanPath-v0", PLANPATH),
     ("textzoo/Sudoku-v0", SUDOKU),
+    pytest.param(
+        "textzoo/ReasoningGym-v0",
+        REASONING_GYM,
+        marks=pytest.mark.skipif(not importlib.util.find_spec("reasoning_gym"), reason="needs textzoo[reasoning-gym]"),
+    ),
 ]
 
 
@@ -26,7 +35,7 @@ def test_train_fields_by_hand():
     assert preset.train_fields("centralized") == {"env_kwargs": {"size": 4}, "joint_max_new_tokens": 192}
 
 
-@pytest.mark.parametrize("env_id,presets", ALL, ids=[e for e, _ in ALL])
+@pytest.mark.parametrize("env_id,presets", ALL)
 def test_every_preset_makes_its_task_and_a_valid_config(env_id, presets):
     for name, preset in presets.items():
         env = make(env_id, split="eval", **preset.env_kwargs)
@@ -49,3 +58,21 @@ def test_the_presets_are_the_easy_settings_they_name():
     env = make("textzoo/Sudoku-v0", **SUDOKU["4x4-2-blanks"].env_kwargs)
     obs, _ = env.reset(seed=0, options={"index": 3})
     assert len(env.puzzle.blanks) == 2
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("reasoning_gym"), reason="needs textzoo[reasoning-gym]")
+def test_the_reasoning_gym_presets_ask_two_small_terms_never_trained_on():
+    for name, ops in (("chain-sum-team", "+-"), ("basic-arithmetic-team", "+-*")):
+        kwargs = REASONING_GYM[name].env_kwargs
+        questions = {}
+        for split in ("train", "eval"):
+            env = make("textzoo/ReasoningGym-v0", split=split, **kwargs)
+            questions[split] = set()
+            for k in range(env.num_items()):
+                obs, _ = env.reset(seed=0, options={"index": k})
+                question = obs["agent_0"].split("\n")[0]
+                terms = re.search(rf"\b(\d+) [{re.escape(ops)}] (\d+)\b", question)
+                assert terms and max(int(t) for t in terms.groups()) <= 10, (name, question)
+                questions[split].add(question)
+            env.close()
+        assert questions["eval"] and not questions["eval"] & questions["train"], name

@@ -34,27 +34,55 @@ def test_every_grid_cell_is_a_valid_config(path):
 def test_real_model_grid_covers_the_tasks_and_modes():
     grid = load_grid(ROOT / "benchmarks" / "grids" / "cpu-smollm2.toml")
     envs = set(grid.tasks.values())
-    assert envs == {
-        "textzoo/Sudoku-v0",
-        "textzoo/PlanPath-v0",
-        "textzoo/Sokoban-v0",
-        "textzoo/Debate-v0",
-        "textzoo/Code-v0",
+    assert envs == {"textzoo/Debate-v0", "textzoo/ReasoningGym-v0", "textzoo/PlanPath-v0", "textzoo/Sudoku-v0"}
+    assert {(c.algo, c.collaboration) for c in grid.cells} == {
+        (algo, mode) for algo in ("magrpo", "atgrpo") for mode in ("decentralized", "centralized")
     }
-    assert {(c.algo, c.collaboration) for c in grid.cells} == {("magrpo", "decentralized"), ("magrpo", "centralized")}
+    assert all(c.config.reinforce.tree_rollout == (c.algo == "atgrpo") for c in grid.cells)
     assert grid.metric == "eval/greedy/reward/solved"
     gpu = load_grid(ROOT / "benchmarks" / "grids" / "gpu-qwen3-1.7b.toml")
     assert {c.config.agent.model for c in gpu.cells} == {"Qwen/Qwen3-1.7B"}
+    assert {c.algo for c in gpu.cells} == {"magrpo", "atgrpo"}
+
+
+def test_real_model_grid_tasks_are_the_presets():
+    """Each task of cpu-smollm2.toml has its preset's env arguments and budgets (`PRESETS` of its module)."""
+    from textzoo.envs.debate_v0 import PRESETS as DEBATE
+    from textzoo.envs.planpath_v0 import PRESETS as PLANPATH
+    from textzoo.envs.reasoning_gym_v0 import PRESETS as REASONING_GYM
+    from textzoo.envs.sudoku_v0 import PRESETS as SUDOKU
+
+    presets = {
+        "debate": DEBATE["one-digit-sums"],
+        "chainsum": REASONING_GYM["chain-sum-team"],
+        "arithmetic": REASONING_GYM["basic-arithmetic-team"],
+        "planpath": PLANPATH["open-4x4"],
+        "sudoku": SUDOKU["4x4-2-blanks"],
+    }
+    grid = load_grid(ROOT / "benchmarks" / "grids" / "cpu-smollm2.toml")
+    assert set(grid.tasks) == set(presets)
+    for cell in grid.cells:
+        preset, cfg = presets[cell.task], cell.config
+        assert cfg.env_kwargs == preset.env_kwargs, cell.task
+        fields = preset.train_fields(cell.collaboration)
+        if cell.collaboration == "centralized":
+            assert cfg.joint_max_new_tokens == fields["joint_max_new_tokens"] and cfg.agent_overrides == {}
+            assert cfg.credit == "shared"
+        else:
+            assert cfg.agent_overrides == fields["agent_overrides"], cell.task
 
 
 def test_real_model_grid_runs_with_tiny_models(tmp_path):
     smoke = smoke_module()
     args = smoke.Args(grid=str(ROOT / "benchmarks" / "grids" / "cpu-smollm2.toml"), out_dir=str(tmp_path), steps=1)
     grid = smoke.tiny_grid(load_grid(args.grid), args)
-    keep = {("sokoban", "decentralized"), ("debate", "centralized")}
+    keep = {("planpath", "decentralized"), ("debate", "centralized")}
     grid.cells = [c for c in grid.cells if (c.task, c.collaboration) in keep]
     assert all(c.config.agent.model == "tiny" and c.config.agent.lora_rank == 16 for c in grid.cells)
-    assert grid.cells[0].config.agent_overrides == {"tool": {"max_new_tokens": 16}}
+    grid.cells = [c for c in grid.cells if c.algo == "magrpo"]
+    assert {c.task for c in grid.cells} == {"planpath", "debate"}
+    planpath = next(c for c in grid.cells if c.task == "planpath")
+    assert planpath.config.agent_overrides == {"tool": {"max_new_tokens": 16}, "plan": {"max_new_tokens": 16}}
     results = run_grid(grid, log=lambda line: None)
     assert not any("error" in s for s in results.values()), results
     for cell in grid.cells:
@@ -63,7 +91,7 @@ def test_real_model_grid_runs_with_tiny_models(tmp_path):
             rows[0]["step"] == 0 and "eval/greedy/reward/solved" in rows[0] and "eval/greedy/reward/solved" in rows[-1]
         )
     md = write_report(grid, results).read_text()
-    assert "## sokoban (`textzoo/Sokoban-v0`)" in md and "| magrpo | centralized | 1/1 |" in md
+    assert "## planpath (`textzoo/PlanPath-v0`)" in md and "| magrpo | centralized | 1/1 |" in md
     assert (tmp_path / "curves-debate.png").is_file()
 
 

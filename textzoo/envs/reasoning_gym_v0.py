@@ -45,6 +45,12 @@ and the item's columns `answer` (reasoning-gym's reference answer) and `metadata
 or the conversational format (`textzoo.envs.rewards`); each adds its weighted value to the agent's
 reward and its value as a term.
 
+Presets (`PRESETS`, `textzoo.envs.presets`): `chain-sum-team` (`chain_sum` with two one-digit terms,
+"a + b" or "a - b") and `basic-arithmetic-team` (`basic_arithmetic` with two terms from 0-10, +, - or
+*, no parentheses or negation), each as a two-agent "team" of one turn with 48 tokens per agent, 100
+train items and the held-out items of 100 more seeds that are not among them (57 and 74 held out).
+Measured zero-shot: the README's presets table (`benchmarks/preset_probe.py`).
+
 Version history:
 - v0: first version.
 """
@@ -65,6 +71,7 @@ from textzoo.envs._toolplan import ANSWER_MARK, Outcome, ToolPlanEnv, answer_reg
 from textzoo.envs.base import StepResult, TextParallelEnv
 from textzoo.envs.debate_v0 import OTHER, agent_names
 from textzoo.envs.declare import SPLIT, Arg, anything, entry_points, instance_of, integer, one_of, task, text_args
+from textzoo.envs.presets import TaskPreset
 from textzoo.envs.rewards import RewardFn, RewardFunctions
 from textzoo.envs.team_v0 import RESERVED
 from textzoo.errors import EnvError
@@ -77,6 +84,22 @@ WEIGHTS: dict[str, dict[str, float]] = {
     "debate": {"solved": 0.7, "agreement": 0.2, "valid": 0.1},
 }
 """Per arrangement: term -> weight of an agent's score (each sums to 1; "toolplan" uses `_toolplan.WEIGHTS`)."""
+_ONE_DIGIT = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+_TEAM = {"arrangement": "team", "num_agents": 2, "size": 100, "eval_size": 100}
+PRESETS: dict[str, TaskPreset] = {
+    "chain-sum-team": TaskPreset(
+        {"dataset": "chain_sum", "config": dict(_ONE_DIGIT), **_TEAM}, {"agent_0": 48, "agent_1": 48}
+    ),
+    "basic-arithmetic-team": TaskPreset(
+        {
+            "dataset": "basic_arithmetic",
+            "config": {**_ONE_DIGIT, "operators": ["+", "-", "*"], "allow_parentheses": False, "allow_negation": False},
+            **_TEAM,
+        },
+        {"agent_0": 48, "agent_1": 48},
+    ),
+}
+"""Settings a small model can start from (module docstring, Presets)."""
 
 PROMPT = "{question}\n\nThink briefly, then end your reply with '####' followed by your final answer.\n"
 REVISE_PROMPT = (
