@@ -17,7 +17,8 @@ pytest.importorskip("vllm")
 pytest.importorskip("llvmlite.binding.ffi")
 
 from textzoo.config import ActorCriticConfig, AgentConfig, TrainConfig  # noqa: E402
-from textzoo.models.engine import EngineClient  # noqa: E402
+from textzoo.models.engine import EngineClient, to_generation  # noqa: E402
+from textzoo.models.generation import left_padded  # noqa: E402
 from textzoo.models.inference import score_no_grad  # noqa: E402
 from textzoo.models.lora import SharedBase  # noqa: E402
 from textzoo.models.policy import Policy  # noqa: E402
@@ -64,19 +65,15 @@ def _completion(policy, engine) -> tuple[list[list[int]], list[list[int]]]:
     return prompts, completions
 
 
-def _trainer_logprobs(policy, prompts, completions) -> list[torch.Tensor]:
-    from textzoo.models.engine import padded, to_generation
+def _scored(policy, prompts, completions):
+    """The `Generation` of ``completions`` after ``prompts`` (log-probs 0: the trainer scores it)."""
+    ids, mask = left_padded(prompts, policy.pad_id)
+    ones = [[1] * len(c) for c in completions]
+    return to_generation(ids, mask, completions, [[0.0] * len(c) for c in completions], ones, policy.pad_id)
 
-    ids, mask = padded(prompts, policy.pad_id)
-    gen = to_generation(
-        ids,
-        mask,
-        completions,
-        [[0.0] * len(c) for c in completions],
-        [[1] * len(c) for c in completions],
-        policy.pad_id,
-    )
-    lp = score_no_grad(policy, gen)
+
+def _trainer_logprobs(policy, prompts, completions) -> list[torch.Tensor]:
+    lp = score_no_grad(policy, _scored(policy, prompts, completions))
     return [lp[i, : len(c)] for i, c in enumerate(completions)]
 
 
@@ -115,17 +112,7 @@ def test_after_a_sync_the_engine_scores_like_the_trainer_and_not_like_before(pol
 
 
 def _trainer_logprobs_grad(policy, prompts, completions) -> torch.Tensor:
-    from textzoo.models.engine import padded, to_generation
-
-    ids, mask = padded(prompts, policy.pad_id)
-    gen = to_generation(
-        ids,
-        mask,
-        completions,
-        [[0.0] * len(c) for c in completions],
-        [[1] * len(c) for c in completions],
-        policy.pad_id,
-    )
+    gen = _scored(policy, prompts, completions)
     return policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask).sum()
 
 

@@ -32,6 +32,7 @@ new adapter request. Each engine holds a weight version per agent (the learner's
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -41,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from textzoo.errors import ConfigError
-from textzoo.models.generation import Generation, GenerationConfig
+from textzoo.models.generation import Generation, left_padded
 from textzoo.models.sampling import Segment
 from textzoo.models.settings import ENGINES
 
@@ -119,15 +120,15 @@ class LocalEngine:
         policy = self.policy
         if tuple(settings.eos_ids) != tuple(policy.eos_ids):
             raise ConfigError(f"the local decoder ends samples at policy {policy.name!r}'s EOS ids {policy.eos_ids}")
-        ids, mask = padded(prompts, policy.pad_id, policy.device)
+        ids, mask = (t.to(policy.device) for t in left_padded(prompts, policy.pad_id))
         saved, engine = policy.generation, policy.engine
-        policy.generation = GenerationConfig(
+        policy.generation = dataclasses.replace(
+            saved,
             max_new_tokens=settings.max_tokens,
             temperature=settings.temperature,
             top_p=settings.top_p,
             top_k=settings.top_k,
             stop_strings=settings.stop_strings,
-            max_prompt_tokens=saved.max_prompt_tokens,
             allowed_tokens=settings.allowed_tokens,
         )
         policy.engine = None
@@ -138,23 +139,10 @@ class LocalEngine:
         out = []
         for row, m, lp, text in zip(gen.completion_ids.tolist(), gen.completion_mask.tolist(), gen.logprobs, gen.texts):
             n = int(sum(m))
-            by_stop = any(
-                s in policy.tokenizer.decode(row[:n], skip_special_tokens=True) for s in settings.stop_strings
-            )
+            written = policy.tokenizer.decode(row[:n], skip_special_tokens=True) if settings.stop_strings else ""
+            by_stop = any(s in written for s in settings.stop_strings)
             out.append(Completion(row[:n], lp[:n].tolist(), text, by_stop and not (n and row[n - 1] in policy.eos_ids)))
         return out
-
-
-def padded(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu"):
-    """Left-padded ids and mask ([S, P]) of token-id rows."""
-    P = max((len(r) for r in rows), default=0)
-    ids = torch.full((len(rows), P), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), P), dtype=torch.long)
-    for i, r in enumerate(rows):
-        if len(r):
-            ids[i, P - len(r) :] = torch.tensor(list(r))
-            mask[i, P - len(r) :] = 1
-    return ids.to(device), mask.to(device)
 
 
 # ---- a policy's requests on an engine -------------------------------------------------------------
