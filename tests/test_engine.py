@@ -1,6 +1,7 @@
 """The rollout-engine seam without vLLM: settings, the log-prob gap arithmetic, the local engine and the
 script runner on a tiny model, weight-sync bookkeeping. The vLLM engine itself: tests/test_engine_vllm.py."""
 
+import dataclasses
 import math
 
 import pytest
@@ -10,7 +11,7 @@ from textzoo.algorithms.rlmath import engine_gap, truncated_importance_weights
 from textzoo.config import AgentConfig, TrainConfig
 from textzoo.errors import ConfigError
 from textzoo.models.engine import EngineClient, LocalEngine, SamplingSettings
-from textzoo.models.generation import GenerationConfig
+from textzoo.models.generation import Generation, GenerationConfig
 from textzoo.models.policy import Policy
 from textzoo.models.sampling import Segment
 from textzoo.runners.engines import engine_metrics, sync_engines
@@ -145,3 +146,116 @@ def test_sync_engines_syncs_each_new_version_once_and_logs_it(policy):
     assert len(engine.loads) == 1  # already at version 3
     sync_engines(actors, {"a": 3}, force=True)  # weights loaded from a checkpoint
     assert len(engine.loads) == 2
+
+
+# ---- truncated importance sampling in the losses ---------------------------------------------------
+def _engine_batch(policy):
+    """A local `Generation` of three prompts plus engine log-probs: ratio π_trainer/π_engine = 1.5 on every
+    token of rows 0 and 1, 4 (above the cap 2) on row 2."""
+    from textzoo.algorithms.batch import SampleBatch
+
+    ids, mask = policy.encode(["abc", "hello", "xyz"])
+    gen = policy.generate_ids(ids, mask, generator=torch.Generator().manual_seed(2))
+    shift = torch.tensor([math.log(1.5), math.log(1.5), math.log(4.0)]).unsqueeze(-1)
+    gen.engine_logprobs = (gen.logprobs - shift) * gen.completion_mask
+    return SampleBatch(gen, torch.tensor([1.0, -0.5, 2.0]))
+
+
+def test_generations_carry_the_engines_logprobs_through_select_cat_and_to(policy):
+    ids, mask = policy.encode(["abc", "hello"])
+    local = policy.generate_ids(ids, mask, generator=torch.Generator().manual_seed(1))
+    assert local.engine_logprobs is None
+    assert Generation.cat([local, local.select([1])], policy.pad_id).engine_logprobs is None
+    engine = dataclasses.replace(local, engine_logprobs=local.logprobs - 1.0)
+    assert torch.equal(
+        engine.select([1]).engine_logprobs, engine.engine_logprobs[1:, : engine.select([1]).logprobs.shape[1]]
+    )
+    assert torch.equal(engine.to("cpu").engine_logprobs, engine.engine_logprobs)
+    both = Generation.cat([engine, local], policy.pad_id)  # a batch without them weighs 1: its own log-probs
+    assert torch.equal(both.engine_logprobs[:2], engine.engine_logprobs)
+    assert torch.equal(both.engine_logprobs[2:], local.logprobs)
+
+
+@pytest.mark.parametrize("family", ["reinforce", "actor_critic"])
+def test_the_local_path_loss_is_unchanged_and_engine_samples_are_weighted(policy, family):
+    from textzoo.algorithms.actor_critic.family import actor_loss
+    from textzoo.algorithms.reinforce.family import reinforce_loss
+    from textzoo.algorithms.rlmath import BatchNorm, policy_gradient_loss
+    from textzoo.config import ActorCriticConfig, ReinforceConfig
+
+    loss = (lambda p, b, n: reinforce_loss(p, ReinforceConfig(), b, n)) if family == "reinforce" else (
+        lambda p, b, n: actor_loss(p, ActorCriticConfig(), b, n)
+    )  # fmt: skip
+    batch = _engine_batch(policy)
+    g, mask = batch.gen, batch.gen.completion_mask
+    norm = BatchNorm.of(mask, policy.generation.max_new_tokens)
+    logprobs = policy.score(g.prompt_ids, g.prompt_mask, g.completion_ids, mask)
+    before, _ = policy_gradient_loss(logprobs, g.logprobs, batch.advantages, mask, norm)  # the loss before TIS
+    local, stats = loss(policy, batch, norm)  # no engine: engine_logprobs are ignored
+    assert torch.equal(local, before) and "tis_weight" not in stats
+    policy.engine = EngineClient(LocalEngine(policy), tis=False)
+    off, _ = loss(policy, batch, norm)
+    assert torch.equal(off, before)
+    policy.engine = EngineClient(LocalEngine(policy), tis_cap=2.0)
+    on, stats = loss(policy, batch, norm)
+    # seq_sum: each row's loss times its weight, 1.5 on rows 0 and 1, the cap 2 on row 2
+    assert torch.allclose(on, before * torch.tensor([1.5, 1.5, 2.0]), rtol=1e-5)
+    n = mask.sum(-1).float()
+    assert math.isclose(float(stats["tis_weight"]), float((1.5 * n[:2].sum() + 2 * n[2]) / n.sum()), rel_tol=1e-5)
+    assert math.isclose(float(stats["tis_clipfrac"]), float(n[2] / n.sum()), rel_tol=1e-5)
+    # and the gradient: d on / dθ = Σ_s w_s · d before_s / dθ
+    policy.model.zero_grad()
+    on.sum().backward()
+    grad_on = [p.grad.clone() for p in policy.model.parameters()]
+    policy.model.zero_grad()
+    logprobs = policy.score(g.prompt_ids, g.prompt_mask, g.completion_ids, mask)
+    by_hand, _ = policy_gradient_loss(logprobs, g.logprobs, batch.advantages, mask, norm)
+    (by_hand * torch.tensor([1.5, 1.5, 2.0])).sum().backward()
+    for a, p in zip(grad_on, policy.model.parameters()):
+        assert torch.allclose(a, p.grad, atol=1e-6)
+
+
+def test_engine_clients_take_the_agents_tis_settings():
+    agent = AgentConfig()
+    assert agent.engine_tis is True and agent.engine_tis_cap == 2.0
+    with pytest.raises(ConfigError, match="agent.engine_tis_cap"):
+        AgentConfig(engine_tis_cap=0.0)
+
+
+# ---- sleep mode between rollouts (GPU): the calls, on a stand-in for vLLM's LLM ---------------------
+class _SleepyLLM:
+    def __init__(self):
+        self.calls = []
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self):
+        self.calls.append(("wake_up",))
+
+    def collective_rpc(self, name, kwargs):
+        self.calls.append((name,))
+        list(kwargs["weights_iterator"])
+
+    def reset_prefix_cache(self):
+        pass
+
+
+def test_sleep_mode_sleeps_after_the_rollout_and_wakes_before_the_sync(policy):
+    from textzoo.models.vllm_engine import VLLMEngine
+    from textzoo.runners.engines import sleep_engines
+
+    engine = object.__new__(VLLMEngine)  # the engine's bookkeeping without vLLM: a stand-in LLM
+    engine.llm, engine.sleeps, engine.asleep, engine.sleep_s, engine.wake_s = _SleepyLLM(), True, False, 0.0, 0.0
+    policy.engine = EngineClient(engine)
+    actors = [type("A", (), {"id": "a", "policy": policy})()]
+    row = sleep_engines(actors)  # after the rollout
+    assert engine.llm.calls == [("sleep", 1)] and engine.asleep and row["engine/a/sleep_s"] >= 0
+    sleep_engines(actors)
+    assert engine.llm.calls == [("sleep", 1)]  # asleep already
+    row = sync_engines(actors, {"a": 1})  # after the update: awake, then the new weights
+    assert engine.llm.calls == [("sleep", 1), ("wake_up",), ("reload_weights",)] and not engine.asleep
+    assert row["engine/a/wake_s"] >= 0 and row["engine/a/weight_version"] == 1.0
+    assert "engine/a/wake_s" not in sync_engines(actors, {"a": 1})  # awake: nothing to wake
+    engine.sleeps = False  # engine_sleep off (the default): no calls at all
+    assert sleep_engines(actors) == {} and len(engine.llm.calls) == 3

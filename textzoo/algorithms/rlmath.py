@@ -160,9 +160,12 @@ def engine_gap(
 def truncated_importance_weights(
     trainer_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor, cap: float
 ) -> torch.Tensor:
-    """Truncated importance sampling (Yao et al. 2025): min(π_trainer/π_engine, C) per token, 0 off
-    ``mask``; the weight that corrects a loss for samples drawn by an engine whose log-probs differ from
-    the trainer's. Shapes [S, C] -> [S, C]."""
+    """Truncated importance sampling (Yao et al. 2025): w_k = min(π_trainer(y_k)/π_engine(y_k), C) per
+    token, 0 off ``mask``; the weight that corrects a policy gradient for samples drawn by an engine
+    whose distribution differs from the trainer's (E_engine[w·∇ℓ] = E_trainer[∇ℓ] where no ratio
+    exceeds C; the cap bounds the variance at the cost of a small bias). π_trainer is the trainer's
+    score of the tokens when they were sampled (the losses' old log-probs), so w is a constant of the
+    batch (`policy_gradient_loss(token_weights=w)`). Shapes [S, C] -> [S, C]."""
     if not cap > 0:
         raise ValueError(f"the truncation cap C must be > 0, got {cap}")
     ratio = torch.exp((trainer_logprobs - engine_logprobs) * mask)
@@ -370,6 +373,7 @@ def policy_gradient_loss(
     norm: BatchNorm,
     aggregation: str = "seq_sum",
     clip_range: float | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-sample contributions of the REINFORCE / PPO-clip objective, and detached statistics.
 
@@ -377,8 +381,11 @@ def policy_gradient_loss(
     With `clip_range` ε: −min(ρ_k A, clip(ρ_k, 1−ε, 1+ε) A), ρ_k = exp(ℓ_k − ℓ_k^old)
     (PPO, Schulman et al. 2017, eq. 7). Shared by the reinforce and actor-critic families and
     by the joint actor, which is what makes their losses identical by construction.
+    With `token_weights` w_k (detached): each token's loss times w_k, e.g. −w_k·A·ℓ_k; with
+    w_k = min(π_trainer/π_engine, C) (`truncated_importance_weights`) that is truncated importance
+    sampling of an engine's samples (Yao et al. 2025). None: every weight 1 (the same arithmetic).
 
-    Shapes: logprobs, old_logprobs, mask [S, C]; advantages [S].
+    Shapes: logprobs, old_logprobs, mask, token_weights [S, C]; advantages [S].
     """
     mask = mask.to(logprobs.dtype)
     adv = advantages.to(logprobs.dtype).unsqueeze(-1)  # [S, 1]
@@ -392,6 +399,8 @@ def policy_gradient_loss(
         clipped_obj = torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range) * adv
         token_loss = -torch.minimum(unclipped, clipped_obj)  # [S, C]
         clipped = (clipped_obj < unclipped).to(mask.dtype)
+    if token_weights is not None:
+        token_loss = token_loss * token_weights.detach().to(token_loss.dtype)  # [S, C]
     contrib = AGGREGATIONS[aggregation](token_loss, mask, norm)  # [S]
     tokens = mask.sum().clamp(min=1)
     stats = {

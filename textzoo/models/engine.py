@@ -19,9 +19,10 @@ repeated prefix cheap).
 
 The engine's log-probs are not the trainer's (other kernels, bf16). The client scores every sampled
 completion with the trainer's model at once (no gradients, eval mode) and hands the losses the
-trainer's log-probs as the behaviour policy's, so the loss arithmetic is the local path's; it keeps
-both log-probs of the sampled tokens, from which `textzoo.runners.engines.engine_metrics` logs the gap
-(`rlmath.engine_gap`) and the truncated importance weights (`rlmath.truncated_importance_weights`).
+trainer's log-probs as the behaviour policy's, so the loss arithmetic is the local path's. The engine's
+log-probs stay with the sample (``Generation.engine_logprobs``): the policy-gradient losses weigh each
+token by min(π_trainer/π_engine, C) (truncated importance sampling, ``agent.engine_tis``), and
+`textzoo.runners.engines.engine_metrics` logs the gap (`rlmath.engine_gap`) and the mean weight.
 Greedy requests (evaluation, ReMax's baseline) keep the engine's log-probs: nothing learns from them.
 
 Engines are built, synced and closed by `textzoo.runners.engines`. After every optimizer step the
@@ -159,10 +160,20 @@ class EngineStats:
 class EngineClient:
     """One policy's view of an engine: its requests, its adapter there (LoRA agents) and its weight version."""
 
-    def __init__(self, engine: Any, adapter_key: str | None = None, tis_cap: float = 2.0, sync_timeout: float = 120.0):
+    def __init__(
+        self,
+        engine: Any,
+        adapter_key: str | None = None,
+        tis_cap: float = 2.0,
+        sync_timeout: float = 120.0,
+        tis: bool = True,
+    ):
         self.engine = engine
         self.adapter_key = adapter_key
         """The agent's adapter name on a shared base (None: the engine runs this policy's whole weights)."""
+        self.tis = tis
+        """The policy-gradient losses weigh this engine's samples by min(π_trainer/π_engine, tis_cap) per token
+        (`textzoo.algorithms.family.engine_token_weights`; ``agent.engine_tis``)."""
         self.tis_cap = tis_cap
         self.sync_timeout = sync_timeout
         self.version = 0
@@ -217,7 +228,8 @@ class EngineClient:
         return self._rescore(policy, gen, greedy), sections
 
     def _rescore(self, policy: Policy, gen: Generation, greedy: bool) -> Generation:
-        """Replace the engine's log-probs by the trainer's (sampled requests) and record the gap."""
+        """Replace the engine's log-probs by the trainer's (sampled requests), keep the engine's as
+        ``gen.engine_logprobs`` (what truncated importance sampling reads) and record the gap."""
         if greedy or len(gen) == 0 or not bool(gen.completion_mask.any()):
             return gen
         from textzoo.models.inference import score_no_grad
@@ -227,7 +239,7 @@ class EngineClient:
         self.stats.trainer.append(trainer.detach().cpu())
         self.stats.engine.append(engine.detach().cpu())
         self.stats.mask.append(gen.completion_mask.detach().cpu().to(engine.dtype))
-        gen.logprobs = trainer
+        gen.logprobs, gen.engine_logprobs = trainer, engine
         return gen
 
     def drain(self) -> EngineStats:

@@ -51,6 +51,10 @@ class Generation:
     prompt_features: torch.Tensor | None = None
     """[S, d] the model's final hidden state at each prompt's last token, when the sampling pass
     produced it (the plain-torch decoder does): what a value head on this model's trunk reads."""
+    engine_logprobs: torch.Tensor | None = None
+    """[S, C] a rollout engine's own sampling log-probs of the completion tokens (0 where the mask is 0),
+    when an engine sampled them and ``logprobs`` hold the trainer's re-scoring (`textzoo.models.engine`);
+    None for the policy's own decoder. What truncated importance sampling weighs the losses with."""
 
     def __len__(self) -> int:
         """The number of samples S (the rows of the tensors, whether or not ``texts`` were decoded)."""
@@ -71,6 +75,7 @@ class Generation:
             logprobs=self.logprobs[idx, :last],
             texts=[self.texts[i] for i in idx.tolist()] if self.texts else [],
             prompt_features=None if self.prompt_features is None else self.prompt_features[idx],
+            engine_logprobs=None if self.engine_logprobs is None else self.engine_logprobs[idx, :last],
         )
 
     def to(self, device: torch.device | str) -> Generation:
@@ -81,7 +86,8 @@ class Generation:
 
     @staticmethod
     def cat(items: list[Generation], pad_id: int) -> Generation:
-        """Concatenate batches: prompts re-padded on the left, completions on the right."""
+        """Concatenate batches: prompts re-padded on the left, completions on the right. ``engine_logprobs``
+        are kept when any batch has them (a batch without them contributes its ``logprobs``: weight 1)."""
         if not items:
             raise ValueError("Generation.cat needs at least one batch")
         P = max(g.prompt_ids.shape[1] for g in items)
@@ -103,6 +109,9 @@ class Generation:
             prompt_features=None
             if any(g.prompt_features is None for g in items)
             else torch.cat([g.prompt_features for g in items]),
+            engine_logprobs=None
+            if all(g.engine_logprobs is None for g in items)
+            else torch.cat([right(g.logprobs if g.engine_logprobs is None else g.engine_logprobs, 0.0) for g in items]),
         )
 
 

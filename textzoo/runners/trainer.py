@@ -40,7 +40,7 @@ from textzoo.runners.checkpoint import (
 )
 from textzoo.runners.diagnostics import no_signal_streak, signal_metrics
 from textzoo.runners.distributed import DistContext, merge_rows
-from textzoo.runners.engines import engine_metrics, sync_engines
+from textzoo.runners.engines import engine_metrics, sleep_engines, sync_engines
 from textzoo.runners.placement import format_placement, place_models, team_models, visible_devices
 from textzoo.runners.preemption import GracefulStop, agree
 from textzoo.runners.resources import (
@@ -257,6 +257,7 @@ class Trainer:
                     rollout, stats = hook.before_jobs(self, rollout, items, seeds)
                     hook_stats.update(stats)
                 jobs, family_stats = self.family.jobs(rollout)
+        hook_stats.update(sleep_engines(self.actors))  # engine_sleep: the update gets the engines' device memory
         training = self.schedule.at(self.step)
         jobs = self.schedule.filter(jobs, self.step)  # agents frozen this step: no loss, no step, no version bump
         sync = self.dist.grad_sync if self.dist.enabled else None

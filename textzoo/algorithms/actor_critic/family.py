@@ -13,7 +13,8 @@ its reward is discounted onto that decision and γ spans the gap. With a Q criti
 Q(s_t, a_t) (the SARSA(λ) form). Optional per-actor advantage standardisation over the batch.
 Every formula is a function of `textzoo.algorithms.rlmath` (`gae`, `policy_gradient_loss`, `critic_loss`).
 
-Losses: the actor's is `policy_gradient_loss` (the REINFORCE family's, PPO-clip with `clip_range`)
+Losses: the actor's is `policy_gradient_loss` (the REINFORCE family's, PPO-clip with `clip_range`,
+each token of a rollout engine's sample weighted by min(π_trainer/π_engine, C) under `agent.engine_tis`)
 minus an optional entropy bonus; the critic's is c_v·(V − y)², or with value clipping ε_v
 c_v·max((V − y)², (V_old + clip(V − V_old, −ε_v, ε_v) − y)²) (PPO2 value clipping).
 Values are computed once per sample under no_grad when the batch arrives (the old values of value
@@ -31,7 +32,7 @@ import torch
 
 from textzoo.algorithms.actor_critic.config import ActorCriticConfig, check_actor_critic
 from textzoo.algorithms.batch import ActorSamples, Job, Rollout, SampleBatch
-from textzoo.algorithms.family import RolloutNeeds, policy_jobs, trainable_samples
+from textzoo.algorithms.family import RolloutNeeds, engine_token_weights, policy_jobs, trainable_samples
 from textzoo.algorithms.rlmath import (
     BatchNorm,
     credited_rewards,
@@ -50,15 +51,18 @@ from textzoo.models.team import Actor
 
 # ---- losses of one micro-batch: routing to textzoo.algorithms.rlmath ----------------------------------
 def actor_loss(policy: Policy, cfg: ActorCriticConfig, batch: SampleBatch, norm: BatchNorm):
-    """Per-sample actor contributions: the shared policy-gradient loss, minus β_H·entropy when set."""
+    """Per-sample actor contributions: the shared policy-gradient loss (engine samples weighted by their
+    truncated importance weights, `engine_token_weights`), minus β_H·entropy when set."""
     g = batch.gen
     scored = policy.score(
         g.prompt_ids, g.prompt_mask, g.completion_ids, g.completion_mask, return_entropy=cfg.entropy_coef > 0
     )
     logprobs, entropy = scored if cfg.entropy_coef > 0 else (scored, None)  # [S, C]
+    weights, tis_stats = engine_token_weights(policy, g)
     contrib, stats = policy_gradient_loss(
-        logprobs, g.logprobs, batch.advantages, g.completion_mask, norm, cfg.loss_aggregation, cfg.clip_range
+        logprobs, g.logprobs, batch.advantages, g.completion_mask, norm, cfg.loss_aggregation, cfg.clip_range, weights
     )
+    stats.update(tis_stats)
     if entropy is not None:
         mask = g.completion_mask.to(entropy.dtype)
         contrib = contrib + cfg.entropy_coef * entropy_bonus(entropy, mask, norm, cfg.loss_aggregation)

@@ -16,7 +16,9 @@ return of the role the actor played at t (`acting_role_returns`). `normalize_per
 standardises each actor's advantages over the batch (Dr. MAS).
 `joint_mode="cross"` (single-turn) credits sample g of actor i with the **mean** return over every
 combination of its partners' samples. Loss: `policy_gradient_loss` (−A·ℓ, or PPO-clip with
-`clip_range` over several `epochs`), plus β·KL_k3 per token when `kl_in="loss"`.
+`clip_range` over several `epochs`), plus β·KL_k3 per token when `kl_in="loss"`. Samples of a rollout
+engine (`agent.engine="vllm"`, `agent.engine_tis`) weigh each token's policy-gradient term by
+w_k = min(π_trainer/π_engine, C) (truncated importance sampling, Yao et al. 2025; the KL term is not weighted).
 
 Every formula is a function of `textzoo.algorithms.rlmath`; this module routes the rollout to them.
 """
@@ -28,7 +30,7 @@ from functools import partial
 import torch
 
 from textzoo.algorithms.batch import ActorSamples, Job, Rollout, SampleBatch
-from textzoo.algorithms.family import RolloutNeeds, policy_jobs, trainable_samples
+from textzoo.algorithms.family import RolloutNeeds, engine_token_weights, policy_jobs, trainable_samples
 from textzoo.algorithms.reinforce.config import ReinforceConfig
 from textzoo.algorithms.rlmath import (
     BatchNorm,
@@ -193,12 +195,15 @@ class ReinforceFamily(ReferenceKL):
 
 
 def reinforce_loss(policy: Policy, cfg: ReinforceConfig, batch: SampleBatch, norm: BatchNorm):
-    """Per-sample loss contributions of one micro-batch (policy gradient, plus β·KL_k3 if in the loss)."""
+    """Per-sample loss contributions of one micro-batch (policy gradient, each token weighted by its truncated
+    importance weight when a rollout engine sampled it, `engine_token_weights`; plus β·KL_k3 if in the loss)."""
     g = batch.gen
     logprobs = policy.score(g.prompt_ids, g.prompt_mask, g.completion_ids, g.completion_mask)  # [S, C]
+    weights, tis_stats = engine_token_weights(policy, g)
     contrib, stats = policy_gradient_loss(
-        logprobs, g.logprobs, batch.advantages, g.completion_mask, norm, cfg.loss_aggregation, cfg.clip_range
+        logprobs, g.logprobs, batch.advantages, g.completion_mask, norm, cfg.loss_aggregation, cfg.clip_range, weights
     )
+    stats.update(tis_stats)
     if cfg.kl_coef > 0 and cfg.kl_in == "loss" and batch.ref_logprobs is not None:
         mask = g.completion_mask.to(logprobs.dtype)
         contrib = contrib + cfg.kl_coef * kl_loss(logprobs, batch.ref_logprobs, mask, norm, cfg.loss_aggregation)
