@@ -33,6 +33,7 @@ class CategoricalPolicy:
         self.eos_id = 0
         self.eos_ids: tuple[int, ...] = ()  # a completion is one word: no token ends it early
         self.tokenizer = None
+        self.engine = None  # samples with its own draw
 
     @property
     def device(self) -> torch.device:

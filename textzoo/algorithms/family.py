@@ -112,8 +112,8 @@ def engine_token_weights(policy: Policy, gen: Generation) -> tuple[torch.Tensor 
     rollout engine sampled, when its agent applies them (``agent.engine_tis``; C = ``agent.engine_tis_cap``),
     and their statistics (`tis_weight`: mean weight, `tis_clipfrac`: share of tokens at the cap); (None, {})
     for the policy's own samples (the local path: the losses are unchanged)."""
-    client = getattr(policy, "engine", None)
-    if gen.engine_logprobs is None or client is None or not getattr(client, "tis", False):
+    client = policy.engine
+    if gen.engine_logprobs is None or client is None or not client.tis:
         return None, {}
     trainer, engine = gen.logprobs.detach(), gen.engine_logprobs.detach().to(gen.logprobs.dtype)
     mask = gen.completion_mask.to(trainer.dtype)

@@ -25,6 +25,9 @@ class PolicyInterface(Protocol):
     """The id that pads prompts (left) and completions (right)."""
     eos_ids: tuple[int, ...]
     """Ids that end a completion."""
+    engine: Any
+    """The rollout engine client that samples for it (`textzoo.models.engine.EngineClient`), or None: it
+    samples itself."""
 
     @property
     def device(self) -> torch.device: ...
