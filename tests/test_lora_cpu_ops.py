@@ -50,6 +50,8 @@ def test_prefill_segments_share_an_adapter_per_segment():
     out = torch.zeros((6, 4))
     ops.sgmv_shrink(x, a, out, None, torch.tensor([2, 3, 1]), torch.tensor([2, 0, 1]), 3, 3, 6, 1.0)
     assert torch.allclose(out, _by_token(x, a, [2, 2, 0, 0, 0, 1], torch.float32), atol=1e-4)
+    ops.sgmv_shrink(x, a, out, None, torch.tensor([6]), torch.tensor([1]), 1, 6, 6, 2.0)  # one segment
+    assert torch.allclose(out, 2.0 * _by_token(x, a, [1] * 6, torch.float32), atol=1e-4)
 
 
 def test_they_compute_what_vllms_own_cpu_ops_do():

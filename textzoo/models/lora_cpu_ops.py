@@ -28,18 +28,21 @@ _ORIGINAL: dict[str, object] = {}
 
 
 def per_adapter_matmul(
-    x: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, dtype: torch.dtype
+    x: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor | int, dtype: torch.dtype
 ) -> torch.Tensor:
     """[T, out]: row t is ``x[t] @ weights[indices[t]].T`` in ``dtype`` (``weights`` [L, 1, out, in] or
-    [L, out, in]; an index counts as Python indexing does, -1 the last slot), one product per distinct index."""
+    [L, out, in]; an index counts as Python indexing does, -1 the last slot; an int: every row's index),
+    one product per distinct index."""
     out_features = weights.shape[-2]
     x = x.to(dtype)
-    if indices.numel() == 0:
-        return x.new_zeros((0, out_features))
 
     def matrix(i: int) -> torch.Tensor:
         return weights[i].reshape(out_features, weights.shape[-1]).to(dtype)
 
+    if isinstance(indices, int):
+        return x @ matrix(indices).T
+    if indices.numel() == 0:
+        return x.new_zeros((0, out_features))
     low, high = (int(v) for v in indices.aminmax())
     if low == high:  # one adapter (a request batch of one agent): one product
         return x @ matrix(low).T
@@ -54,7 +57,7 @@ def bgmv_shrink(
     inputs: torch.Tensor,
     lora_b_weights: torch.Tensor,
     output_tensor: torch.Tensor,
-    lora_indices_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor | int,
     scaling: float = 1.0,
 ) -> None:
     """vLLM's ``bgmv_shrink``: ``output[:, :r] = scaling * x @ A[index].T`` (per token)."""
@@ -66,7 +69,7 @@ def bgmv_expand(
     inputs: torch.Tensor,
     lora_b_weights: torch.Tensor,
     output_tensor: torch.Tensor,
-    lora_indices_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor | int,
     add_inputs: bool = True,
 ) -> None:
     """vLLM's ``bgmv_expand``: ``output[:, :n] (+)= x @ B[index].T`` (per token; one row broadcast as vLLM does)."""
@@ -85,7 +88,7 @@ def bgmv_expand_slice(
     inputs: torch.Tensor,
     lora_b_weights: torch.Tensor,
     output_tensor: torch.Tensor,
-    lora_indices_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor | int,
     slice_offset: int,
     slice_size: int,
     add_inputs: bool = True,
@@ -98,11 +101,11 @@ def bgmv_expand_slice(
         output_tensor[:, slice_offset : slice_offset + slice_size] = outputs
 
 
-def _token_indices(lora_indices: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+def _token_indices(lora_indices: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor | int:
     """The adapter index of every token of a prefill batch (vLLM's per-segment indices and lengths); one
-    index when every segment has the same (`per_adapter_matmul` then makes one product of all tokens)."""
-    if lora_indices.numel() and int(lora_indices.min()) == int(lora_indices.max()):
-        return lora_indices[:1]
+    int when there is one segment (vLLM groups the requests of one adapter into one)."""
+    if lora_indices.numel() == 1:
+        return int(lora_indices[0])
     return torch.repeat_interleave(lora_indices, seq_lens)
 
 
