@@ -727,9 +727,10 @@ def llama_forward(
             w, b = qkv
             kv = F.linear(x, w[nq:], None if b is None else b[nq:])  # [..., 2 H_kv D]
             k, v = (t.view(*lead, dec.kv_heads, -1) for t in kv.chunk(2, -1))
-        else:
-            out = F.linear(x, *qkv)  # [..., (H + 2 H_kv) D]
-            k, v = (t.view(*lead, dec.kv_heads, -1) for t in out[..., nq:].chunk(2, -1))
+        else:  # one split (its backward is one concatenation, where slices would each zero-fill a gradient)
+            nkv = attn.k_proj.out_features
+            q, k, v = F.linear(x, *qkv).split([nq, nkv, nkv], -1)  # [..., H D], [..., H_kv D] x 2
+            k, v = k.view(*lead, dec.kv_heads, -1), v.view(*lead, dec.kv_heads, -1)
         if qk_norm:
             k = _rms_norm(k, attn.k_norm)
         k = compute(k * cos + _rotate_half(k) * sin)
@@ -742,8 +743,6 @@ def llama_forward(
         elif at_last:
             w, b = qkv
             q = F.linear(x, w[:nq], None if b is None else b[:nq])
-        else:
-            q = out[..., :nq]
         q = q.view(*x.shape[:-1], dec.heads, -1)  # [..., T', H, D]
         if qk_norm:
             q = _rms_norm(q, attn.q_norm)
