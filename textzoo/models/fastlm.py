@@ -3,12 +3,15 @@
 `FastDecoder.build(model)` returns a decoder for a supported model (None otherwise): it reads the
 parameters of the module at every call, so gradients, optimizers and checkpoints are unchanged; it
 only skips transformers' per-call overhead (mask construction, cache objects, kwargs plumbing), which
-dominates for the tiny models textzoo trains on CPU. `ARCHITECTURES` maps ``config.model_type`` to
-an `Architecture`: where the trunk and its blocks live, one forward function (GPT-2; Llama / Qwen2 /
-Mistral share one; Qwen3 adds q/k norms to it), the final norm, the head counts, and which modules
-that forward reproduces exactly (unwrapped `nn.Linear` / `Conv1D` layers, full attention, no extra
-sub-layers). A LoRA- or otherwise-wrapped layer, cross-attention or a sliding window makes `build`
-return None, and active dropout makes `usable` false; callers then run the transformers module.
+dominates for the tiny models textzoo trains on CPU. Under autocast it reads one cast copy per weight
+version (`autocast_weight`), each layer's q/k/v and gate/up projections fused into one copy and one
+matmul each (`autocast_fused`), the gradients landing on the float32 weights. `ARCHITECTURES` maps
+``config.model_type`` to an `Architecture`: where the trunk and its blocks live, one forward function
+(GPT-2; Llama / Qwen2 / Mistral share one; Qwen3 adds q/k norms to it), the final norm, the head
+counts, and which modules that forward reproduces exactly (unwrapped `nn.Linear` / `Conv1D` layers,
+full attention, no extra sub-layers). A LoRA- or otherwise-wrapped layer, cross-attention or a sliding
+window makes `build` return None, and active dropout makes `usable` false; callers then run the
+transformers module.
 
 `prefill(ids, lengths)` runs the prompts of a batch once each (`Prefix`); `extend(ids, position,
 prefix, cache, keep)` runs the tokens after them, the rows that share a prompt (a group of G samples)
