@@ -159,3 +159,31 @@ def test_models_with_logit_postprocessing_score_from_the_module_logits():
     policy.logits_chunk = 2 * len(tokenizer)
     scored = policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
     torch.testing.assert_close(scored, gen.logprobs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("restricted", [False, True])
+def test_half_precision_token_log_probs_match_the_autograd_path(temperature, restricted, monkeypatch):
+    """bf16 logits: the blocked token log-prob (`_TokenLogProb`, blocks of 3 rows here) gives autograd's
+    log_softmax-then-gather values and logits gradient (to float32 rounding, then the gradient's bf16)."""
+    from textzoo.models import sampling
+
+    monkeypatch.setattr(sampling, "TOKEN_LOGP_ROWS", 3)
+    torch.manual_seed(0)
+    logits = (3 * torch.randn(8, 50)).bfloat16().requires_grad_()
+    tokens = torch.randint(0, 40, (8,))
+    bias = None
+    if restricted:
+        bias = torch.zeros(50)
+        bias[40:] = float("-inf")
+    weights = torch.randn(8)
+    expected = sampling.log_probs(logits, temperature, bias).gather(1, tokens[:, None]).squeeze(1)
+    (expected * weights).sum().backward()
+    expected_grad, logits.grad = logits.grad.clone(), None
+    got = sampling._TokenLogProb.apply(logits, tokens, temperature, bias)
+    (got * weights).sum().backward()
+    assert got.dtype == torch.float32 and logits.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(got, expected.detach(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits.grad.float(), expected_grad.float(), atol=1e-3, rtol=1e-2)
+    if restricted:
+        assert torch.equal(logits.grad[:, 40:], torch.zeros(8, 10, dtype=torch.bfloat16))

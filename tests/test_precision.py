@@ -226,3 +226,99 @@ def test_embedding_rows_gradient_under_autocast_matches_the_module():
     looked_up.backward(out_grad)
     torch.testing.assert_close(table.weight.grad, expected + 1, atol=1e-6, rtol=0)
     assert torch.equal(table.weight.grad[0], torch.ones(4))  # the padding row gets nothing
+
+
+def _llama_grads(fuse: bool, monkeypatch, precision_autocast=torch.bfloat16):
+    from textzoo.models import fastlm
+
+    monkeypatch.setattr(fastlm, "FUSE_PROJECTIONS", fuse)
+    agent = AgentConfig(model="tiny-llama", n_layer=2, n_embd=64, n_head=2)
+    policy = build_policy(agent, seed=0, device=torch.device("cpu"))
+    gen = policy.generate(["hello there", "hello there", "abc"], generator=torch.Generator().manual_seed(0))
+    policy.autocast = precision_autocast  # the fp32 samples, scored in each precision
+    policy.model.train()
+    logp = policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
+    (logp * torch.linspace(-1, 1, logp.shape[1])).sum().backward()
+    grads = {name: p.grad.clone() for name, p in policy.model.named_parameters()}
+    fused = [k for k in fastlm._CASTS if isinstance(k, tuple)]
+    return gen.completion_ids, logp.detach(), grads, policy, fused
+
+
+def test_fused_projections_match_separate_ones(monkeypatch):
+    """Under bf16 autocast q/k/v and gate/up run as one matmul each over one fused bf16 copy: the same
+    log-probs as one matmul per projection, each weight's gradient on its own ``.grad``
+    (within bf16 rounding of the separate path, and as close to fp32's), parameter names unchanged."""
+    ids, logp, grads, policy, fused = _llama_grads(True, monkeypatch)
+    ids_sep, logp_sep, grads_sep, separate, _ = _llama_grads(False, monkeypatch)
+    assert torch.equal(ids, ids_sep)
+    _, _, grads_fp32, _, _ = _llama_grads(False, monkeypatch, None)
+    assert len(fused) >= 4  # q/k/v and gate/up of both layers went through the fused copies
+    assert torch.equal(ids, ids_sep)
+    torch.testing.assert_close(logp, logp_sep, atol=1e-6, rtol=0)
+    assert list(grads) == list(grads_sep) and all(".qkv" not in n and "gate_up" not in n for n in grads)
+    assert list(policy.model.state_dict()) == list(separate.model.state_dict())  # the HF names, nothing added
+    for name in grads:
+        scale = float(grads_fp32[name].norm())
+        assert float((grads[name] - grads_sep[name]).norm()) < 0.02 * scale, name
+        assert float((grads[name] - grads_fp32[name]).norm()) < 0.05 * scale, name
+
+
+def test_fused_copies_are_renewed_after_an_optimizer_step(monkeypatch):
+    from textzoo.models import fastlm
+
+    monkeypatch.setattr(fastlm, "FUSE_PROJECTIONS", True)
+    agent = AgentConfig(model="tiny-llama", n_layer=1, n_embd=32, precision="bf16-mixed")
+    policy = build_policy(agent, seed=0, device=torch.device("cpu"))
+    learner = build_learner(policy.model, agent, total_steps=2)
+    attn = policy.model.model.layers[0].self_attn
+    weights = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        before = fastlm.autocast_fused(weights)
+        assert fastlm.autocast_fused(weights) is before  # one copy per weight version
+        (before.float() ** 2).sum().backward()
+    for w in weights:  # each weight's own gradient: d/dw sum(w^2) = 2w, at bf16 resolution
+        torch.testing.assert_close(w.grad, 2 * w.detach().bfloat16().float(), atol=1e-6, rtol=1e-2)
+    learner.optimizer.step()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        after = fastlm.autocast_fused(weights)
+    assert after is not before
+    torch.testing.assert_close(after.float(), torch.cat(weights).detach().bfloat16().float(), atol=0, rtol=0)
+
+
+def test_accumulate_in_chunks_equals_one_add(monkeypatch):
+    from textzoo.models import fastlm
+
+    monkeypatch.setattr(fastlm, "ACCUMULATE_CHUNK", 7)
+    total, grad = torch.randn(5, 9), torch.randn(5, 9).bfloat16()
+    expected = total + grad.float()
+    fastlm.accumulate(total, grad)
+    assert torch.equal(total, expected)
+
+
+def test_bf16_per_sample_backward_with_fused_projections_matches_the_batched_gradient():
+    """bf16-mixed, fused q/k/v and gate/up copies: per-sample backward (each prompt once, shared by its
+    samples) accumulates the batched gradient, to bf16 accuracy."""
+    from textzoo.algorithms.batch import Job, SampleBatch
+    from textzoo.algorithms.reinforce.config import ReinforceConfig
+    from textzoo.algorithms.reinforce.family import reinforce_loss
+    from textzoo.models import fastlm
+    from textzoo.models.policy import GenerationConfig, Policy
+    from textzoo.runners.update import Learner, run_job
+
+    fastlm._CASTS.clear()
+    policy = Policy.tiny("llama", seed=1, generation=GenerationConfig(max_new_tokens=6))
+    prompts = [p for p in ("first prompt", "a second, longer prompt", "x") for _ in range(4)]  # B=3, G=4
+    gen = policy.generate(prompts, generator=torch.Generator().manual_seed(0))
+    policy.autocast = torch.bfloat16
+    batch = SampleBatch(gen, torch.linspace(-1, 1, len(prompts)))
+    cfg = ReinforceConfig(loss_aggregation="seq_mean")
+    grads = {}
+    for name, per_sample, cache in (("batched", False, None), ("per-sample", True, policy.prompt_cache)):
+        learner = Learner(policy.model, torch.optim.AdamW(list(policy.model.parameters())))
+        learner.optimizer.step = lambda: None  # keep weights: compare the gradients only
+        job = Job("a", batch, lambda b, n: reinforce_loss(policy, cfg, b, n), max_new_tokens=6, prompt_cache=cache)
+        run_job(job, learner, UpdateConfig(micro_batch_size=64, per_sample_backward=per_sample))
+        grads[name] = torch.cat([p.grad.flatten() for p in learner.params])
+    assert any(isinstance(k, tuple) for k in fastlm._CASTS)  # the fused copies were used
+    error = float((grads["per-sample"] - grads["batched"]).norm() / grads["batched"].norm())
+    assert grads["batched"].abs().sum() > 0 and error < 0.02, error

@@ -3,12 +3,15 @@
 `FastDecoder.build(model)` returns a decoder for a supported model (None otherwise): it reads the
 parameters of the module at every call, so gradients, optimizers and checkpoints are unchanged; it
 only skips transformers' per-call overhead (mask construction, cache objects, kwargs plumbing), which
-dominates for the tiny models textzoo trains on CPU. `ARCHITECTURES` maps ``config.model_type`` to
-an `Architecture`: where the trunk and its blocks live, one forward function (GPT-2; Llama / Qwen2 /
-Mistral share one; Qwen3 adds q/k norms to it), the final norm, the head counts, and which modules
-that forward reproduces exactly (unwrapped `nn.Linear` / `Conv1D` layers, full attention, no extra
-sub-layers). A LoRA- or otherwise-wrapped layer, cross-attention or a sliding window makes `build`
-return None, and active dropout makes `usable` false; callers then run the transformers module.
+dominates for the tiny models textzoo trains on CPU. Under autocast it reads one cast copy per weight
+version (`autocast_weight`), each layer's q/k/v and gate/up projections fused into one copy and one
+matmul each (`autocast_fused`), the gradients landing on the float32 weights. `ARCHITECTURES` maps
+``config.model_type`` to an `Architecture`: where the trunk and its blocks live, one forward function
+(GPT-2; Llama / Qwen2 / Mistral share one; Qwen3 adds q/k norms to it), the final norm, the head
+counts, and which modules that forward reproduces exactly (unwrapped `nn.Linear` / `Conv1D` layers,
+full attention, no extra sub-layers). A LoRA- or otherwise-wrapped layer, cross-attention or a sliding
+window makes `build` return None, and active dropout makes `usable` false; callers then run the
+transformers module.
 
 `prefill(ids, lengths)` runs the prompts of a batch once each (`Prefix`); `extend(ids, position,
 prefix, cache, keep)` runs the tokens after them, the rows that share a prompt (a group of G samples)
@@ -31,6 +34,11 @@ from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from transformers.pytorch_utils import Conv1D
 
+FUSE_PROJECTIONS = True
+"""Under autocast, compute each layer's q/k/v projections, and its MLP's gate/up projections, as one
+matmul over one cast copy of their weights (`FastDecoder.fused`): fewer, wider matmuls and fewer ops
+per token. Off: one matmul per projection (the float32 path)."""
+
 GROUPED_SCORES_LIMIT = 1 << 24
 """Attention scores (per layer) above which a multi-token `extend` (scoring) uses one fused sdpa call
 over per-row copies of the prompt instead of the grouped matmul: the grouped form keeps its scores
@@ -38,23 +46,40 @@ for backward, O(T x (P+T)) per row, which long completions on a GPU cannot affor
 
 
 class _Cast(NamedTuple):
-    source: weakref.ref  # the float32 weight
-    version: tuple[int, int]  # its version counter and storage when cast
+    source: weakref.ref  # the float32 weight (of a fused copy: the first one)
+    version: tuple  # its version counter and storage when cast (of a fused copy: each weight's)
     copy: torch.Tensor  # in the autocast dtype; cast with autograd when the weight trains
+    others: tuple[weakref.ref, ...] = ()  # a fused copy's other weights
 
 
-_CASTS: dict[int, _Cast] = {}
+_CASTS: dict[int | tuple[int, ...], _Cast] = {}
+"""Weight id -> its cast copy; a tuple of weight ids -> their fused copy (`autocast_fused`)."""
 
 
 def forget_casts(optimizer: torch.optim.Optimizer, *_) -> None:
-    """Drop the cast copies of ``optimizer``'s parameters (after its step: fused AdamW writes the
-    weights without moving their version counters, so the versions alone would not tell)."""
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            _CASTS.pop(id(p), None)
+    """Drop the cast copies of ``optimizer``'s parameters, fused ones included (after its step: fused
+    AdamW writes the weights without moving their version counters, so the versions alone would not tell)."""
+    ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for key in ids:
+        _CASTS.pop(key, None)
+    for key in [k for k in _CASTS if isinstance(k, tuple) and not ids.isdisjoint(k)]:
+        _CASTS.pop(key, None)
 
 
 register_optimizer_step_post_hook(forget_casts)
+
+
+def _cast_dtype(weight: torch.Tensor) -> torch.dtype | None:
+    """The dtype `autocast_weight` casts ``weight`` to now; None when it returns the weight itself."""
+    if weight.dtype != torch.float32 or type(weight.data) is not torch.Tensor:
+        return None
+    device = weight.device.type
+    if device not in ("cpu", "cuda") or not torch.is_autocast_enabled(device) or not torch.is_autocast_cache_enabled():
+        return None  # a CUDA graph capture turns the cache off: its casts must stay inside the graph
+    dtype = torch.get_autocast_dtype(device)
+    if torch.is_inference_mode_enabled() or dtype == torch.float32:
+        return None
+    return dtype
 
 
 def autocast_weight(weight: torch.Tensor | None) -> torch.Tensor | None:
@@ -68,13 +93,8 @@ def autocast_weight(weight: torch.Tensor | None) -> torch.Tensor | None:
     to the float32 weight's ``.grad`` in place: the same sum as autocast's cast-back then accumulation,
     without a float32 temporary per weight per backward pass (it saves no tensors, so any number of
     backward passes may go through it)."""
-    if weight is None or weight.dtype != torch.float32 or type(weight.data) is not torch.Tensor:
-        return weight
-    device = weight.device.type
-    if device not in ("cpu", "cuda") or not torch.is_autocast_enabled(device) or not torch.is_autocast_cache_enabled():
-        return weight  # a CUDA graph capture turns the cache off: its casts must stay inside the graph
-    dtype = torch.get_autocast_dtype(device)
-    if torch.is_inference_mode_enabled() or dtype == torch.float32:
+    dtype = None if weight is None else _cast_dtype(weight)
+    if dtype is None:
         return weight
     key, version = id(weight), (weight._version, weight.data_ptr())
     hit = _CASTS.get(key)
@@ -91,6 +111,60 @@ def autocast_weight(weight: torch.Tensor | None) -> torch.Tensor | None:
     return copy
 
 
+def autocast_fused(weights: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
+    """The weights ([n_i, d] each) concatenated along their first axis in the autocast dtype, one copy per
+    weight version as in `autocast_weight` (one matmul then computes q/k/v, or gate/up, together);
+    None when `autocast_weight` would not cast them (no autocast or its cache, float32 autocast, other
+    dtypes) or they differ in dtype or device. Trainable weights' gradients land on each weight's own
+    ``.grad`` (`_FusedCastBack`), so the parameters, their names and optimizer state stay as they are."""
+    dtype = _cast_dtype(weights[0])
+    first = weights[0]
+    if dtype is None or any(_cast_dtype(w) != dtype or w.device != first.device for w in weights[1:]):
+        return None
+    key = tuple(id(w) for w in weights)
+    version = tuple((w._version, w.data_ptr()) for w in weights)
+    hit = _CASTS.get(key)
+    if (
+        hit is not None
+        and hit.source() is first
+        and all(ref() is w for ref, w in zip(hit.others, weights[1:]))
+        and hit.version == version
+        and hit.copy.dtype == dtype
+    ):
+        return hit.copy
+    if any(w.requires_grad for w in weights):
+        with torch.enable_grad():
+            copy = _FusedCastBack.apply(dtype, *weights)
+    else:
+        copy = torch.cat([w.to(dtype) for w in weights])
+    if hit is None:
+        for w in weights:
+            weakref.finalize(w, _CASTS.pop, key, None)
+    _CASTS[key] = _Cast(weakref.ref(first), version, copy, tuple(weakref.ref(w) for w in weights[1:]))
+    return copy
+
+
+class _FusedCastBack(torch.autograd.Function):
+    """``cat([w.to(dtype) for w in weights])`` whose backward accumulates each weight's rows of the
+    gradient into its own float32 ``.grad`` (in place, as `_CastBack`)."""
+
+    @staticmethod
+    def forward(ctx, dtype: torch.dtype, *weights: torch.Tensor) -> torch.Tensor:
+        ctx.weights = weights  # leaf parameters: holding them makes no reference cycle
+        return torch.cat([w.to(dtype) for w in weights])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        for weight, part in zip(ctx.weights, grad.split([w.shape[0] for w in ctx.weights])):
+            if not weight.requires_grad:
+                continue
+            if weight.grad is None:
+                weight.grad = part.to(weight.dtype)
+            else:
+                accumulate(weight.grad, part)
+        return (None, *(None for _ in ctx.weights))
+
+
 class _CastBack(torch.autograd.Function):
     """``weight.to(dtype)`` whose backward accumulates into ``weight.grad`` itself (float32, in place)."""
 
@@ -105,8 +179,27 @@ class _CastBack(torch.autograd.Function):
         if weight.grad is None:
             weight.grad = grad.to(weight.dtype)
         else:
-            weight.grad.add_(grad)
+            accumulate(weight.grad, grad)
         return None, None
+
+
+ACCUMULATE_CHUNK = 1 << 18
+"""Elements per in-place add of `accumulate`: a float32 temporary of 1 MiB, which the allocator reuses
+from the heap. Whole-tensor mixed-dtype adds make a weight-sized float32 temporary each, fresh pages
+the kernel zeroes and faults in every time (SmolLM2's 49,152 x 576 head: ~70-80 ms per add, ~9 ms in
+chunks; a 1536 x 576 MLP weight 0.8 vs 0.2 ms)."""
+
+
+def accumulate(total: torch.Tensor, grad: torch.Tensor) -> None:
+    """``total += grad`` in place (``total`` float32, ``grad`` e.g. bfloat16: the same sum, each element
+    cast to float32 and added), a chunk of `ACCUMULATE_CHUNK` elements at a time."""
+    n = total.numel()
+    if n <= ACCUMULATE_CHUNK or grad.dtype == total.dtype or not total.is_contiguous():
+        total.add_(grad)
+        return
+    flat, src = total.view(-1), grad.reshape(-1)
+    for start in range(0, n, ACCUMULATE_CHUNK):
+        flat[start : start + ACCUMULATE_CHUNK].add_(src[start : start + ACCUMULATE_CHUNK])
 
 
 class _RowGrad(torch.autograd.Function):
@@ -342,6 +435,24 @@ class FastDecoder:
         if base is None:
             return F.linear(x, autocast_weight(layer.weight), autocast_weight(layer.bias))
         return F.linear(x, autocast_weight(base.weight), autocast_weight(base.bias)) + self._lora_delta(x, layer)
+
+    def fused(self, *layers: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The weight and bias of ``layers`` (unwrapped `nn.Linear` layers of one input) as one layer,
+        their outputs concatenated, in the autocast dtype (`autocast_fused`); None when they are not all
+        unwrapped (a LoRA wrapper adds its own term), only some have a bias, or nothing is cast (float32
+        runs keep one matmul per layer: a float32 concatenation would copy the weights at every call)."""
+        if not FUSE_PROJECTIONS or any(type(layer) is not nn.Linear for layer in layers):
+            return None
+        biases = [layer.bias for layer in layers]
+        if any(b is None for b in biases) and not all(b is None for b in biases):
+            return None
+        weight = autocast_fused(tuple(layer.weight for layer in layers))
+        if weight is None:
+            return None
+        if biases[0] is None:
+            return weight, None
+        bias = autocast_fused(tuple(biases))
+        return None if bias is None else (weight, bias)
 
     def conv(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
         """``layer(x)`` ([N, in] -> [N, out]) for GPT-2's `Conv1D` (weight stored (in, out)), or one wrapped by LoRA."""
@@ -609,25 +720,45 @@ def llama_forward(
         lead = hidden.shape[:-1]  # (S, T) or, packed, (N,)
         attn, mlp = layer.self_attn, layer.mlp
         x = compute(_rms_norm(hidden, layer.input_layernorm))
-        k = dec.linear(x, attn.k_proj).view(*lead, dec.kv_heads, -1)  # [..., H_kv, D]
-        v = dec.linear(x, attn.v_proj).view(*lead, dec.kv_heads, -1)
+        at_last = last is not None and i == len(dec.layers) - 1  # queries and outputs at `last` only
+        qkv = dec.fused(attn.q_proj, attn.k_proj, attn.v_proj)  # one [(H + 2 H_kv) D, d] weight, or None
+        nq = attn.q_proj.out_features
+        if qkv is None:
+            k = dec.linear(x, attn.k_proj).view(*lead, dec.kv_heads, -1)  # [..., H_kv, D]
+            v = dec.linear(x, attn.v_proj).view(*lead, dec.kv_heads, -1)
+        elif at_last:
+            w, b = qkv
+            kv = F.linear(x, w[nq:], None if b is None else b[nq:])  # [..., 2 H_kv D]
+            k, v = (t.view(*lead, dec.kv_heads, -1) for t in kv.chunk(2, -1))
+        else:  # one split (its backward is one concatenation, where slices would each zero-fill a gradient)
+            nkv = attn.k_proj.out_features
+            q, k, v = F.linear(x, *qkv).split([nq, nkv, nkv], -1)  # [..., H D], [..., H_kv D] x 2
+            k, v = k.view(*lead, dec.kv_heads, -1), v.view(*lead, dec.kv_heads, -1)
         if qk_norm:
             k = _rms_norm(k, attn.k_norm)
         k = compute(k * cos + _rotate_half(k) * sin)
-        if last is not None and i == len(dec.layers) - 1:  # queries and outputs at `last` only
+        if at_last:
             x, hidden, q_cos, q_sin = _at(x, last), _at(hidden, last), _at(cos, last), _at(sin, last)
         else:
             q_cos, q_sin = cos, sin
-        q = dec.linear(x, attn.q_proj).view(*x.shape[:-1], dec.heads, -1)  # [..., T', H, D]
+        if qkv is None:
+            q = dec.linear(x, attn.q_proj)
+        elif at_last:
+            w, b = qkv
+            q = F.linear(x, w[:nq], None if b is None else b[:nq])
+        q = q.view(*x.shape[:-1], dec.heads, -1)  # [..., T', H, D]
         if qk_norm:
             q = _rms_norm(q, attn.q_norm)
         q = compute(q * q_cos + _rotate_half(q) * q_sin)
         out = rows.pack(attend(i, rows.unpack(q), rows.unpack(k), rows.unpack(v), attn.scaling))
         hidden = hidden + dec.linear(out, attn.o_proj)
         x = compute(_rms_norm(hidden, layer.post_attention_layernorm))
-        hidden = hidden + dec.linear(
-            mlp.act_fn(dec.linear(x, mlp.gate_proj)) * dec.linear(x, mlp.up_proj), mlp.down_proj
-        )
+        gate_up = dec.fused(mlp.gate_proj, mlp.up_proj)  # one [2 I, d] weight, or None
+        if gate_up is None:
+            gate, up = dec.linear(x, mlp.gate_proj), dec.linear(x, mlp.up_proj)
+        else:
+            gate, up = F.linear(x, *gate_up).chunk(2, -1)  # [..., I] each
+        hidden = hidden + dec.linear(mlp.act_fn(gate) * up, mlp.down_proj)
     return rows.unpack(hidden)
 
 

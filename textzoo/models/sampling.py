@@ -434,6 +434,46 @@ computes and adds a whole [V, d] weight gradient of its own (SmolLM2's head: ~25
 85 positions a chunk)."""
 
 
+BLOCKED_TOKEN_LOGP = True
+"""Score half-precision logits with `_TokenLogProb` (off: autograd's float32 log_softmax and gather)."""
+TOKEN_LOGP_ROWS = 16
+"""Positions per block of `_TokenLogProb`: a [16, V] float32 temporary (3 MiB at 49,152 tokens)."""
+
+
+class _TokenLogProb(torch.autograd.Function):
+    """``log_probs(logits, temperature, bias).gather(1, tokens[:, None])[:, 0]`` for half-precision logits
+    ([n, V] -> [n] float32), a block of `TOKEN_LOGP_ROWS` positions at a time: the float32 log-softmax
+    never exists for all positions, and backward computes ``(onehot(token) - softmax) * grad / T`` per
+    block straight into a half-precision logits gradient (saving only the logits), where autograd would
+    keep the [n, V] float32 log-probs, zero-fill and scatter an [n, V] gradient for the gather and cast it.
+    The same formula as that path, to float32 rounding."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, tokens: torch.Tensor, temperature: float, bias: torch.Tensor | None):
+        ctx.save_for_backward(logits, tokens)
+        ctx.temperature, ctx.bias = temperature, bias
+        out = logits.new_empty(tokens.shape, dtype=torch.float32)  # [n]
+        for start in range(0, logits.shape[0], TOKEN_LOGP_ROWS):
+            block = slice(start, start + TOKEN_LOGP_ROWS)
+            logp = log_probs(logits[block], temperature, bias)  # [r, V] float32
+            out[block] = logp.gather(1, tokens[block, None]).squeeze(1)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        logits, tokens = ctx.saved_tensors
+        out = torch.empty_like(logits)  # [n, V] in the logits' dtype
+        for start in range(0, logits.shape[0], TOKEN_LOGP_ROWS):
+            block = slice(start, start + TOKEN_LOGP_ROWS)
+            g = grad[block, None].float()  # [r, 1]
+            d = log_probs(logits[block], ctx.temperature, ctx.bias).exp_().mul_(-g)  # -softmax * grad
+            d.scatter_add_(1, tokens[block, None], g)  # + grad at the selected token
+            if ctx.temperature != 1.0:
+                d.div_(ctx.temperature)
+            out[block] = d
+        return out, None, None, None
+
+
 def selected_log_probs(
     inputs: HeadInput,
     tokens: torch.Tensor,
@@ -464,7 +504,10 @@ def selected_log_probs(
     rows = max(1, chunk // max(inputs.vocab_size, 1)) if chunk > 0 else max(n, 1)
 
     def piece(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logp = log_probs(inputs.head(h), temperature, bias)  # [n, V]
+        logits = inputs.head(h)  # [n, V]
+        if BLOCKED_TOKEN_LOGP and not return_entropy and logits.dtype in (torch.bfloat16, torch.float16):
+            return _TokenLogProb.apply(logits, t, temperature, bias), logits.new_zeros(0)
+        logp = log_probs(logits, temperature, bias)  # [n, V]
         token_logp = logp.gather(1, t[:, None]).squeeze(1)  # [n]
         return token_logp, entropy_of(logp) if return_entropy else token_logp.new_zeros(0)
 
