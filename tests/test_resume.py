@@ -220,7 +220,10 @@ def test_eval_cli_loads_the_final_weights(tmp_path, capsys):
 
 
 # ---- preemption: SIGTERM / Ctrl-C finish the step, checkpoint, exit 0 ------------------------------
-PREEMPT = dataclasses.replace(CFG, steps=8, save_every=0, keep_last=0)  # a stop or the end writes a checkpoint
+# a stop or the end writes a checkpoint. 24 steps: an idle machine runs a tiny step in ~25 ms, so 8 steps
+# ended before a signal sent 0.15 s after step 3 arrived; 21 steps left keep the run going ~0.5 s longer
+# than the latest signal here, and a loaded machine only widens that margin (its steps slow down too)
+PREEMPT = dataclasses.replace(CFG, steps=24, save_every=0, keep_last=0)
 
 
 @pytest.fixture(scope="module")
