@@ -134,9 +134,11 @@ def k3_per_token(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch
     """k3 estimator of KL(π‖π_ref) per token: exp(ℓ_ref−ℓ) − (ℓ_ref−ℓ) − 1 (Schulman 2020), 0 off the mask.
 
     Non-negative and unbiased, with low variance: the KL term of a loss. Shapes [S, C] -> [S, C].
+    Computed as expm1(d) − d, floored at 0: exp(d) − 1 rounds to within float epsilon of 1, which for
+    near-equal log-probs (|d| ~ 1e-6) leaves negative values of the size of the true ones.
     """
     d = (ref_logprobs - logprobs) * mask  # [S, C]
-    return (torch.exp(d) - d - 1) * mask
+    return (torch.expm1(d) - d).clamp_min(0) * mask
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
