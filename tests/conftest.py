@@ -53,18 +53,19 @@ def smollm2(request, tmp_path_factory, smollm2_file) -> Path:
     version = importlib.metadata.version(SMOLLM2_PACKAGE)
     name = f"smollm2-{version}-transformers-{transformers.__version__}"
     cache = getattr(request.config, "cache", None)  # None under `-p no:cacheprovider`: convert per session
-    folder = Path(cache.mkdir(name) if cache is not None else tmp_path_factory.mktemp("real") / name)
+    root = Path(cache.mkdir(name) if cache is not None else tmp_path_factory.mktemp("real") / name)
+    root.mkdir(parents=True, exist_ok=True)
+    folder = root / "model"  # appears whole or not at all: parallel workers (pytest -n) may convert at once
     if not (folder / "complete").is_file():
         from textzoo.models.loading import convert_gguf
 
-        staging = folder.with_name(folder.name + f".tmp-{os.getpid()}")
+        staging = root / f"tmp-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
         convert_gguf(gguf, staging)
         (staging / "complete").write_text(str(gguf) + "\n")
-        shutil.rmtree(folder, ignore_errors=True)
         try:
-            staging.rename(folder)
-        except OSError:  # another session finished first: keep its folder
+            staging.rename(folder)  # atomic; fails when another worker's folder is already there
+        except OSError:
             shutil.rmtree(staging, ignore_errors=True)
     return folder
 
