@@ -133,6 +133,28 @@ def test_auto_is_bf16_mixed_for_a_large_model_on_a_native_bf16_cpu(monkeypatch):
     assert precision.resolve("bf16-weights", small, cpu) == "bf16-weights"
 
 
+def test_bf16_on_a_cpu_without_bf16_instructions_is_named_slow_and_logged(monkeypatch, tmp_path, caplog):
+    from textzoo.models import precision
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx", "avx2"}))
+    for name in ("bf16-mixed", "bf16-weights"):
+        message = precision.slow_bf16(name, cpu)
+        assert message is not None and "no bf16 matrix instructions" in message and "'fp32'" in message
+    assert precision.slow_bf16("fp32", cpu) is None and precision.slow_bf16("fp16-weights", cpu) is None
+    assert precision.slow_bf16("bf16-mixed", torch.device("meta")) is None  # only CPUs emulate here
+    with caplog.at_level("WARNING", logger="textzoo.runners.trainer"):
+        _trainer(tmp_path, "bf16-mixed")
+    assert [r for r in caplog.records if "no bf16 matrix instructions" in r.getMessage()]
+    caplog.clear()
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    if torch.backends.mkldnn.is_available():
+        assert precision.slow_bf16("bf16-mixed", cpu) is None
+        with caplog.at_level("WARNING", logger="textzoo.runners.trainer"):
+            _trainer(tmp_path / "native", "bf16-mixed")
+        assert not [r for r in caplog.records if "no bf16 matrix instructions" in r.getMessage()]
+
+
 def test_cpu_flags_reads_the_flags_line(tmp_path):
     from textzoo.models.precision import cpu_flags
 

@@ -24,6 +24,7 @@ from textzoo.algorithms.batch import Job, Rollout
 from textzoo.config import AgentConfig, TrainConfig, precisions_as_in
 from textzoo.config_files import from_dict, save_config, to_dict
 from textzoo.errors import CheckpointError, ConfigError
+from textzoo.models.precision import slow_bf16
 from textzoo.models.team import Actor
 from textzoo.runners import sharding
 from textzoo.runners.build import ItemSampler, build_actors, build_learner, env_factory, resolved_config
@@ -164,6 +165,9 @@ class Trainer:
             visible_devices(cfg.devices, local_rank),
             {**overrides, **cfg.device_map},
         )
+        for actor in self.actors:
+            if (slow := slow_bf16(actor.policy.precision, actor.policy.device)) is not None:
+                logger.warning("agent %s: %s", actor.id, slow)
         self.collector = Collector(self.env_fn, self.actors, cfg.env_workers, cfg.generate_workers)
         self._eval_collector: Collector | None = None
         self.sharded = self._shard() if cfg.sharding == "fsdp" and self.dist.enabled else []
