@@ -156,12 +156,8 @@ class _FusedCastBack(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         for weight, part in zip(ctx.weights, grad.split([w.shape[0] for w in ctx.weights])):
-            if not weight.requires_grad:
-                continue
-            if weight.grad is None:
-                weight.grad = part.to(weight.dtype)
-            else:
-                accumulate(weight.grad, part)
+            if weight.requires_grad:
+                _add_grad(weight, part)
         return (None, *(None for _ in ctx.weights))
 
 
@@ -175,12 +171,16 @@ class _CastBack(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        weight = ctx.weight
-        if weight.grad is None:
-            weight.grad = grad.to(weight.dtype)
-        else:
-            accumulate(weight.grad, grad)
+        _add_grad(ctx.weight, grad)
         return None, None
+
+
+def _add_grad(weight: torch.Tensor, grad: torch.Tensor) -> None:
+    """Add ``grad`` (the cast copy's gradient) to ``weight.grad`` in the weight's dtype, in place."""
+    if weight.grad is None:
+        weight.grad = grad.to(weight.dtype)
+    else:
+        accumulate(weight.grad, grad)
 
 
 ACCUMULATE_CHUNK = 1 << 18
