@@ -181,7 +181,7 @@ def memory_breakdown(trainer) -> dict[str, float]:
     for learner in trainer.learners.values():
         for values in learner.optimizer.state.values():
             state += sum(v.numel() * v.element_size() for v in values.values() if isinstance(v, torch.Tensor))
-    copies = sum(c.copy.numel() * c.copy.element_size() for c in fastlm._CASTS.values() if c.source() is not None)
+    copies = sum(c.copy.numel() * c.copy.element_size() for c in fastlm._CASTS.values() if c.weights[0]() is not None)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     out = {"weights": weights, "gradients": grads, "adamw_state": state, "bf16_weight_copies": copies}
     out["rest"] = peak - sum(out.values())
@@ -250,17 +250,19 @@ def run_mode(args: Args, mode: str, precision: str = "auto") -> dict:
     counted: list[float] = []
     profiled: list[bool] = []
     update_cpu: dict[int, float] = {}  # step -> process CPU seconds of its update
+    update_faults: dict[int, int] = {}  # step -> minor page faults of its update (fresh pages the kernel zeroes)
     peaks_at: list[tuple[str, float]] = []  # (phase, peak RSS MiB after it), in order
     original_step = trainer.train_step
 
     def cpu_timed(inner):
         def run(jobs, learners, update_cfg, **kwargs):
             peaks_at.append((f"step {trainer.step + 1} generate", _max_rss_mib()))
-            start = time.process_time()
+            start, faults = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             try:
                 return inner(jobs, learners, update_cfg, **kwargs)
             finally:
                 update_cpu[trainer.step + 1] = time.process_time() - start  # the step counter moves after
+                update_faults[trainer.step + 1] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
                 peaks_at.append((f"step {trainer.step + 1} update", _max_rss_mib()))
 
         return run
@@ -347,6 +349,7 @@ def run_mode(args: Args, mode: str, precision: str = "auto") -> dict:
         "peaks_gflops": {k: [v[0] / 1e9, v[1] / 1e9] for k, v in best.items()},
         "cpu_s_per_step": cpu["step"] / len(timed),
         "update_cpu_s_per_step": cpu["update"] / len(timed),
+        "update_page_faults_per_step": sum(update_faults[r["step"]] for r in timed) / len(timed),
         "memory_mib": memory,
         "peak_phase": next((phase for phase, rss in peaks_at if rss >= peaks_at[-1][1]), None) if peaks_at else None,
         "model": cfg.agent.model,

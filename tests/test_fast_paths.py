@@ -109,9 +109,10 @@ def test_generation_is_the_same_with_and_without_the_fast_paths(arch, fast_forwa
     torch.testing.assert_close(fast.logprobs, plain.logprobs, atol=1e-5, rtol=0)
 
 
-def _spy_rows(monkeypatch, policy: Policy) -> list[tuple[str, int]]:
-    """Record (call, rows) of every model pass: the fast decoder's prefill/extend, or the module's forward."""
-    seen: list[tuple[str, int]] = []
+def _spy_rows(monkeypatch, policy: Policy) -> list[tuple[str, int | tuple[int, int]]]:
+    """Record (call, rows) of every model pass: the fast decoder's prefill/extend, its one-pass score
+    (prompts, completion rows), or the module's forward."""
+    seen: list[tuple[str, int | tuple[int, int]]] = []
     backend = policy.backend()
     if isinstance(backend, ModuleBackend):
         forward = backend._forward
@@ -120,7 +121,14 @@ def _spy_rows(monkeypatch, policy: Policy) -> list[tuple[str, int]]:
         )
         return seen
     fast = backend.decoder
-    prefill, extend = fast.prefill, fast.extend
+    prefill, extend, score = fast.prefill, fast.extend, fast.score
+    monkeypatch.setattr(
+        fast,
+        "score",
+        lambda prompts, lengths, rows, ids, *a: (
+            seen.append(("score", (len(prompts), len(ids)))) or score(prompts, lengths, rows, ids, *a)
+        ),
+    )
     monkeypatch.setattr(
         fast, "prefill", lambda ids, *a, **k: seen.append(("prefill", ids.shape[0])) or prefill(ids, *a, **k)
     )
@@ -143,7 +151,10 @@ def test_prefill_runs_each_distinct_prompt_once(monkeypatch, fast_forward):
     assert seen[0][1] == 2
     seen.clear()
     policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
-    assert [rows for _, rows in seen] == [2, 8]  # the prompts once, then the completions
+    if fast_forward:  # one pass: the two prompts once, with the eight completions
+        assert seen == [("score", (2, 8))]
+    else:  # the module: the prompts once, then the completions
+        assert seen == [("forward", 2), ("forward", 8)]
 
 
 def test_grouped_rows_read_one_copy_of_their_prompt(monkeypatch):
@@ -283,7 +294,7 @@ def test_scoring_with_active_dropout_gives_each_sample_its_own_prompt_pass(monke
     policy.model.eval()
     seen = _spy_rows(monkeypatch, policy)
     policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
-    assert [rows for _, rows in seen] == [2, 8]
+    assert seen == [("score", (2, 8))]
 
 
 def _gqa_policy() -> Policy:
@@ -365,7 +376,9 @@ def test_scoring_skips_the_positions_after_each_rows_last_scored_token(arch, mon
     packed_logp, packed_grads = _score_and_grads(policy, gen, weights)
     (rows,) = packed
     last = gen.completion_mask.shape[1] - 1 - gen.completion_mask.flip(1).int().argmax(1)
-    assert rows.index is not None and len(rows.index) == int(last.sum())  # inputs before each last scored token
+    prompt_tokens = int(gen.prompt_mask[::3].sum())  # each distinct prompt's tokens, in the same pass
+    assert rows.index is not None and len(rows.index) == prompt_tokens + int(last.sum())  # and the inputs before
+    # each row's last scored token
     monkeypatch.setattr(fastlm.Packed, "PACK_BELOW", 0.0)  # compute every position
     full_logp, full_grads = _score_and_grads(policy, gen, weights)
     torch.testing.assert_close(packed_logp, full_logp, atol=1e-5, rtol=0)

@@ -199,9 +199,10 @@ def test_per_sample_backward_runs_each_prompt_once_with_the_batched_gradient(arc
     batch = SampleBatch(gen, torch.linspace(-1, 1, len(prompts)))
     cfg = ReinforceConfig(loss_aggregation="seq_mean")
     fast = policy.backend().decoder
-    calls = []
-    prefill = fast.prefill
+    calls = []  # prompts per pass that runs prompts: a prefill, or a one-pass score of prompts and completions
+    prefill, score = fast.prefill, fast.score
     monkeypatch.setattr(fast, "prefill", lambda ids, *a: calls.append(ids.shape[0]) or prefill(ids, *a))
+    monkeypatch.setattr(fast, "score", lambda prompts, *a: calls.append(prompts.shape[0]) or score(prompts, *a))
     grads = {}
     for name, per_sample, cache in (
         ("batched", False, None),

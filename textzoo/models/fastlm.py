@@ -22,6 +22,7 @@ in scoring the prompt's gradient is accumulated by the same matmul instead of a 
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -33,6 +34,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from transformers.pytorch_utils import Conv1D
+
+from textzoo.models.precision import native_bf16
 
 FUSE_PROJECTIONS = True
 """Under autocast, compute each layer's q/k/v projections, and its MLP's gate/up projections, as one
@@ -46,27 +49,54 @@ for backward, O(T x (P+T)) per row, which long completions on a GPU cannot affor
 
 
 class _Cast(NamedTuple):
-    source: weakref.ref  # the float32 weight (of a fused copy: the first one)
-    version: tuple  # its version counter and storage when cast (of a fused copy: each weight's)
-    copy: torch.Tensor  # in the autocast dtype; cast with autograd when the weight trains
-    others: tuple[weakref.ref, ...] = ()  # a fused copy's other weights
+    weights: tuple[weakref.ref, ...]  # the weights it was made from (a fused copy: several)
+    version: tuple  # each weight's version counter and storage when it was made
+    copy: torch.Tensor  # in the compute dtype (`_CASTS`: with autograd when a weight trains; `_PACKED`: packed)
 
 
-_CASTS: dict[int | tuple[int, ...], _Cast] = {}
-"""Weight id -> its cast copy; a tuple of weight ids -> their fused copy (`autocast_fused`)."""
+_CASTS: dict[tuple[int, ...], _Cast] = {}
+"""Weight ids -> their cast copy: one weight's (`autocast_weight`) or several fused (`autocast_fused`)."""
+_PACKED: dict[tuple[int, ...], _Cast] = {}
+"""Weight ids -> their packed copy (`packed_weight`)."""
+
+
+def _versions(weights: tuple[torch.Tensor, ...]) -> tuple:
+    return tuple((w._version, w.data_ptr()) for w in weights)
+
+
+def _cached(cache: dict, weights: tuple[torch.Tensor, ...], dtype: torch.dtype) -> torch.Tensor | None:
+    """The copy of ``weights`` that ``cache`` holds for their current versions in ``dtype``, else None."""
+    hit = cache.get(tuple(id(w) for w in weights))
+    if hit is None or hit.copy.dtype != dtype or hit.version != _versions(weights):
+        return None
+    return hit.copy if all(ref() is w for ref, w in zip(hit.weights, weights)) else None
+
+
+def _remember(cache: dict, weights: tuple[torch.Tensor, ...], copy: torch.Tensor) -> torch.Tensor:
+    """Keep ``copy`` of ``weights`` in ``cache`` until they change or one of them is freed."""
+    key = tuple(id(w) for w in weights)
+    if key not in cache:
+        for w in weights:
+            weakref.finalize(w, cache.pop, key, None)
+    cache[key] = _Cast(tuple(weakref.ref(w) for w in weights), _versions(weights), copy)
+    return copy
 
 
 def forget_casts(optimizer: torch.optim.Optimizer, *_) -> None:
-    """Drop the cast copies of ``optimizer``'s parameters, fused ones included (after its step: fused
-    AdamW writes the weights without moving their version counters, so the versions alone would not tell)."""
+    """Drop the cast and packed copies of ``optimizer``'s parameters, fused ones included (after its step:
+    fused AdamW writes the weights without moving their version counters, so the versions alone would not tell)."""
     ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    for key in ids:
-        _CASTS.pop(key, None)
-    for key in [k for k in _CASTS if isinstance(k, tuple) and not ids.isdisjoint(k)]:
-        _CASTS.pop(key, None)
+    for cache in (_CASTS, _PACKED):
+        for key in [k for k in cache if not ids.isdisjoint(k)]:
+            cache.pop(key, None)
 
 
 register_optimizer_step_post_hook(forget_casts)
+
+
+def forget_packed() -> None:
+    """Drop every packed copy (`packed_weight`): the update, which reads none, runs without them."""
+    _PACKED.clear()
 
 
 def _cast_dtype(weight: torch.Tensor) -> torch.dtype | None:
@@ -78,6 +108,14 @@ def _cast_dtype(weight: torch.Tensor) -> torch.dtype | None:
         return None  # a CUDA graph capture turns the cache off: its casts must stay inside the graph
     dtype = torch.get_autocast_dtype(device)
     if torch.is_inference_mode_enabled() or dtype == torch.float32:
+        return None
+    return dtype
+
+
+def _fused_dtype(weights: tuple[torch.Tensor, ...]) -> torch.dtype | None:
+    """The dtype `autocast_fused` casts ``weights`` to now (all alike, on one device); None when it would not."""
+    dtype = _cast_dtype(weights[0])
+    if dtype is None or any(_cast_dtype(w) != dtype or w.device != weights[0].device for w in weights[1:]):
         return None
     return dtype
 
@@ -96,19 +134,15 @@ def autocast_weight(weight: torch.Tensor | None) -> torch.Tensor | None:
     dtype = None if weight is None else _cast_dtype(weight)
     if dtype is None:
         return weight
-    key, version = id(weight), (weight._version, weight.data_ptr())
-    hit = _CASTS.get(key)
-    if hit is not None and hit.source() is weight and hit.version == version and hit.copy.dtype == dtype:
-        return hit.copy
+    copy = _cached(_CASTS, (weight,), dtype)
+    if copy is not None:
+        return copy
     if weight.requires_grad:
         with torch.enable_grad():
             copy = _CastBack.apply(weight, dtype)
     else:
         copy = weight.to(dtype)
-    if hit is None:
-        weakref.finalize(weight, _CASTS.pop, key, None)
-    _CASTS[key] = _Cast(weakref.ref(weight), version, copy)
-    return copy
+    return _remember(_CASTS, (weight,), copy)
 
 
 def autocast_fused(weights: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
@@ -117,31 +151,56 @@ def autocast_fused(weights: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
     None when `autocast_weight` would not cast them (no autocast or its cache, float32 autocast, other
     dtypes) or they differ in dtype or device. Trainable weights' gradients land on each weight's own
     ``.grad`` (`_FusedCastBack`), so the parameters, their names and optimizer state stay as they are."""
-    dtype = _cast_dtype(weights[0])
-    first = weights[0]
-    if dtype is None or any(_cast_dtype(w) != dtype or w.device != first.device for w in weights[1:]):
+    dtype = _fused_dtype(weights)
+    if dtype is None:
         return None
-    key = tuple(id(w) for w in weights)
-    version = tuple((w._version, w.data_ptr()) for w in weights)
-    hit = _CASTS.get(key)
-    if (
-        hit is not None
-        and hit.source() is first
-        and all(ref() is w for ref, w in zip(hit.others, weights[1:]))
-        and hit.version == version
-        and hit.copy.dtype == dtype
-    ):
-        return hit.copy
+    copy = _cached(_CASTS, weights, dtype)
+    if copy is not None:
+        return copy
     if any(w.requires_grad for w in weights):
         with torch.enable_grad():
             copy = _FusedCastBack.apply(dtype, *weights)
     else:
         copy = torch.cat([w.to(dtype) for w in weights])
-    if hit is None:
-        for w in weights:
-            weakref.finalize(w, _CASTS.pop, key, None)
-    _CASTS[key] = _Cast(weakref.ref(first), version, copy, tuple(weakref.ref(w) for w in weights[1:]))
+    return _remember(_CASTS, weights, copy)
+
+
+PACKED_MATMULS = True
+"""Gradient-free bfloat16 forwards on CPU multiply by packed weight copies (`packed_weight`)."""
+
+
+def packed_weight(weights: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
+    """The weights ([n_i, d] each; several: concatenated along their first axis, as `autocast_fused`) in
+    bfloat16 and in oneDNN's packed layout, for a forward without gradients on a CPU that computes bf16
+    natively (sampling, old and reference log-probs): `matmul` by it skips the reorder of the weight that
+    every ``F.linear`` call makes, which dominates at decode shapes (SmolLM2-135M, 32 rows, 1 thread:
+    46 -> 35 ms of matmuls per token, the same products bit for bit). Packed from the weights' cast copy
+    (which stays for the update); one copy per weight version until an optimizer step or `forget_packed`.
+    None where it does not apply (gradients on, float32 compute, another device, weights that differ in
+    dtype or device)."""
+    first = weights[0]
+    if not PACKED_MATMULS or torch.is_grad_enabled() or first.device.type != "cpu" or not _native_bf16_cpu():
+        return None
+    dtype = _fused_dtype(weights) if len(weights) > 1 else (_cast_dtype(first) or first.dtype)
+    if dtype != torch.bfloat16 or type(first.data) is not torch.Tensor:
+        return None
+    copy = _cached(_PACKED, weights, dtype)
+    if copy is None:  # packed from the cast copy, which the update then reads as it is
+        dense = autocast_fused(weights) if len(weights) > 1 else autocast_weight(first)
+        copy = _remember(_PACKED, weights, torch.ops.mkldnn._reorder_linear_weight(dense.detach()))
     return copy
+
+
+@functools.cache
+def _native_bf16_cpu() -> bool:
+    return native_bf16(torch.device("cpu"))
+
+
+def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for a weight as it is or packed (`packed_weight`; ``x`` is cast to its dtype)."""
+    if weight.is_mkldnn:
+        return torch.ops.mkldnn._linear_pointwise(x.to(weight.dtype), weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
 
 
 class _FusedCastBack(torch.autograd.Function):
@@ -264,6 +323,23 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     weights = scores.softmax(-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
     weights = weights.view(U, H_kv, rep * P, P)
     return (weights @ v).view(U, H, P, D)
+
+
+def _padding_bias(lengths: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """[U, 1, 1, width] additive key bias of U prompts of ``lengths`` tokens (real tokens first): 0 on a
+    prompt's tokens, -inf on the padding after them."""
+    real = torch.arange(width, device=lengths.device) < lengths[:, None]  # [U, width]
+    bias = torch.zeros((len(lengths), 1, 1, width), dtype=dtype, device=lengths.device)
+    return bias.masked_fill_(~real[:, None, None, :], float("-inf"))
+
+
+def _causal_bias(T: int, past: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """[T, past+T] additive bias of T new positions after ``past`` cached ones: query t sees the keys up
+    to its own (-inf after); None for one new position, which sees them all."""
+    if T < 2:
+        return None
+    later = torch.arange(past + T, device=device) > torch.arange(T, device=device)[:, None] + past  # [T, past+T]
+    return torch.zeros((T, past + T), dtype=dtype, device=device).masked_fill_(later, float("-inf"))
 
 
 class KVCache:
@@ -432,26 +508,34 @@ class FastDecoder:
     def linear(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
         """``layer(x)`` for an `nn.Linear`, or one wrapped by peft's LoRA (this decoder's adapter added)."""
         base = _lora_base(layer)
-        if base is None:
-            return F.linear(x, autocast_weight(layer.weight), autocast_weight(layer.bias))
-        return F.linear(x, autocast_weight(base.weight), autocast_weight(base.bias)) + self._lora_delta(x, layer)
+        out = matmul(x, *self.weights(layer if base is None else base))
+        return out if base is None else out + self._lora_delta(x, layer)
+
+    @staticmethod
+    def weights(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The weight and bias of an unwrapped linear layer as `matmul` multiplies by them now: packed
+        (`packed_weight`) in a gradient-free bf16 forward on CPU, else in the autocast dtype (or as they are)."""
+        packed = packed_weight((layer.weight,))
+        return (autocast_weight(layer.weight) if packed is None else packed), autocast_weight(layer.bias)
 
     def fused(self, *layers: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """The weight and bias of ``layers`` (unwrapped `nn.Linear` layers of one input) as one layer,
-        their outputs concatenated, in the autocast dtype (`autocast_fused`); None when they are not all
-        unwrapped (a LoRA wrapper adds its own term), only some have a bias, or nothing is cast (float32
-        runs keep one matmul per layer: a float32 concatenation would copy the weights at every call)."""
+        their outputs concatenated, for `matmul`: packed (`packed_weight`) or in the autocast dtype
+        (`autocast_fused`); None when they are not all unwrapped (a LoRA wrapper adds its own term), only
+        some have a bias, or nothing is cast (float32 runs keep one matmul per layer: a float32
+        concatenation would copy the weights at every call)."""
         if not FUSE_PROJECTIONS or any(type(layer) is not nn.Linear for layer in layers):
             return None
-        biases = [layer.bias for layer in layers]
+        weights, biases = tuple(layer.weight for layer in layers), tuple(layer.bias for layer in layers)
         if any(b is None for b in biases) and not all(b is None for b in biases):
             return None
-        weight = autocast_fused(tuple(layer.weight for layer in layers))
-        if weight is None:
+        if _fused_dtype(weights) is None:
             return None
+        packed = packed_weight(weights)
+        weight = autocast_fused(weights) if packed is None else packed
         if biases[0] is None:
             return weight, None
-        bias = autocast_fused(tuple(biases))
+        bias = autocast_fused(biases)
         return None if bias is None else (weight, bias)
 
     def conv(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
@@ -490,45 +574,75 @@ class FastDecoder:
     # ----------------------------------------------------------------- shared prompts, grouped rows
     def prefill(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[Prefix, torch.Tensor]:
         """Run U prompts ([U, P], real tokens first, see `first_tokens_first`); return their `Prefix`
-        and the final hidden state ([U, d], after the last norm) at each prompt's last token.
-
-        Later tokens only read a prompt's keys/values, so the last layer runs its attention and MLP
-        for each prompt's last token alone (the other positions' outputs would never be read).
-        """
+        and the final hidden state ([U, d], after the last norm) at each prompt's last token."""
         U, P = ids.shape
-        keys: list[torch.Tensor] = []
-        values: list[torch.Tensor] = []
-        real = torch.arange(P, device=ids.device) < lengths[:, None]  # [U, P]
-        bias = torch.zeros((U, 1, 1, P), dtype=self._dtype, device=ids.device)
-        bias.masked_fill_(~real[:, None, None, :], float("-inf"))
-
-        def attend(i, q, k, v, scale):  # padding sits after a prompt's tokens: causal attention is exact
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
-            keys.append(k)  # [U, H_kv, P, D]
-            values.append(v)
-            gqa = self.kv_heads != self.heads
-            if q.shape[2] == 1 < P:  # the last layer's query at each prompt's last token: sees its real keys
-                out = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=bias, scale=scale, enable_gqa=gqa
-                )  # [U, H, 1, D]
-            elif _matmul_attention(q, P):
-                out = causal_attention(q, k, v, scale)  # [U, H, P, D]
-            else:
-                out = F.scaled_dot_product_attention(
-                    q, k, v, is_causal=True, scale=scale, enable_gqa=gqa
-                )  # [U, H, P, D]
-            return out.transpose(1, 2).flatten(2)
-
+        prefix = Prefix([], [], _padding_bias(lengths, P, self._dtype), lengths)
         position = torch.arange(P, device=ids.device).expand(U, P)  # [U, P]
-        hidden = self._hidden(ids, position, attend, last=lengths - 1)  # [U, 1, d]
-        return Prefix(keys, values, bias, lengths), self.norm(hidden[:, 0])
+        hidden = self._hidden(ids, position, functools.partial(self._attend_prompts, prefix=prefix))  # [U, P, d]
+        return prefix, self.norm(hidden[torch.arange(U, device=ids.device), lengths - 1])
+
+    def _attend_prompts(self, i: int, q, k, v, scale: float, prefix: Prefix) -> torch.Tensor:
+        """Causal self-attention of U prompts (real tokens first: padding after them changes nothing);
+        q [U, P, H, D], k/v [U, P, H_kv, D] -> [U, P, H*D]. Appends the layer's keys and values
+        ([U, H_kv, P, D]) to ``prefix``."""
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+        prefix.keys.append(k)  # [U, H_kv, P, D]
+        prefix.values.append(v)
+        if _matmul_attention(q, k.shape[2]):
+            out = causal_attention(q, k, v, scale)  # [U, H, P, D]
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=scale, enable_gqa=self.kv_heads != self.heads
+            )  # [U, H, P, D]
+        return out.transpose(1, 2).flatten(2)
+
+    def score(
+        self,
+        prompts: torch.Tensor,
+        lengths: torch.Tensor,
+        rows: SharedRows,
+        ids: torch.Tensor,
+        needed: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`prefill` of U prompts ([U, P], real tokens first) and `extend` of the T tokens ``ids`` ([S, T])
+        that follow them (row s after prompt ``rows.inverse[s]``) in one pass: each layer multiplies the
+        prompts' and the rows' positions by each weight in one matmul, so a backward computes one gradient
+        per weight instead of one per pass and adds. Returns the final hidden states (after the last norm)
+        at each prompt's last token ([U, d]) and at the rows' positions ([S, T, d]); ``needed`` as `extend`.
+
+        The pass runs over one [U + S, W] grid (W = max(P, T)): the prompts' rows, then the completions';
+        the positions computed are the prompts' real tokens and the rows' needed ones (`Packed`)."""
+        (U, P), (S, T) = prompts.shape, ids.shape
+        W, device = max(P, T), ids.device
+        prefix = Prefix([], [], _padding_bias(lengths, P, self._dtype), lengths)
+        shared = self.share(prefix, rows)  # grouped: fills as the prompts' layers run; else gathered per layer
+        cache, causal = self.new_cache(), _causal_bias(T, 0, self._dtype, device)
+
+        def attend(i, q, k, v, scale):  # [U + S, W, ...] -> [U + S, W, H*D]
+            on_prompts = self._attend_prompts(i, q[:U, :P], k[:U, :P], v[:U, :P], scale, prefix)  # [U, P, H*D]
+            if not rows.group:  # one prompt per row
+                shared.keys.append(prefix.keys[i].index_select(0, rows.inverse))
+                shared.values.append(prefix.values[i].index_select(0, rows.inverse))
+            on_rows = self._attend_grouped(i, q[U:, :T], k[U:, :T], v[U:, :T], scale, shared, cache, causal)
+            return torch.cat([F.pad(on_prompts, (0, 0, 0, W - P)), F.pad(on_rows, (0, 0, 0, W - T))])
+
+        real = torch.arange(W, device=device) < lengths[:, None]  # [U, W]
+        needed = torch.ones((S, T), dtype=torch.bool, device=device) if needed is None else needed
+        computed = torch.cat([real, F.pad(needed, (0, W - T))])  # [U + S, W]
+        steps = torch.arange(W, device=device)
+        position = torch.cat([steps.expand(U, W), lengths[rows.inverse, None] + steps]).masked_fill(~computed, 0)
+        grid = torch.cat([F.pad(prompts, (0, W - P)), F.pad(ids, (0, W - T))])  # [U + S, W]
+        hidden = self._hidden(grid, position, attend, rows=Packed.of(computed))  # [U + S, W, d]
+        last = hidden[torch.arange(U, device=device), lengths - 1]  # [U, d]
+        return self.norm(last), self.norm(hidden[U:, :T])
 
     @staticmethod
     def share(prefix: Prefix, rows: SharedRows) -> Prefix:
         """The prefix of the batch's rows (``prefix`` holds prompts ``rows.first``): grouped when the
-        rows are contiguous runs of copies, else gathered to one prompt per row."""
+        rows are contiguous runs of copies (the same lists of keys and values), else gathered to one
+        prompt per row."""
         if rows.group:
-            return Prefix(prefix.keys, prefix.values, prefix.bias, prefix.lengths, rows.group)
+            return replace(prefix, group=rows.group)
         inverse = rows.inverse
         return Prefix(
             [k.index_select(0, inverse) for k in prefix.keys],
@@ -553,44 +667,43 @@ class FastDecoder:
         ``needed`` ([S, T] bool, each row's needed positions first): the positions whose outputs are read;
         the layers' matmuls then run on those alone (see `Packed`), and the others come out as 0."""
         S, T = ids.shape
-        U, G = prefix.prompts, prefix.group
-        if U * G != S:
-            raise ValueError(f"{S} rows do not match a prefix of {U} prompts x {G} rows each")
-        H_kv, rep = self.kv_heads, self.heads // self.kv_heads
-        past = cache.get_seq_length()
-        causal = None
-        if T > 1:  # query t sees the completion keys up to its own
-            k_pos = torch.arange(past + T, device=ids.device)
-            q_pos = torch.arange(T, device=ids.device)[:, None] + past
-            causal = torch.zeros((T, past + T), dtype=self._dtype, device=ids.device)
-            causal.masked_fill_(k_pos > q_pos, float("-inf"))  # [T, past+T]
-
-        def attend(i, q, k, v, scale):  # q [S, T, H, D], k/v [S, T, H_kv, D] -> [S, T, H*D]
-            D = q.shape[-1]
-            k = k.view(U, G, T, H_kv, D).permute(0, 3, 1, 2, 4).reshape(U * H_kv, G, T, D)
-            v = v.view(U, G, T, H_kv, D).permute(0, 3, 1, 2, 4).reshape(U * H_kv, G, T, D)
-            kc, vc = cache.update(i, k, v)  # [U*H_kv, G, past+T, D]
-            Tc = kc.shape[2]
-            kc, vc = kc.view(U, H_kv, G, Tc, D), vc.view(U, H_kv, G, Tc, D)
-            kp, vp = prefix.keys[i], prefix.values[i]  # [U, H_kv, P, D]
-            P = kp.shape[2]
-            if causal is not None and S * self.heads * T * (P + Tc) > GROUPED_SCORES_LIMIT:
-                # A long scoring pass: fused attention over each row's copy of its prompt keys keeps no
-                # [T, P+Tc] scores for backward (the grouped matmul below would, for every layer).
-                return self._attend_rows(q, kp, vp, kc, vc, prefix, causal, scale)
-            # Layout [U, H_kv, G, rep, T, D]: a group's queries of one kv head are one matmul batch.
-            q = (q * scale).view(U, G, T, H_kv, rep, D).permute(0, 3, 1, 4, 2, 5).reshape(U, H_kv, G * rep * T, D)
-            on_prompt = (q @ kp.transpose(-1, -2) + prefix.bias).view(U, H_kv, G, rep * T, P)
-            on_completion = q.view(U, H_kv, G, rep * T, D) @ kc.transpose(-1, -2)  # [U, H_kv, G, rep*T, Tc]
-            if causal is not None:
-                on_completion = (on_completion.view(U, H_kv, G, rep, T, Tc) + causal).view(U, H_kv, G, rep * T, Tc)
-            weights = torch.cat([on_prompt, on_completion], -1).softmax(-1, dtype=torch.float32).to(q.dtype)
-            out = weights[..., :P].reshape(U, H_kv, G * rep * T, P) @ vp  # [U, H_kv, G*rep*T, D]
-            out = out.view(U, H_kv, G, rep * T, D) + weights[..., P:] @ vc  # [U, H_kv, G, rep*T, D]
-            return out.view(U, H_kv, G, rep, T, D).permute(0, 2, 4, 1, 3, 5).reshape(S, T, H_kv * rep * D)
-
+        if prefix.prompts * prefix.group != S:
+            raise ValueError(f"{S} rows do not match a prefix of {prefix.prompts} prompts x {prefix.group} rows each")
+        causal = _causal_bias(T, cache.get_seq_length(), self._dtype, ids.device)
+        attend = functools.partial(self._attend_grouped, prefix=prefix, cache=cache, causal=causal)
         rows = Packed.of(needed) if needed is not None else ALL
         return self.norm(self._hidden(ids, position, attend, rows=rows)[:, -keep:])
+
+    def _attend_grouped(
+        self, i: int, q, k, v, scale: float, prefix: Prefix, cache: KVCache, causal: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Attention of S rows' T new positions (q [S, T, H, D], k/v [S, T, H_kv, D]; row s reads prompt
+        s // G of ``prefix``) over their prompt, the positions in ``cache`` before them (which gets the new
+        keys/values) and themselves (``causal`` [T, past+T], None for T = 1) -> [S, T, H*D]."""
+        S, T, _, D = q.shape
+        U, G = prefix.prompts, prefix.group
+        H_kv, rep = self.kv_heads, self.heads // self.kv_heads
+        k = k.reshape(U, G, T, H_kv, D).permute(0, 3, 1, 2, 4).reshape(U * H_kv, G, T, D)
+        v = v.reshape(U, G, T, H_kv, D).permute(0, 3, 1, 2, 4).reshape(U * H_kv, G, T, D)
+        kc, vc = cache.update(i, k, v)  # [U*H_kv, G, past+T, D]
+        Tc = kc.shape[2]
+        kc, vc = kc.view(U, H_kv, G, Tc, D), vc.view(U, H_kv, G, Tc, D)
+        kp, vp = prefix.keys[i], prefix.values[i]  # [U, H_kv, P, D]
+        P = kp.shape[2]
+        if causal is not None and S * self.heads * T * (P + Tc) > GROUPED_SCORES_LIMIT:
+            # A long scoring pass: fused attention over each row's copy of its prompt keys keeps no
+            # [T, P+Tc] scores for backward (the grouped matmul below would, for every layer).
+            return self._attend_rows(q, kp, vp, kc, vc, prefix, causal, scale)
+        # Layout [U, H_kv, G, rep, T, D]: a group's queries of one kv head are one matmul batch.
+        q = (q * scale).view(U, G, T, H_kv, rep, D).permute(0, 3, 1, 4, 2, 5).reshape(U, H_kv, G * rep * T, D)
+        on_prompt = (q @ kp.transpose(-1, -2) + prefix.bias).view(U, H_kv, G, rep * T, P)
+        on_completion = q.view(U, H_kv, G, rep * T, D) @ kc.transpose(-1, -2)  # [U, H_kv, G, rep*T, Tc]
+        if causal is not None:
+            on_completion = (on_completion.view(U, H_kv, G, rep, T, Tc) + causal).view(U, H_kv, G, rep * T, Tc)
+        weights = torch.cat([on_prompt, on_completion], -1).softmax(-1, dtype=torch.float32).to(q.dtype)
+        out = weights[..., :P].reshape(U, H_kv, G * rep * T, P) @ vp  # [U, H_kv, G*rep*T, D]
+        out = out.view(U, H_kv, G, rep * T, D) + weights[..., P:] @ vc  # [U, H_kv, G, rep*T, D]
+        return out.view(U, H_kv, G, rep, T, D).permute(0, 2, 4, 1, 3, 5).reshape(S, T, H_kv * rep * D)
 
     def _attend_rows(self, q, kp, vp, kc, vc, prefix: Prefix, causal, scale) -> torch.Tensor:
         """`extend`'s attention with the prompt's keys/values copied to each of its rows and one sdpa
@@ -625,23 +738,12 @@ class FastDecoder:
         """The LM head on final hidden states ([..., d] -> [..., V])."""
         if self.lm_head is None:
             raise ValueError("this decoder runs a trunk without an LM head: it has hidden states, not logits")
-        return F.linear(hidden, autocast_weight(self.lm_head.weight), autocast_weight(self.lm_head.bias))
+        return matmul(hidden, *self.weights(self.lm_head))
 
-    def _hidden(
-        self,
-        ids: torch.Tensor,
-        position: torch.Tensor,
-        attend,
-        last: torch.Tensor | None = None,
-        rows: Packed | None = None,
-    ):
+    def _hidden(self, ids: torch.Tensor, position: torch.Tensor, attend, rows: Packed = None) -> torch.Tensor:
         """Hidden states ([S, T, d]) before the final norm; ``attend(layer, q, k, v, scale)`` mixes positions.
-
-        With ``last`` ([S] column per row), the last layer computes keys/values at every position but
-        its output at column ``last`` only ([S, 1, d]). With ``rows`` (a `Packed`), the layers compute the
-        packed positions only (the others are 0).
-        """
-        return self.arch.forward(self, ids, position, attend, last, rows or ALL)
+        With ``rows`` (a `Packed`), the layers compute the packed positions only (the others are 0)."""
+        return self.arch.forward(self, ids, position, attend, rows or ALL)
 
 
 class Packed:
@@ -682,7 +784,7 @@ ALL = Packed(None, (0, 0))
 
 
 # ------------------------------------------------------------------- architectures: one forward each
-def gpt2_forward(dec: FastDecoder, ids, position, attend, last=None, rows: Packed = ALL) -> torch.Tensor:
+def gpt2_forward(dec: FastDecoder, ids, position, attend, rows: Packed = ALL) -> torch.Tensor:
     """GPT-2: learned positions, pre-LayerNorm blocks, fused qkv `Conv1D` (weights stored (in, out))."""
     body = dec.body
     hidden = rows.pack(body.wte(ids) + body.wpe(position))  # [S, T, d] or packed [N, d] (padding_idx: 0 grad)
@@ -692,8 +794,6 @@ def gpt2_forward(dec: FastDecoder, ids, position, attend, last=None, rows: Packe
         x = _layer_norm(hidden, block.ln_1).reshape(-1, d)
         qkv = dec.conv(x, attn.c_attn).view(*lead, 3, dec.heads, -1)  # [..., 3, H, D]
         q, k, v = (rows.unpack(t) for t in qkv.unbind(-3))  # 3 x [S, T, H, D]
-        if last is not None and i == len(dec.layers) - 1:
-            q, hidden, lead = _at(q, last), _at(hidden, last), (hidden.shape[0], 1)  # [S, 1, H, D], [S, 1, d]
         out = rows.pack(attend(i, q, k, v, attn.scaling)).reshape(-1, d)
         hidden = hidden + dec.conv(out, attn.c_proj).view(*lead, d)
         x = _layer_norm(hidden, block.ln_2).reshape(-1, d)
@@ -702,9 +802,7 @@ def gpt2_forward(dec: FastDecoder, ids, position, attend, last=None, rows: Packe
     return rows.unpack(hidden)
 
 
-def llama_forward(
-    dec: FastDecoder, ids, position, attend, last=None, rows: Packed = ALL, qk_norm: bool = False
-) -> torch.Tensor:
+def llama_forward(dec: FastDecoder, ids, position, attend, rows: Packed = ALL, qk_norm: bool = False) -> torch.Tensor:
     """Llama / Qwen2 / Mistral: RoPE, RMSNorm, grouped-query attention, SwiGLU MLP (with ``qk_norm``,
     an RMSNorm on each head's queries and keys before RoPE).
 
@@ -720,36 +818,17 @@ def llama_forward(
         lead = hidden.shape[:-1]  # (S, T) or, packed, (N,)
         attn, mlp = layer.self_attn, layer.mlp
         x = compute(_rms_norm(hidden, layer.input_layernorm))
-        at_last = last is not None and i == len(dec.layers) - 1  # queries and outputs at `last` only
         qkv = dec.fused(attn.q_proj, attn.k_proj, attn.v_proj)  # one [(H + 2 H_kv) D, d] weight, or None
-        nq = attn.q_proj.out_features
         if qkv is None:
-            k = dec.linear(x, attn.k_proj).view(*lead, dec.kv_heads, -1)  # [..., H_kv, D]
-            v = dec.linear(x, attn.v_proj).view(*lead, dec.kv_heads, -1)
-        elif at_last:
-            w, b = qkv
-            kv = F.linear(x, w[nq:], None if b is None else b[nq:])  # [..., 2 H_kv D]
-            k, v = (t.view(*lead, dec.kv_heads, -1) for t in kv.chunk(2, -1))
+            q, k, v = (dec.linear(x, proj) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
         else:  # one split (its backward is one concatenation, where slices would each zero-fill a gradient)
-            nkv = attn.k_proj.out_features
-            q, k, v = F.linear(x, *qkv).split([nq, nkv, nkv], -1)  # [..., H D], [..., H_kv D] x 2
-            k, v = k.view(*lead, dec.kv_heads, -1), v.view(*lead, dec.kv_heads, -1)
+            nq, nkv = attn.q_proj.out_features, attn.k_proj.out_features
+            q, k, v = matmul(x, *qkv).split([nq, nkv, nkv], -1)  # [..., H D], [..., H_kv D] x 2
+        q = q.view(*lead, dec.heads, -1)  # [..., H, D]
+        k, v = k.view(*lead, dec.kv_heads, -1), v.view(*lead, dec.kv_heads, -1)  # [..., H_kv, D]
         if qk_norm:
-            k = _rms_norm(k, attn.k_norm)
-        k = compute(k * cos + _rotate_half(k) * sin)
-        if at_last:
-            x, hidden, q_cos, q_sin = _at(x, last), _at(hidden, last), _at(cos, last), _at(sin, last)
-        else:
-            q_cos, q_sin = cos, sin
-        if qkv is None:
-            q = dec.linear(x, attn.q_proj)
-        elif at_last:
-            w, b = qkv
-            q = F.linear(x, w[:nq], None if b is None else b[:nq])
-        q = q.view(*x.shape[:-1], dec.heads, -1)  # [..., T', H, D]
-        if qk_norm:
-            q = _rms_norm(q, attn.q_norm)
-        q = compute(q * q_cos + _rotate_half(q) * q_sin)
+            q, k = _rms_norm(q, attn.q_norm), _rms_norm(k, attn.k_norm)
+        q, k = compute(q * cos + _rotate_half(q) * sin), compute(k * cos + _rotate_half(k) * sin)
         out = rows.pack(attend(i, rows.unpack(q), rows.unpack(k), rows.unpack(v), attn.scaling))
         hidden = hidden + dec.linear(out, attn.o_proj)
         x = compute(_rms_norm(hidden, layer.post_attention_layernorm))
@@ -757,7 +836,7 @@ def llama_forward(
         if gate_up is None:
             gate, up = dec.linear(x, mlp.gate_proj), dec.linear(x, mlp.up_proj)
         else:
-            gate, up = F.linear(x, *gate_up).chunk(2, -1)  # [..., I] each
+            gate, up = matmul(x, *gate_up).chunk(2, -1)  # [..., I] each
         hidden = hidden + dec.linear(mlp.act_fn(gate) * up, mlp.down_proj)
     return rows.unpack(hidden)
 
@@ -775,14 +854,9 @@ def _same(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def qwen3_forward(dec: FastDecoder, ids, position, attend, last=None, rows: Packed = ALL) -> torch.Tensor:
+def qwen3_forward(dec: FastDecoder, ids, position, attend, rows: Packed = ALL) -> torch.Tensor:
     """Qwen3: Llama's blocks with an RMSNorm on each head's queries and keys before RoPE."""
-    return llama_forward(dec, ids, position, attend, last, rows, qk_norm=True)
-
-
-def _at(x: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
-    """Row s's entry at ``column[s]`` of the second axis, keeping that axis ([S, T, ...] -> [S, 1, ...])."""
-    return x[torch.arange(x.shape[0], device=x.device), column][:, None]
+    return llama_forward(dec, ids, position, attend, rows, qk_norm=True)
 
 
 def _lora_base(layer: nn.Module) -> nn.Module | None:
@@ -874,7 +948,7 @@ class Architecture:
     layers: str
     """The trunk's attribute that holds its blocks."""
     forward: Callable[..., torch.Tensor]
-    """``(decoder, ids [S, T], position [S, T], attend, last, rows) -> hidden [S, T, d]`` before the final
+    """``(decoder, ids [S, T], position [S, T], attend, rows) -> hidden [S, T, d]`` before the final
     norm; ``attend(layer, q, k, v, scale)`` mixes positions, ``rows`` (a `Packed`) are the positions to
     compute (see `FastDecoder._hidden`)."""
     final_norm: Callable[[nn.Module, torch.Tensor], torch.Tensor]

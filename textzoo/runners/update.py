@@ -22,7 +22,7 @@ import torch
 from textzoo.algorithms.batch import Job
 from textzoo.algorithms.rlmath import BatchNorm
 from textzoo.config import UpdateConfig
-from textzoo.models.fastlm import forget_casts
+from textzoo.models.fastlm import forget_casts, forget_packed
 from textzoo.models.policy import has_dropout
 from textzoo.runners import sharding
 
@@ -100,12 +100,14 @@ def run_jobs(
 
     Torch ops release the GIL, so two learners' forwards and backwards use two cores. Gradient
     synchronisation across replicas keeps jobs sequential (collectives must be issued in one order).
-    Each learner's gradients are freed once its job is done, so the next job and the next rollout do not
+    The rollout's packed weight copies (`textzoo.models.fastlm.packed_weight`) are dropped first; each
+    learner's gradients are freed once its job is done, so the next job and the next rollout do not
     hold them (a 135M-parameter model's: 513 MiB); one at a time, a learner's job runs without the bf16
     weight copies (`textzoo.models.fastlm.autocast_weight`) of the learners after it, which their own
     jobs cast again (256 MiB at that size, for a cast that takes a tenth of a second).
     """
     workers = min(cfg.parallel_jobs, len(jobs))
+    forget_packed()  # the rollout's packed weight copies: the update reads none
     if sum(_parameter_bytes(learners[job.learner]) for job in jobs) >= TRIM_HEAP_ABOVE:
         trim_heap()  # what the rollout freed goes back to the system before the update's peak
     if workers < 2 or grad_sync is not None or not _independent(jobs, learners):

@@ -88,14 +88,16 @@ class PlainBackend:
         """Free the static cache and its graphs (the next static decoding allocates them again)."""
         self._static = None
 
+    def _rows(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> SharedRows:
+        """Which rows share which prompt (each row its own when prompts are not shared)."""
+        if self.share_prompts:
+            return shared_rows(prompt_ids, prompt_mask)
+        return SharedRows.each(prompt_ids.shape[0], prompt_ids.device)
+
     def _prefix(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[Prefix, torch.Tensor, SharedRows]:
         """Each distinct prompt through the decoder once: their `Prefix`, final hidden states ([U, d])
         and which rows share which prompt."""
-        rows = (
-            shared_rows(prompt_ids, prompt_mask)
-            if self.share_prompts
-            else SharedRows.each(prompt_ids.shape[0], prompt_ids.device)
-        )
+        rows = self._rows(prompt_ids, prompt_mask)
         prefix, last = self.decoder.prefill(*first_tokens_first(prompt_ids[rows.first], prompt_mask[rows.first]))
         return prefix, last, rows
 
@@ -115,22 +117,27 @@ class PlainBackend:
         """
         fast = self.decoder
         C = completion_ids.shape[1]
+        needed = None
+        if scored is not None and C > 1:  # input t feeds the scored tokens after it: t < each row's last scored column
+            last = C - 1 - scored.flip(1).int().argmax(1)  # [S] (0 for a row with nothing scored)
+            last = torch.where(scored.any(1), last, torch.zeros_like(last))
+            needed = torch.arange(C - 1, device=last.device) < last[:, None]  # [S, C-1]
         cache = self._prompt_cache
         if cache is not None and torch.is_grad_enabled() and cache.holds_one_prompt(prompt_ids, prompt_mask):
             prefix, last, lengths = cache.prefix(prompt_ids, prompt_mask, fast)
-        else:
-            prefix, last, rows = self._prefix(prompt_ids, prompt_mask)
-            prefix, last, lengths = fast.share(prefix, rows), last[rows.inverse], prefix.lengths[rows.inverse]
-        hidden = last[:, None]  # [S, 1, d]
-        if C > 1:
-            position = lengths[:, None] + torch.arange(C - 1, device=prompt_ids.device)  # [S, C-1]
-            needed = None
-            if scored is not None:  # input t feeds the scored tokens after it: t < each row's last scored column
-                last = C - 1 - scored.flip(1).int().argmax(1)  # [S] (0 for a row with nothing scored)
-                last = torch.where(scored.any(1), last, torch.zeros_like(last))
-                needed = torch.arange(C - 1, device=last.device) < last[:, None]  # [S, C-1]
-            rest = fast.extend(completion_ids[:, :-1], position, prefix, fast.new_cache(), C - 1, needed)  # [S, C-1, d]
-            hidden = torch.cat([hidden, rest], 1)  # [S, C, d]
+            hidden = last[:, None]  # [S, 1, d]
+            if C > 1:
+                position = lengths[:, None] + torch.arange(C - 1, device=prompt_ids.device)  # [S, C-1]
+                rest = fast.extend(completion_ids[:, :-1], position, prefix, fast.new_cache(), C - 1, needed)
+                hidden = torch.cat([hidden, rest], 1)  # [S, C, d]
+            return HeadInput(hidden, fast.head)
+        rows = self._rows(prompt_ids, prompt_mask)
+        prompts, lengths = first_tokens_first(prompt_ids[rows.first], prompt_mask[rows.first])
+        if C == 1:
+            hidden = fast.prefill(prompts, lengths)[1][rows.inverse, None]  # [S, 1, d]
+        else:  # the prompts and the completions in one pass
+            last, rest = fast.score(prompts, lengths, rows, completion_ids[:, :-1], needed)  # [U, d], [S, C-1, d]
+            hidden = torch.cat([last[rows.inverse, None], rest], 1)  # [S, C, d]
         return HeadInput(hidden, fast.head)
 
     @contextmanager
