@@ -374,11 +374,9 @@ def test_scoring_skips_the_positions_after_each_rows_last_scored_token(arch, mon
     of = fastlm.Packed.of
     monkeypatch.setattr(fastlm.Packed, "of", classmethod(lambda cls, needed: packed.append(of(needed)) or packed[-1]))
     packed_logp, packed_grads = _score_and_grads(policy, gen, weights)
-    (rows,) = packed
+    _, rows = packed  # the prompts (each distinct one once, in the same pass), then the completions
     last = gen.completion_mask.shape[1] - 1 - gen.completion_mask.flip(1).int().argmax(1)
-    prompt_tokens = int(gen.prompt_mask[::3].sum())  # each distinct prompt's tokens, in the same pass
-    assert rows.index is not None and len(rows.index) == prompt_tokens + int(last.sum())  # and the inputs before
-    # each row's last scored token
+    assert rows.index is not None and len(rows.index) == int(last.sum())  # inputs before each last scored token
     monkeypatch.setattr(fastlm.Packed, "PACK_BELOW", 0.0)  # compute every position
     full_logp, full_grads = _score_and_grads(policy, gen, weights)
     torch.testing.assert_close(packed_logp, full_logp, atol=1e-5, rtol=0)

@@ -22,6 +22,7 @@ in scoring the prompt's gradient is accumulated by the same matmul instead of a 
 
 from __future__ import annotations
 
+import copy
 import functools
 import weakref
 from collections.abc import Callable
@@ -578,22 +579,25 @@ class FastDecoder:
         U, P = ids.shape
         prefix = Prefix([], [], _padding_bias(lengths, P, self._dtype), lengths)
         position = torch.arange(P, device=ids.device).expand(U, P)  # [U, P]
-        hidden = self._hidden(ids, position, functools.partial(self._attend_prompts, prefix=prefix))  # [U, P, d]
-        return prefix, self.norm(hidden[torch.arange(U, device=ids.device), lengths - 1])
+        attend = functools.partial(self._attend_prompts, prefix=prefix)
+        hidden = self._hidden(ids, position, attend, rows=LastColumns(lengths - 1))  # [U, 1, d]
+        return prefix, self.norm(hidden[:, 0])
 
     def _attend_prompts(self, i: int, q, k, v, scale: float, prefix: Prefix) -> torch.Tensor:
         """Causal self-attention of U prompts (real tokens first: padding after them changes nothing);
-        q [U, P, H, D], k/v [U, P, H_kv, D] -> [U, P, H*D]. Appends the layer's keys and values
-        ([U, H_kv, P, D]) to ``prefix``."""
+        q [U, P, H, D] (or [U, 1, H, D]: each prompt's last token), k/v [U, P, H_kv, D] -> [U, P or 1, H*D].
+        Appends the layer's keys and values ([U, H_kv, P, D]) to ``prefix``."""
+        P = k.shape[1]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
         prefix.keys.append(k)  # [U, H_kv, P, D]
         prefix.values.append(v)
-        if _matmul_attention(q, k.shape[2]):
+        gqa = self.kv_heads != self.heads
+        if q.shape[2] == 1 < P:  # each prompt's last token: sees its real keys
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=prefix.bias, scale=scale, enable_gqa=gqa)
+        elif _matmul_attention(q, P):
             out = causal_attention(q, k, v, scale)  # [U, H, P, D]
         else:
-            out = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=scale, enable_gqa=self.kv_heads != self.heads
-            )  # [U, H, P, D]
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
         return out.transpose(1, 2).flatten(2)
 
     def score(
@@ -610,31 +614,29 @@ class FastDecoder:
         per weight instead of one per pass and adds. Returns the final hidden states (after the last norm)
         at each prompt's last token ([U, d]) and at the rows' positions ([S, T, d]); ``needed`` as `extend`.
 
-        The pass runs over one [U + S, W] grid (W = max(P, T)): the prompts' rows, then the completions';
-        the positions computed are the prompts' real tokens and the rows' needed ones (`Packed`)."""
+        The pass computes the prompts' real tokens and the rows' needed positions (`Pair`)."""
         (U, P), (S, T) = prompts.shape, ids.shape
-        W, device = max(P, T), ids.device
+        device = ids.device
         prefix = Prefix([], [], _padding_bias(lengths, P, self._dtype), lengths)
         shared = self.share(prefix, rows)  # grouped: fills as the prompts' layers run; else gathered per layer
         cache, causal = self.new_cache(), _causal_bias(T, 0, self._dtype, device)
 
-        def attend(i, q, k, v, scale):  # [U + S, W, ...] -> [U + S, W, H*D]
-            on_prompts = self._attend_prompts(i, q[:U, :P], k[:U, :P], v[:U, :P], scale, prefix)  # [U, P, H*D]
+        def attend(i, q, k, v, scale):  # (prompts [U, P, ...], rows [S, T, ...]) -> the same, [..., H*D]
+            on_prompts = self._attend_prompts(i, q[0], k[0], v[0], scale, prefix)  # [U, P, H*D]
             if not rows.group:  # one prompt per row
                 shared.keys.append(prefix.keys[i].index_select(0, rows.inverse))
                 shared.values.append(prefix.values[i].index_select(0, rows.inverse))
-            on_rows = self._attend_grouped(i, q[U:, :T], k[U:, :T], v[U:, :T], scale, shared, cache, causal)
-            return torch.cat([F.pad(on_prompts, (0, 0, 0, W - P)), F.pad(on_rows, (0, 0, 0, W - T))])
+            return on_prompts, self._attend_grouped(i, q[1], k[1], v[1], scale, shared, cache, causal)
 
-        real = torch.arange(W, device=device) < lengths[:, None]  # [U, W]
+        real = torch.arange(P, device=device) < lengths[:, None]  # [U, P]
         needed = torch.ones((S, T), dtype=torch.bool, device=device) if needed is None else needed
-        computed = torch.cat([real, F.pad(needed, (0, W - T))])  # [U + S, W]
-        steps = torch.arange(W, device=device)
-        position = torch.cat([steps.expand(U, W), lengths[rows.inverse, None] + steps]).masked_fill(~computed, 0)
-        grid = torch.cat([F.pad(prompts, (0, W - P)), F.pad(ids, (0, W - T))])  # [U + S, W]
-        hidden = self._hidden(grid, position, attend, rows=Packed.of(computed))  # [U + S, W, d]
-        last = hidden[torch.arange(U, device=device), lengths - 1]  # [U, d]
-        return self.norm(last), self.norm(hidden[U:, :T])
+        position = (
+            torch.arange(P, device=device).expand(U, P),
+            lengths[rows.inverse, None] + torch.arange(T, device=device),
+        )
+        layout = Pair(real, needed, last=lengths - 1)
+        on_prompts, on_rows = self._hidden((prompts, ids), position, attend, rows=layout)  # [U, 1, d], [S, T, d]
+        return self.norm(on_prompts[:, 0]), self.norm(on_rows)
 
     @staticmethod
     def share(prefix: Prefix, rows: SharedRows) -> Prefix:
@@ -740,9 +742,10 @@ class FastDecoder:
             raise ValueError("this decoder runs a trunk without an LM head: it has hidden states, not logits")
         return matmul(hidden, *self.weights(self.lm_head))
 
-    def _hidden(self, ids: torch.Tensor, position: torch.Tensor, attend, rows: Packed = None) -> torch.Tensor:
-        """Hidden states ([S, T, d]) before the final norm; ``attend(layer, q, k, v, scale)`` mixes positions.
-        With ``rows`` (a `Packed`), the layers compute the packed positions only (the others are 0)."""
+    def _hidden(self, ids, position, attend, rows: Packed | Pair | None = None):
+        """Hidden states ([S, T, d]) of ``ids`` at ``position`` ([S, T] each) before the final norm;
+        ``attend(layer, q, k, v, scale)`` mixes positions. With ``rows`` (a `Packed`), the layers compute
+        the packed positions only (the others are 0); with a `Pair`, ids, positions and the result are pairs."""
         return self.arch.forward(self, ids, position, attend, rows or ALL)
 
 
@@ -751,7 +754,11 @@ class Packed:
     on these rows of the flattened batch ([N, ...]); attention sees them scattered back into [S, T, ...]
     with zeros elsewhere. Exact for causal attention when each row's computed positions come first (a
     position never attends to a later one). Scoring a batch of completions of different lengths thus
-    skips the padding after each row's last scored token, which can be half of its positions."""
+    skips the padding after each row's last scored token, which can be half of its positions.
+
+    A layout of a pass (this class, `LastColumns`, `Pair`) also says where the pass reads outputs: the
+    forwards run the last block's queries, attention and MLP on ``last(x)`` (here: every position) and
+    unpack them with ``out``; the other positions only give keys and values."""
 
     PACK_BELOW = 0.9
     """Pack only when fewer than this share of the positions are needed (else the gathers cost more)."""
@@ -778,28 +785,104 @@ class Packed:
         S, T = self.shape
         return x.new_zeros(S * T, *x.shape[1:]).index_copy(0, self.index, x).view(S, T, *x.shape[1:])
 
+    def last(self, x: torch.Tensor) -> torch.Tensor:
+        """The positions whose outputs the pass reads, of a packed tensor: all of them."""
+        return x
+
+    @property
+    def out(self) -> Packed:
+        """The layout of `last`'s positions."""
+        return self
+
 
 ALL = Packed(None, (0, 0))
 """Every position computed (no packing)."""
+
+
+class LastColumns(Packed):
+    """Every position of a [U, P] batch computed (prompts: their keys and values), the outputs read at one
+    column per row (``columns`` [U]: each prompt's last token), where alone the last block runs."""
+
+    def __init__(self, columns: torch.Tensor) -> None:
+        super().__init__(None, (0, 0))
+        self.columns = columns
+
+    def last(self, x: torch.Tensor) -> torch.Tensor:
+        """[U, P, ...] -> [U, 1, ...] at each row's column."""
+        return x[torch.arange(x.shape[0], device=x.device), self.columns][:, None]
+
+    @property
+    def out(self) -> Packed:
+        return ALL
+
+
+class Pair:
+    """Two batches in one pass: the computed positions of the first ([U, P], e.g. prompts) then of the
+    second ([S, T], e.g. the completions that follow them), each packed as `Packed.of` packs it: each
+    layer's matmuls run on both at once; `pack` and `unpack` take and give a pair of tensors, and so does
+    the pass's ``attend`` (which mixes positions within each batch, and across them as it likes). With
+    ``last`` ([U]), the outputs of the first batch are read at that column of each row only (`Packed`)."""
+
+    def __init__(self, first: torch.Tensor, second: torch.Tensor, last: torch.Tensor | None = None) -> None:
+        self.parts = (Packed.of(first), Packed.of(second))
+        self.shapes = (tuple(first.shape), tuple(second.shape))
+        self.keep: torch.Tensor | None = None  # the positions `last` keeps, of the packed pass
+        self._out = self
+        if last is not None:
+            (U, P), index = first.shape, self.parts[0].index
+            columns = torch.arange(U, device=last.device) * P + last  # [U] in the flattened first batch
+            counts = [m.numel() if p.index is None else len(p.index) for p, m in zip(self.parts, (first, second))]
+            ahead = columns if index is None else torch.searchsorted(index, columns)
+            self.keep = torch.cat([ahead, torch.arange(counts[0], sum(counts), device=last.device)])
+            self._out = copy.copy(self)  # the first batch at `last` only, all of it computed; the second as it is
+            self._out.parts, self._out.shapes = (ALL, self.parts[1]), ((U, 1), self.shapes[1])
+            self._out.keep, self._out._out = None, self._out
+
+    def pack(self, x: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """([U, P, ...], [S, T, ...]) -> [N, ...]."""
+        return torch.cat([part.pack(t).reshape(-1, *t.shape[2:]) for part, t in zip(self.parts, x)])
+
+    def unpack(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[N, ...] -> ([U, P, ...], [S, T, ...]), 0 at the positions not computed."""
+        out, start = [], 0
+        for part, (S, T) in zip(self.parts, self.shapes):
+            n = S * T if part.index is None else len(part.index)
+            piece = x[start : start + n]
+            out.append(piece.view(S, T, *x.shape[1:]) if part.index is None else part.unpack(piece))
+            start += n
+        return out[0], out[1]
+
+    def last(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, ...] -> the positions whose outputs the pass reads."""
+        return x if self.keep is None else x.index_select(0, self.keep)
+
+    @property
+    def out(self) -> Pair:
+        return self._out
 
 
 # ------------------------------------------------------------------- architectures: one forward each
 def gpt2_forward(dec: FastDecoder, ids, position, attend, rows: Packed = ALL) -> torch.Tensor:
     """GPT-2: learned positions, pre-LayerNorm blocks, fused qkv `Conv1D` (weights stored (in, out))."""
     body = dec.body
-    hidden = rows.pack(body.wte(ids) + body.wpe(position))  # [S, T, d] or packed [N, d] (padding_idx: 0 grad)
+    ids, position = rows.pack(ids), rows.pack(position)  # [S, T], or packed [N]
+    hidden = body.wte(ids) + body.wpe(position)  # [..., d] (padding_idx: 0 grad)
+    layout = rows
     for i, block in enumerate(dec.layers):
         lead, d = hidden.shape[:-1], hidden.shape[-1]  # (S, T) or (N,)
         attn, mlp = block.attn, block.mlp
         x = _layer_norm(hidden, block.ln_1).reshape(-1, d)
         qkv = dec.conv(x, attn.c_attn).view(*lead, 3, dec.heads, -1)  # [..., 3, H, D]
-        q, k, v = (rows.unpack(t) for t in qkv.unbind(-3))  # 3 x [S, T, H, D]
-        out = rows.pack(attend(i, q, k, v, attn.scaling)).reshape(-1, d)
+        q, k, v = qkv.unbind(-3)
+        if i == len(dec.layers) - 1:  # the last block's queries and outputs where the pass reads outputs
+            q, hidden, layout = rows.last(q), rows.last(hidden), rows.out
+            lead = hidden.shape[:-1]
+        out = layout.pack(attend(i, layout.unpack(q), rows.unpack(k), rows.unpack(v), attn.scaling)).reshape(-1, d)
         hidden = hidden + dec.conv(out, attn.c_proj).view(*lead, d)
         x = _layer_norm(hidden, block.ln_2).reshape(-1, d)
         x = mlp.act(dec.conv(x, mlp.c_fc))  # [S*T, 4d]
         hidden = hidden + dec.conv(x, mlp.c_proj).view(*lead, d)
-    return rows.unpack(hidden)
+    return layout.unpack(hidden)
 
 
 def llama_forward(dec: FastDecoder, ids, position, attend, rows: Packed = ALL, qk_norm: bool = False) -> torch.Tensor:
@@ -810,10 +893,13 @@ def llama_forward(dec: FastDecoder, ids, position, attend, rows: Packed = ALL, q
     where autocast would cast it at every matmul that reads it: the same values, and keys/values (the
     prompt's and the KV cache's) kept in that dtype instead of cast again at every decode step."""
     body = dec.body
-    hidden = embed(body.embed_tokens, ids)  # [S, T, d] (padding_idx keeps a zero gradient)
-    cos, sin = body.rotary_emb(hidden, position)  # [S, T, D] each
-    hidden, cos, sin = rows.pack(hidden), rows.pack(cos)[..., None, :], rows.pack(sin)[..., None, :]  # [..., 1, D]
+    ids, position = rows.pack(ids), rows.pack(position)  # [S, T], or packed [N]
+    hidden = embed(body.embed_tokens, ids)  # [..., d] (padding_idx keeps a zero gradient)
+    cos, sin = body.rotary_emb(hidden, position.reshape(1, -1))  # [1, S*T or N, D] each
+    # [..., 1, D]; rotate_half(x) * sin = x.roll(D/2) * signed sin (`_rope`)
+    cos, sin = cos.view(*position.shape, 1, -1), _signed_sin(sin).view(*position.shape, 1, -1)
     compute = _compute_cast(hidden)
+    layout = rows
     for i, layer in enumerate(dec.layers):
         lead = hidden.shape[:-1]  # (S, T) or, packed, (N,)
         attn, mlp = layer.self_attn, layer.mlp
@@ -828,8 +914,11 @@ def llama_forward(dec: FastDecoder, ids, position, attend, rows: Packed = ALL, q
         k, v = k.view(*lead, dec.kv_heads, -1), v.view(*lead, dec.kv_heads, -1)  # [..., H_kv, D]
         if qk_norm:
             q, k = _rms_norm(q, attn.q_norm), _rms_norm(k, attn.k_norm)
-        q, k = compute(q * cos + _rotate_half(q) * sin), compute(k * cos + _rotate_half(k) * sin)
-        out = rows.pack(attend(i, rows.unpack(q), rows.unpack(k), rows.unpack(v), attn.scaling))
+        qk = compute(_rope(torch.cat([q, k], -2), cos, sin))  # [..., H + H_kv, D]: queries and keys at once
+        q, k = qk.split([dec.heads, dec.kv_heads], -2)
+        if i == len(dec.layers) - 1:  # the last block's queries and outputs where the pass reads outputs
+            q, hidden, layout = rows.last(q), rows.last(hidden), rows.out
+        out = layout.pack(attend(i, layout.unpack(q), rows.unpack(k), rows.unpack(v), attn.scaling))
         hidden = hidden + dec.linear(out, attn.o_proj)
         x = compute(_rms_norm(hidden, layer.post_attention_layernorm))
         gate_up = dec.fused(mlp.gate_proj, mlp.up_proj)  # one [2 I, d] weight, or None
@@ -838,7 +927,7 @@ def llama_forward(dec: FastDecoder, ids, position, attend, rows: Packed = ALL, q
         else:
             gate, up = matmul(x, *gate_up).chunk(2, -1)  # [..., I] each
         hidden = hidden + dec.linear(mlp.act_fn(gate) * up, mlp.down_proj)
-    return rows.unpack(hidden)
+    return layout.unpack(hidden)
 
 
 def _compute_cast(like: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -886,9 +975,17 @@ def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     return norm.weight * h.to(x.dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` ([..., D]) with its first half negated, for `_rope`."""
+    half = sin.shape[-1] // 2
+    return torch.cat([-sin[..., :half], sin[..., half:]], -1)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary positions: ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x2, x1)``, written as
+    ``x * cos + cat(x2, x1) * cat(-sin1, sin2)`` (the same products: a sign moves from one factor to the
+    other), so the rotation is one roll instead of two slices, a negation and a concatenation."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 
 
 # --------------------------------------------------- which modules each forward reproduces exactly

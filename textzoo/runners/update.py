@@ -108,8 +108,6 @@ def run_jobs(
     """
     workers = min(cfg.parallel_jobs, len(jobs))
     forget_packed()  # the rollout's packed weight copies: the update reads none
-    if sum(_parameter_bytes(learners[job.learner]) for job in jobs) >= TRIM_HEAP_ABOVE:
-        trim_heap()  # what the rollout freed goes back to the system before the update's peak
     if workers < 2 or grad_sync is not None or not _independent(jobs, learners):
         stats = {}
         for k, job in enumerate(jobs):
@@ -130,37 +128,29 @@ def run_jobs(
     return {job.learner: stats[job.learner] for job in jobs}
 
 
-TRIM_HEAP = True
-"""Return freed heap memory to the system before the update (glibc's ``malloc_trim``)."""
-TRIM_HEAP_ABOVE = 1 << 28
-"""Trim only when the updated learners' parameters take at least this many bytes (256 MiB): for small
-models the pages given back are few and faulting them in again costs more (the tiny default: 3-9% more
-CPU per step with a trim per update)."""
-
-
-def _parameter_bytes(learner: Learner) -> int:
-    return sum(p.numel() * p.element_size() for p in learner.params)
+HEAP_MMAP_THRESHOLD = 32 << 20
+"""Allocations from this size on get pages of their own (glibc's ``M_MMAP_THRESHOLD``): its largest
+automatic value, fixed (setting the trim threshold turns the automatic one off)."""
+HEAP_TRIM_THRESHOLD = 256 << 20
+"""Free memory at the top of the heap that glibc keeps mapped for reuse (``M_TRIM_THRESHOLD``)."""
 
 
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``; None where the C library has none (macOS, musl)."""
+def tune_heap() -> bool:
+    """Set glibc's heap thresholds (`HEAP_MMAP_THRESHOLD`, `HEAP_TRIM_THRESHOLD`) for this process, once;
+    False without glibc (macOS, musl), where nothing changes.
+
+    By default glibc gives memory back to the system as soon as a few MiB are free at the top of the
+    heap, so each micro-batch's activations, each learner's gradients and each step's weight copies
+    land on fresh pages that the kernel zeroes and maps one fault at a time. Keeping up to 256 MiB free
+    for reuse cuts that: SmolLM2-135M, two agents, B=8 (`benchmarks/real_model.py`): 396-462k minor page
+    faults per update -> 166-186k, 18.8-20.9 -> 17.2-18.2 CPU s per step, peak RSS +110 MiB."""
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
     except (OSError, AttributeError):
-        return None
-
-
-def trim_heap() -> None:
-    """Give the pages of freed heap blocks back to the system (a no-op without glibc or with `TRIM_HEAP` off).
-
-    Tensors below glibc's mmap threshold (which rises to 32 MiB once such a tensor is freed) live in the
-    heap, whose freed pages stay in the process's resident memory: what the rollout freed would otherwise
-    stay resident under the update's activations (SmolLM2 at B=8: ~450 MiB before the update, ~100 MiB
-    off the peak). Once per update: the pages given back fault in again when the heap grows."""
-    trim = _malloc_trim() if TRIM_HEAP else None
-    if trim is not None:
-        trim(0)
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+    return bool(mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, HEAP_TRIM_THRESHOLD))
 
 
 def _job_tokens(job: Job) -> int:
@@ -181,8 +171,10 @@ def run_job(
     the parameters' gradients are dropped at the end (`run_jobs` does; else they stay for inspection).
 
     `grad_sync(params)`, when given, runs once per optimizer step before the zero-gradient check and
-    clipping (data parallelism averages gradients over replicas there).
+    clipping (data parallelism averages gradients over replicas there). The first job of a process sets
+    its heap thresholds (`tune_heap`).
     """
+    tune_heap()
     batch = job.batch.to(learner.device)
     n = len(batch)
     micro = 1 if cfg.per_sample_backward else cfg.micro_batch_size
