@@ -1,6 +1,9 @@
 """Per-agent precision: fp32, bf16-mixed (fp32 master weights under bf16 autocast), bf16/fp16 weights."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -344,3 +347,28 @@ def test_bf16_per_sample_backward_with_fused_projections_matches_the_batched_gra
     assert any(len(k) > 1 for k in fastlm._CASTS)  # the fused copies were used
     error = float((grads["per-sample"] - grads["batched"]).norm() / grads["batched"].norm())
     assert grads["batched"].abs().sum() > 0 and error < 0.02, error
+
+
+_KERNEL_CACHE_PROBE = """
+import torch, textzoo.models.precision as p
+x = torch.randn(64, 256, dtype=torch.bfloat16)  # large enough for oneDNN (small ones take another kernel)
+for n in range(p.ONEDNN_KERNEL_CACHE + 8):  # more distinct shapes than the cache holds
+    torch.mm(x, torch.randn(256, 64 + n, dtype=torch.bfloat16))
+print("again", flush=True)
+torch.mm(x, torch.randn(256, 64, dtype=torch.bfloat16))  # the first shape
+"""
+
+
+@pytest.mark.parametrize("preset", [None, "1024"])
+def test_onednn_kernel_cache_is_capped_unless_the_user_set_it(preset):
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    env["ONEDNN_VERBOSE"] = "profile_create"
+    if preset:
+        env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = preset
+    probe = [sys.executable, "-c", _KERNEL_CACHE_PROBE]
+    out = subprocess.run(probe, env=env, capture_output=True, text=True, check=True)
+    last = [line for line in out.stdout.split("again")[1].splitlines() if ",create:" in line]
+    if not last:
+        pytest.skip("torch's bf16 matmul does not run on oneDNN on this CPU")
+    # capped: the first shape was evicted and is compiled again; the user's 1024 keeps it
+    assert ("create:cache_miss" in last[-1]) == (preset is None), last
