@@ -67,7 +67,7 @@ class OpTimer(TorchDispatchMode):
         seconds = time.perf_counter() - start
         name = func.overloadpacket.__name__
         key: tuple = (name,)
-        if name in ("mm", "bmm", "addmm"):
+        if name in MATMULS:
             a, b = args[-2:] if name == "addmm" else args[:2]  # addmm(bias, a, b): the bias add is not timed apart
             key = (name, tuple(a.shape), tuple(b.shape), a.stride(), b.stride(), str(a.dtype)[6:])
             self.operands[key] = (a.detach(), b.detach())
