@@ -127,7 +127,8 @@ def main(args: Args) -> None:
             total = forward_backward()
     untimed = min(forward_backward() for _ in range(args.repeats))
     in_place = sum(s for k, s in timer.seconds.items() if k[0] in MATMULS)
-    by_itself = sum(alone(*timer.operands[k], k[0]) * timer.calls[k] for k in timer.operands)
+    seconds_alone = {k: alone(*ab, k[0]) * timer.calls[k] for k, ab in timer.operands.items()}  # per key, all calls
+    by_itself = sum(seconds_alone.values())
     flop = timer.matmul_flop()
     ops = sum(timer.seconds.values())
     print(
@@ -143,7 +144,7 @@ def main(args: Args) -> None:
     print(f"\n{'ms in place':>11} {'calls':>6} {'ms alone':>9}  op")
     for key, seconds in sorted(timer.seconds.items(), key=lambda kv: -kv[1])[: args.top]:
         n = timer.calls[key]
-        by = f"{alone(*timer.operands[key], key[0]) * n * 1e3:9.1f}" if key in timer.operands else f"{'':9}"
+        by = f"{seconds_alone[key] * 1e3:9.1f}" if key in seconds_alone else f"{'':9}"
         print(f"{seconds * 1e3:11.1f} {n:6d} {by}  {' '.join(map(str, key))}")
 
 

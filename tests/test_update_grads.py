@@ -37,19 +37,19 @@ def test_run_jobs_frees_gradients_and_steps_like_run_job():
     assert not torch.equal(want[0], torch.cat([p.detach().flatten() for p in Policy.tiny(seed=1).model.parameters()]))
 
 
-_HEAP_PROBE = """
-import resource, sys
+HEAP_BLOCK, HEAP_BLOCKS = 4 << 20, 24  # 96 MiB in all: below the mmap threshold, within the trim threshold
+_HEAP_PROBE = f"""
+import resource
 import torch
 from textzoo.runners.update import tune_heap
 assert tune_heap()
-block = 4 << 20  # 4 MiB blocks, 96 MiB in all: below the mmap threshold, within the trim threshold
 def touch():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    blocks = [torch.ones(block // 4) for _ in range(24)]  # written, so every page is mapped
+    blocks = [torch.ones({HEAP_BLOCK // 4}) for _ in range({HEAP_BLOCKS})]  # written, so every page is mapped
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
     del blocks
     return faults
-touch()  # at most 24 x 1024 fresh pages (fewer where the heap already had room)
+touch()  # at most every page fresh (fewer where the heap already had room)
 print(touch())
 """
 
@@ -70,7 +70,7 @@ def test_tuned_heap_reuses_freed_memory_instead_of_faulting_fresh_pages():
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("the heap thresholds are glibc's")
-    assert 4 << 20 < HEAP_MMAP_THRESHOLD
+    assert HEAP_BLOCK < HEAP_MMAP_THRESHOLD
     out = subprocess.run([sys.executable, "-c", _HEAP_PROBE], capture_output=True, text=True, check=True)
-    pages, again = 24 * (4 << 20) // 4096, int(out.stdout.split()[-1])
+    pages, again = HEAP_BLOCKS * HEAP_BLOCK // 4096, int(out.stdout.split()[-1])
     assert again < pages / 10, (pages, again)  # reused: glibc's defaults fault nearly all of them in again
