@@ -70,6 +70,8 @@ class Args:
     lora_rank: int = 16
     lora_lr: float = 3e-4
     full_lr: float = 1e-5
+    micro_batch_size: int = 8
+    """Rows per forward+backward of the update (`UpdateConfig.micro_batch_size`)."""
     threads: int = 1
     """torch intra-op threads (the matmul peak is measured at the same count)."""
     model: str = ""
@@ -219,7 +221,7 @@ def _max_rss_mib() -> float:
 
 
 def config_for(args: Args, mode: str, precision: str = "auto"):
-    from textzoo.config import AgentConfig, TrainConfig
+    from textzoo.config import AgentConfig, TrainConfig, UpdateConfig
 
     run_dir = str(Path(args.out) / (mode if mode == "tiny" else f"{mode}-{precision}"))
     if mode == "tiny":
@@ -248,6 +250,7 @@ def config_for(args: Args, mode: str, precision: str = "auto"):
         group_size=args.group_size,
         eval_prompts=args.eval_prompts,
         eval_every=args.eval_every,
+        update=UpdateConfig(micro_batch_size=args.micro_batch_size),
         threads=args.threads,
         seed=args.seed,
         progress=False,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import os
+import resource
 import sys
 import time
 from dataclasses import dataclass
@@ -49,6 +50,9 @@ class Args:
     top: int = 20
     """Ops (by time in place) listed."""
     seed: int = 0
+    accumulate: bool = False
+    """Time a later micro-batch of a job (gradients already allocated: each weight's bf16 gradient is added
+    into its float32 one) instead of the first (gradients cast into fresh float32 tensors)."""
 
 
 class OpTimer(TorchDispatchMode):
@@ -114,27 +118,35 @@ def main(args: Args) -> None:
     tokens = int(gen.prompt_mask[:: args.group].sum() + gen.completion_mask.sum())
     policy.model.train()
 
-    def forward_backward() -> float:
-        """Seconds of one forward+backward pass from no gradients (a job's first micro-batch)."""
+    def forward_backward() -> tuple[float, int]:
+        """Seconds of one forward+backward pass: from no gradients (a job's first micro-batch), or with
+        ``--accumulate`` into the gradients of a pass before it (a later one); and its minor page faults."""
+        if args.accumulate and next(policy.model.parameters()).grad is None:
+            policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask).sum().backward()
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start = time.perf_counter()
         policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask).sum().backward()
         seconds = time.perf_counter() - start
-        policy.model.zero_grad(set_to_none=True)
-        return seconds
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+        if not args.accumulate:
+            policy.model.zero_grad(set_to_none=True)
+        return seconds, faults
 
     for _ in range(args.repeats):
         with OpTimer() as timer:
-            total = forward_backward()
-    untimed = min(forward_backward() for _ in range(args.repeats))
+            total, _ = forward_backward()
+    untimed, faults = min(forward_backward() for _ in range(args.repeats))
     in_place = sum(s for k, s in timer.seconds.items() if k[0] in MATMULS)
     seconds_alone = {k: alone(*ab, k[0]) * timer.calls[k] for k, ab in timer.operands.items()}  # per key, all calls
     by_itself = sum(seconds_alone.values())
     flop = timer.matmul_flop()
     ops = sum(timer.seconds.values())
+    which = "a later micro-batch (gradients accumulated)" if args.accumulate else "a first one (fresh gradients)"
     print(
         f"{policy.name} ({policy.precision}), {args.threads} thread(s), "
-        f"micro-batch {args.prompts} x {args.group} rows, {tokens} distinct tokens\n"
-        f"forward+backward {untimed * 1e3:.0f} ms untimed (best of {args.repeats}), "
+        f"micro-batch {args.prompts} x {args.group} rows, {tokens} distinct tokens, "
+        f"{which}\n"
+        f"forward+backward {untimed * 1e3:.0f} ms untimed (best of {args.repeats}; {faults} minor page faults), "
         f"{total * 1e3:.0f} ms under the op timer (pass {args.repeats} of {args.repeats}, reported below)\n"
         f"matrix products: {in_place * 1e3:.0f} ms in place ({flop / in_place / 1e9:.0f} GFLOP/s), "
         f"{by_itself * 1e3:.0f} ms alone ({flop / by_itself / 1e9:.0f} GFLOP/s), {flop / 1e9:.1f} GFLOP\n"

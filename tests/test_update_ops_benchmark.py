@@ -5,6 +5,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -36,9 +37,13 @@ def test_the_timer_counts_matmul_flops_as_torchs_counter_does():
         assert all(timer.seconds[k] > 0 for k in timer.operands)
 
 
-def test_the_script_reports_a_tiny_models_micro_batch(capsys):
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_the_script_reports_a_tiny_models_micro_batch(capsys, accumulate):
     ops = _script()
-    ops.main(ops.Args(model="tiny-llama", repeats=1, top=3))
+    ops.main(ops.Args(model="tiny-llama", repeats=1, top=3, accumulate=accumulate))
     out = capsys.readouterr().out
     assert "forward+backward" in out and "matrix products:" in out and "GFLOP/s" in out
+    assert "minor page faults" in out
+    assert ("a later micro-batch (gradients accumulated)" in out) == accumulate
+    assert ("a first one (fresh gradients)" in out) != accumulate
     assert len(out.split("ms alone  op")[1].strip().splitlines()) == 3  # the table: the top 3 ops
