@@ -2,7 +2,10 @@
 identical through `Trainer` runs, and resume exactly. The replicas run in subprocesses (spawn)."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -127,3 +130,51 @@ def test_shards_and_merged_rows():
     assert DistContext().shard(5) == slice(0, 5)
     rows = [{"step": 3, "reward/mean": 1.0, "eval/x": 0.5}, {"step": 3, "reward/mean": 0.0}]
     assert merge_rows(rows) == {"step": 3, "reward/mean": 0.5, "eval/x": 0.5}
+
+
+FAILING = """
+import os
+import sys
+
+import torch.distributed as dist
+
+from textzoo.errors import TextzooError
+from textzoo.runners.distributed import launch
+
+
+def replica(ctx, how):
+    if ctx.rank == 1:
+        if how == "raise":
+            raise ValueError("replica one cannot go on")
+        os.abort()  # a native crash, as a C++ library's failed check would make
+    dist.barrier()  # waits for a peer that never comes: the launcher (or gloo) stops it
+
+
+if __name__ == "__main__":
+    try:
+        launch(replica, 2, sys.argv[1])
+    except TextzooError as e:
+        print(f"launcher: {e}")
+        sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("how", ["raise", "abort"])
+def test_a_failing_replica_stops_the_run_and_its_message_is_shown(tmp_path, how):
+    """A program that set up no logging still sees why a replica failed: the exception's traceback, or
+    for a native crash every thread's Python stack (faulthandler)."""
+    script = tmp_path / "failing.py"
+    script.write_text(FAILING)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(script), how], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "launcher: data-parallel replicas failed" in proc.stdout
+    if how == "raise":
+        assert "1: 1" in proc.stdout
+        assert "replica 1 failed" in proc.stderr
+        assert "ValueError: replica one cannot go on" in proc.stderr
+    else:
+        assert "1: -6" in proc.stdout
+        assert "Fatal Python error: Aborted" in proc.stderr
+        line = next(n for n, text in enumerate(FAILING.splitlines(), 1) if "os.abort()" in text)
+        assert f'failing.py", line {line} in replica' in proc.stderr  # the stack names the crashing line

@@ -11,6 +11,7 @@ Launch: `textzoo train --num-processes K` starts K local processes (`launch`). `
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -18,6 +19,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -130,14 +132,15 @@ def _free_port() -> int:
 
 def _worker(env: dict[str, str], fn: Callable[..., None], args: tuple) -> None:
     os.environ.update(env)
+    faulthandler.enable(all_threads=True)  # a native crash (abort, segfault) prints every thread's Python stack
     code = 0
     try:
         fn(DistContext.from_env(), *args)
     except TextzooError as e:
-        logger.error("error (replica %s): %s", env["RANK"], e)
+        _report(f"error (replica {env['RANK']}): {e}", exc_info=False)
         code = 2
     except BaseException:
-        logger.exception("replica %s failed", env["RANK"])
+        _report(f"replica {env['RANK']} failed", exc_info=True)
         code = 1
     finally:
         if dist.is_initialized() and code == 0:
@@ -146,6 +149,29 @@ def _worker(env: dict[str, str], fn: Callable[..., None], args: tuple) -> None:
         sys.stderr.flush()
         # gloo can abort in its destructors at interpreter exit; leave without running them
         os._exit(code)
+
+
+def _report(message: str, exc_info: bool) -> None:
+    """Log a replica's failure; straight to stderr when no handler would show the record (a program that
+    set up no logging), since the launcher's error points at these messages."""
+    if _shows_errors(logger):
+        logger.error(message, exc_info=exc_info)
+        return
+    print(message, file=sys.stderr)
+    if exc_info:
+        traceback.print_exc()
+
+
+def _shows_errors(log: logging.Logger) -> bool:
+    """Whether an ERROR record of `log` reaches a handler that emits it (`logging.NullHandler` does not)."""
+    if not log.isEnabledFor(logging.ERROR):
+        return False
+    current: logging.Logger | None = log
+    while current is not None:
+        if any(not isinstance(h, logging.NullHandler) and h.level <= logging.ERROR for h in current.handlers):
+            return True
+        current = current.parent if current.propagate else None
+    return False
 
 
 @contextmanager
