@@ -15,7 +15,6 @@ import faulthandler
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -124,12 +123,6 @@ def merge_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(env: dict[str, str], fn: Callable[..., None], args: tuple) -> None:
     os.environ.update(env)
     faulthandler.enable(all_threads=True)  # a native crash (abort, segfault) prints every thread's Python stack
@@ -212,11 +205,16 @@ def launch(fn: Callable[..., None], num_processes: int, *args: Any) -> None:
     `fn` must be importable by a fresh interpreter (spawn). If one replica fails, the others are
     stopped (they would wait forever in the next all-reduce) and `TextzooError` names the failures.
     """
+    # The launcher hosts the rendezvous store (as torchrun's agent does) on a port it holds from the
+    # start: a port picked free and handed to rank 0 could be taken by another process (another launch,
+    # an engine) in the seconds before rank 0 binds it, and two runs would then join one group.
+    store = dist.TCPStore("127.0.0.1", 0, num_processes, is_master=True, wait_for_workers=False)
     base = {
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
+        "MASTER_PORT": str(store.port),
         "WORLD_SIZE": str(num_processes),
         "LOCAL_WORLD_SIZE": str(num_processes),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",  # every replica is a client of the launcher's store
     }
     ctx = mp.get_context("spawn")
     procs = []
@@ -235,6 +233,7 @@ def launch(fn: Callable[..., None], num_processes: int, *args: Any) -> None:
             time.sleep(0.1)
         for p in procs:
             p.join()
+    del store  # the replicas are gone: stop serving
     failed = {rank: p.exitcode for rank, p in enumerate(procs) if p.exitcode != 0}
     if failed:
         raise TextzooError(f"data-parallel replicas failed (rank: exit code) {failed}; see their messages above")
