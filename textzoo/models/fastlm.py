@@ -36,6 +36,7 @@ from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from transformers.pytorch_utils import Conv1D
 
+from textzoo.models import mixed_gemm
 from textzoo.models.precision import native_bf16
 
 FUSE_PROJECTIONS = True
@@ -197,11 +198,66 @@ def _native_bf16_cpu() -> bool:
     return native_bf16(torch.device("cpu"))
 
 
-def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for a weight as it is or packed (`packed_weight`; ``x`` is cast to its dtype)."""
+def matmul(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, sources: tuple[torch.Tensor, ...] = ()
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for a weight as it is or packed (`packed_weight`; ``x`` is cast to its
+    dtype). ``sources``: the float32 weights ``weight`` is the cast copy of (`FastDecoder.weights`), whose
+    ``.grad`` the weight gradient then goes into directly where it can (`_LinearIntoGrad`)."""
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x.to(weight.dtype), weight, bias, "none", [], "")
+    if sources and _into_grad(weight, sources):
+        return _LinearIntoGrad.apply(x.to(weight.dtype), weight.detach(), bias, *sources)
     return F.linear(x, weight, bias)
+
+
+GRAD_INTO_WEIGHTS = True
+"""Bf16 linear layers on CPU add their weight gradient to the float32 weights' ``.grad`` in one mixed
+GEMM (`mixed_gemm.add_product`) instead of a bf16 product, a cast and an add (`_LinearIntoGrad`)."""
+
+
+def _into_grad(weight: torch.Tensor, sources: tuple[torch.Tensor, ...]) -> bool:
+    """Whether `matmul` by the cast copy ``weight`` of ``sources`` takes `_LinearIntoGrad` now."""
+    return (
+        GRAD_INTO_WEIGHTS
+        and torch.is_grad_enabled()
+        and weight.dtype == torch.bfloat16
+        and weight.device.type == "cpu"
+        and any(w.requires_grad for w in sources)
+        and all(w.dtype == torch.float32 and type(w.data) is torch.Tensor for w in sources)
+        and mixed_gemm.available()
+    )
+
+
+class _LinearIntoGrad(torch.autograd.Function):
+    """``F.linear(x, copy, bias)`` for the bf16 cast ``copy`` of float32 ``weights`` (their rows
+    concatenated when several) whose backward adds ``grad.T @ x`` to each trainable weight's float32
+    ``.grad`` in place with float32 products and sums (`mixed_gemm.add_product`): no bf16 weight
+    gradient, no cast and no add per weight per backward pass. The bias's gradient flows as usual."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, copy: torch.Tensor, bias: torch.Tensor | None, *weights: torch.Tensor):
+        ctx.save_for_backward(x, copy)
+        ctx.weights = weights  # leaf parameters: holding them makes no reference cycle
+        return F.linear(x, copy, bias)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, copy = ctx.saved_tensors
+        rows = grad.reshape(-1, grad.shape[-1]).contiguous()  # [N, sum of out]
+        inputs = x.reshape(-1, x.shape[-1]).contiguous()  # [N, in]
+        start = 0
+        for weight in ctx.weights:
+            if weight.requires_grad:
+                first = weight.grad is None
+                if first:
+                    weight.grad = torch.empty_like(weight)
+                part = rows[:, start : start + weight.shape[0]]
+                mixed_gemm.add_product(weight.grad, part, inputs, accumulate=not first)
+            start += weight.shape[0]
+        grad_x = grad @ copy if ctx.needs_input_grad[0] else None
+        grad_bias = rows.sum(0) if ctx.needs_input_grad[2] else None
+        return grad_x, None, grad_bias, *(None for _ in ctx.weights)
 
 
 class _FusedCastBack(torch.autograd.Function):
@@ -513,18 +569,21 @@ class FastDecoder:
         return out if base is None else out + self._lora_delta(x, layer)
 
     @staticmethod
-    def weights(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def weights(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]]:
         """The weight and bias of an unwrapped linear layer as `matmul` multiplies by them now: packed
-        (`packed_weight`) in a gradient-free bf16 forward on CPU, else in the autocast dtype (or as they are)."""
+        (`packed_weight`) in a gradient-free bf16 forward on CPU, else in the autocast dtype (or as they
+        are); and the weight it came from (``sources`` of `matmul`; none for a packed copy)."""
         packed = packed_weight((layer.weight,))
-        return (autocast_weight(layer.weight) if packed is None else packed), autocast_weight(layer.bias)
+        if packed is not None:
+            return packed, autocast_weight(layer.bias), ()
+        return autocast_weight(layer.weight), autocast_weight(layer.bias), (layer.weight,)
 
-    def fused(self, *layers: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    def fused(self, *layers: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]] | None:
         """The weight and bias of ``layers`` (unwrapped `nn.Linear` layers of one input) as one layer,
         their outputs concatenated, for `matmul`: packed (`packed_weight`) or in the autocast dtype
-        (`autocast_fused`); None when they are not all unwrapped (a LoRA wrapper adds its own term), only
-        some have a bias, or nothing is cast (float32 runs keep one matmul per layer: a float32
-        concatenation would copy the weights at every call)."""
+        (`autocast_fused`), with the weights they came from as in `weights`; None when they are not all
+        unwrapped (a LoRA wrapper adds its own term), only some have a bias, or nothing is cast (float32
+        runs keep one matmul per layer: a float32 concatenation would copy the weights at every call)."""
         if not FUSE_PROJECTIONS or any(type(layer) is not nn.Linear for layer in layers):
             return None
         weights, biases = tuple(layer.weight for layer in layers), tuple(layer.bias for layer in layers)
@@ -533,11 +592,11 @@ class FastDecoder:
         if _fused_dtype(weights) is None:
             return None
         packed = packed_weight(weights)
-        weight = autocast_fused(weights) if packed is None else packed
+        weight, sources = (autocast_fused(weights), weights) if packed is None else (packed, ())
         if biases[0] is None:
-            return weight, None
+            return weight, None, sources
         bias = autocast_fused(biases)
-        return None if bias is None else (weight, bias)
+        return None if bias is None else (weight, bias, sources)
 
     def conv(self, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
         """``layer(x)`` ([N, in] -> [N, out]) for GPT-2's `Conv1D` (weight stored (in, out)), or one wrapped by LoRA."""
