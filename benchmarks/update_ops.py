@@ -29,8 +29,11 @@ import torch
 import tyro
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from textzoo.models import fastlm, mixed_gemm
+
 HERE = Path(__file__).resolve().parent
-MATMULS = ("mm", "bmm", "addmm")
+MATMULS = ("mm", "bmm", "addmm", "add_product")
+"""Matrix products: aten's, and the bf16 x bf16 -> fp32 weight-gradient GEMM (`textzoo.models.mixed_gemm`)."""
 
 
 @dataclass
@@ -72,7 +75,10 @@ class OpTimer(TorchDispatchMode):
         name = func.overloadpacket.__name__
         key: tuple = (name,)
         if name in MATMULS:
-            a, b = args[-2:] if name == "addmm" else args[:2]  # addmm(bias, a, b): the bias add is not timed apart
+            if name == "add_product":  # add_product(total, a, b, accumulate): total += a.T @ b
+                a, b = args[1].T, args[2]
+            else:
+                a, b = args[-2:] if name == "addmm" else args[:2]  # addmm(bias, a, b): the bias add is not timed apart
             key = (name, tuple(a.shape), tuple(b.shape), a.stride(), b.stride(), str(a.dtype)[6:])
             self.operands[key] = (a.detach(), b.detach())
         self.seconds[key] += seconds
@@ -87,8 +93,14 @@ class OpTimer(TorchDispatchMode):
 
 
 def alone(a: torch.Tensor, b: torch.Tensor, name: str, repeats: int = 5) -> float:
-    """Seconds per call of ``a @ b`` (``name``: mm, addmm or bmm) run alone, after one warm-up call."""
-    op = torch.bmm if name == "bmm" else torch.mm
+    """Seconds per call of ``a @ b`` (``name``: mm, addmm, bmm or add_product) run alone, after one warm-up call."""
+    if name == "add_product":
+        total = torch.zeros(a.shape[0], b.shape[1])
+
+        def op(x: torch.Tensor, y: torch.Tensor) -> None:
+            mixed_gemm.add_product(total, x.T, y)
+    else:
+        op = torch.bmm if name == "bmm" else torch.mm
     op(a, b)
     start = time.perf_counter()
     for _ in range(repeats):
@@ -139,6 +151,14 @@ def main(args: Args) -> OpTimer:
         with OpTimer() as timer:
             total, _ = forward_backward()
     untimed, faults = min(forward_backward() for _ in range(args.repeats))
+    mixed = any(k[0] == "add_product" for k in timer.seconds)
+    if mixed:  # the same pass with bf16 weight-gradient products cast into float32, alternated with it
+        passes: dict[bool, list[float]] = {True: [], False: []}
+        for _ in range(args.repeats):
+            for into in (False, True):
+                fastlm.GRAD_INTO_WEIGHTS = into
+                passes[into].append(forward_backward()[0])
+        fastlm.GRAD_INTO_WEIGHTS = True
     in_place = sum(s for k, s in timer.seconds.items() if k[0] in MATMULS)
     seconds_alone = {k: alone(*ab, k[0]) * timer.calls[k] for k, ab in timer.operands.items()}  # per key, all calls
     by_itself = sum(seconds_alone.values())
@@ -156,6 +176,12 @@ def main(args: Args) -> OpTimer:
         f"other ops: {(ops - in_place) * 1e3:.0f} ms; all ops {ops * 1e3:.0f} ms, {ops / untimed:.2f}x the untimed "
         "pass (above 1: the timer slows the ops it times; below: the rest is interpreter and autograd)"
     )
+    if mixed:
+        print(
+            f"weight gradients by the mixed GEMM into float32 .grad: {min(passes[True]) * 1e3:.0f} ms per pass; "
+            f"as bf16 products cast and added: {min(passes[False]) * 1e3:.0f} ms "
+            f"(best of {args.repeats} each, alternated)"
+        )
     print(f"\n{'ms in place':>11} {'calls':>6} {'ms alone':>9}  op")
     for key, seconds in sorted(timer.seconds.items(), key=lambda kv: -kv[1])[: args.top]:
         n = timer.calls[key]

@@ -5,10 +5,12 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from textzoo.config import AgentConfig
+from textzoo.models import mixed_gemm
 from textzoo.models.build import build_policy
 from textzoo.models.policy import Policy
 
@@ -25,8 +27,11 @@ def _script():
 
 def test_the_timer_counts_matmul_flops_as_torchs_counter_does():
     ops = _script()
-    for arch in ("gpt2", "llama"):  # gpt2's biased projections run addmm, llama's mm; attention bmm
+    # gpt2's biased projections run addmm, llama's mm; attention bmm; llama under bf16 autocast sends its
+    # weight gradients through the mixed GEMM (textzoo::add_product), where the CPU wheel has it
+    for arch, autocast in (("gpt2", None), ("llama", None), ("llama", torch.bfloat16)):
         policy = Policy.tiny(arch, seed=0)
+        policy.autocast = autocast
         ids, mask = policy.encode(["a prompt", "another, longer prompt"])
         gen = policy.generate_ids(ids, mask, generator=torch.Generator().manual_seed(0))
         with FlopCounterMode(display=False) as counter, ops.OpTimer() as timer:
@@ -36,6 +41,8 @@ def test_the_timer_counts_matmul_flops_as_torchs_counter_does():
         assert want > 0 and timer.matmul_flop() == want, (arch, timer.matmul_flop(), counts)
         assert {k[0] for k in timer.operands} <= set(ops.MATMULS)
         assert all(timer.seconds[k] > 0 for k in timer.operands)
+        if autocast is not None and mixed_gemm.available():
+            assert "add_product" in {k[0] for k in timer.operands}
 
 
 def test_the_script_reports_a_tiny_models_micro_batch(capsys):
@@ -52,3 +59,15 @@ def test_the_script_reports_a_tiny_models_micro_batch(capsys):
     params = build_policy(AgentConfig(model="tiny-llama"), 0, torch.device("cpu")).model.parameters()
     assert later.calls[("add_",)] == len(list(params))  # one in-place add per weight
     assert first.calls[("add_",)] == 0
+
+
+@pytest.mark.skipif(not mixed_gemm.available(), reason="this torch has no MKL mixed GEMM")
+def test_the_script_times_the_mixed_gemm_beside_the_bf16_products(capsys):
+    ops = _script()
+    timer = ops.main(ops.Args(model="tiny-llama", precision="bf16-mixed", repeats=1, top=3))
+    out = capsys.readouterr().out
+    assert "weight gradients by the mixed GEMM into float32 .grad:" in out and "as bf16 products cast and added" in out
+    assert any(k[0] == "add_product" for k in timer.calls)
+    from textzoo.models import fastlm
+
+    assert fastlm.GRAD_INTO_WEIGHTS  # the comparison leaves the default on
