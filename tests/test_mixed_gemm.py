@@ -1,12 +1,18 @@
 """The bf16 x bf16 -> fp32 GEMM into a float32 tensor (`mixed_gemm`) and the linear node that writes
 bf16 layers' weight gradients through it straight into the float32 ``.grad`` (`fastlm._LinearIntoGrad`)."""
 
+import json
+import shutil
+
 import pytest
 import torch
+from helpers import tiny_config
 
 from textzoo.config import AgentConfig
 from textzoo.models import fastlm, mixed_gemm
 from textzoo.models.build import build_policy
+from textzoo.runners import checkpoint as ck
+from textzoo.runners.trainer import Trainer
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.skipif(not mixed_gemm.available(), reason="this torch has no MKL mixed GEMM")
@@ -27,6 +33,24 @@ def test_add_product_accumulates_in_float32():
     fresh = torch.full((70, 23), float("nan"))  # without accumulate its contents are not read
     mixed_gemm.add_product(fresh, a, b, accumulate=False)
     torch.testing.assert_close(fresh, _exact(a, b), atol=1e-5, rtol=1e-5)
+
+
+def test_add_product_gives_the_same_bits_at_any_address():
+    """Exact resume needs the same sums from the same operands wherever the allocator puts them: copies at
+    offsets that break 64-byte alignment give bit-identical results (MKL may otherwise pick kernels by
+    alignment)."""
+    g = torch.Generator().manual_seed(3)
+    for n, m, k in ((37, 70, 23), (345, 576, 576)):
+        a, b = torch.randn(n, m, generator=g).bfloat16(), torch.randn(n, k, generator=g).bfloat16()
+        start = torch.randn(m, k, generator=g)
+        results = []
+        for shift in range(4):  # elements: 2-byte steps for the bf16 operands, 4-byte for the total
+            pa = torch.empty(n * m + shift, dtype=torch.bfloat16)[shift:].view(n, m).copy_(a)
+            pb = torch.empty(n * k + shift, dtype=torch.bfloat16)[shift:].view(n, k).copy_(b)
+            total = torch.empty(m * k + shift)[shift:].view(m, k).copy_(start)
+            mixed_gemm.add_product(total, pa, pb)
+            results.append(total.clone())
+        assert all(torch.equal(results[0], r) for r in results[1:]), (n, m, k)
 
 
 def test_add_product_takes_a_column_slice_of_a_wider_gradient():
@@ -98,3 +122,36 @@ def test_a_bf16_decoder_sends_every_weight_gradient_through_the_mixed_gemm(monke
         scale = float(fp32[name].norm())
         assert float((into[name] - before[name]).norm()) < 0.02 * scale, name
         assert float((into[name] - fp32[name]).norm()) < 0.05 * scale, name
+
+
+def test_a_bf16_run_through_the_mixed_gemm_resumes_bit_identically(tmp_path, monkeypatch):
+    """tiny-llama in bf16-mixed, full fine-tuning: a run resumed from its step-2 checkpoint ends with the
+    same weights and metrics rows as the uninterrupted one (the weight gradients went through the GEMM)."""
+    calls = []
+    real = mixed_gemm.add_product
+    monkeypatch.setattr(mixed_gemm, "add_product", lambda *a, **k: calls.append(1) or real(*a, **k))
+    agent = AgentConfig(model="tiny-llama", n_layer=2, n_embd=32, n_head=2, max_new_tokens=6, precision="bf16-mixed")
+
+    def run(run_dir, resume=None):
+        cfg = tiny_config(steps=3, threads=1, save_every=1, keep_last=0, run_dir=run_dir, agent=agent)
+        Trainer(cfg, resume=resume).train()
+
+    run(tmp_path / "a")
+    assert calls  # the update used the mixed GEMM
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "checkpoints" / "step-00000003")
+    run(tmp_path / "b", resume=tmp_path / "b")
+    for run_dir in ("a", "b"):
+        assert ck.list_checkpoints(tmp_path / run_dir)[-1].name == "step-00000003"
+    want = ck.read_checkpoint(tmp_path / "a" / "checkpoints" / "step-00000003").weights
+    got = ck.read_checkpoint(tmp_path / "b" / "checkpoints" / "step-00000003").weights
+    assert sorted(got) == sorted(want) and want
+    for model in want:
+        for name, tensor in want[model].items():
+            assert torch.equal(got[model][name], tensor), f"{model}:{name}"
+
+    def rows(run_dir):
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")} for line in lines]
+
+    assert rows(tmp_path / "a") == rows(tmp_path / "b")
