@@ -9,7 +9,9 @@ alone (cache state, the other ops between them), and what the elementwise ops an
 It samples a group of completions per Writing-v0 prompt (the benchmark config's shape: ``--prompts``
 prompts x ``--group`` rows, ``--max-new-tokens`` tokens), then runs ``--repeats`` forward+backward passes
 of that micro-batch under a dispatch mode that times every aten op and prints the last one, next to
-the best of as many passes without the timer::
+the best of as many passes without the timer. It measures the matmul peak of the compute dtype in the
+same run and prints the pass's MFU against it beside its products' own rates (in place and alone): the
+ceiling these shapes put on the update's MFU, whatever the other ops take::
 
     OMP_NUM_THREADS=1 python benchmarks/update_ops.py                       # SmolLM2, auto precision
     OMP_NUM_THREADS=1 python benchmarks/update_ops.py --precision fp32 --top 10
@@ -110,6 +112,7 @@ def alone(a: torch.Tensor, b: torch.Tensor, name: str, repeats: int = 5) -> floa
 
 def main(args: Args) -> OpTimer:
     sys.path.insert(0, str(HERE))
+    from real_model import KERNELS, matmul_peak
     from smollm2 import folder
 
     from textzoo.config import AgentConfig
@@ -161,6 +164,9 @@ def main(args: Args) -> OpTimer:
                     passes[into].append(forward_backward()[0])
         finally:
             fastlm.GRAD_INTO_WEIGHTS = True  # it was on: the timed pass went through the mixed GEMM
+    dtype = policy.autocast or next(policy.model.parameters()).dtype  # what the products compute in
+    kernels = KERNELS if torch.backends.mkldnn.is_available() else ("mm",)
+    peak = max(matmul_peak(args.threads, dtype, kernel)[0] for kernel in kernels)  # FLOP per wall second
     in_place = sum(s for k, s in timer.seconds.items() if k[0] in MATMULS)
     seconds_alone = {k: alone(*ab, k[0]) * timer.calls[k] for k, ab in timer.operands.items()}  # per key, all calls
     by_itself = sum(seconds_alone.values())
@@ -177,6 +183,12 @@ def main(args: Args) -> OpTimer:
         f"{by_itself * 1e3:.0f} ms alone ({flop / by_itself / 1e9:.0f} GFLOP/s), {flop / 1e9:.1f} GFLOP\n"
         f"other ops: {(ops - in_place) * 1e3:.0f} ms; all ops {ops * 1e3:.0f} ms, {ops / untimed:.2f}x the untimed "
         "pass (above 1: the timer slows the ops it times; below: the rest is interpreter and autograd)"
+    )
+    print(
+        f"against the {str(dtype)[6:]} matmul peak measured now ({peak / 1e9:.0f} GFLOP/s, 2048^3, the faster "
+        f"of {' and '.join(kernels)}): the pass {flop / untimed / peak:.0%} (its products' FLOPs per second "
+        f"of the untimed pass); its products in place {flop / in_place / peak:.0%}, alone "
+        f"{flop / by_itself / peak:.0%} (the ceiling at these shapes, whatever the other ops take)"
     )
     if mixed:
         print(

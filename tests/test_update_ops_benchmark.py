@@ -51,6 +51,7 @@ def test_the_script_reports_a_tiny_models_micro_batch(capsys):
     out = capsys.readouterr().out
     assert "forward+backward" in out and "matrix products:" in out and "GFLOP/s" in out
     assert "minor page faults" in out and "a first one (fresh gradients)" in out
+    assert "against the float32 matmul peak measured now (" in out and "the ceiling at these shapes" in out
     assert len(out.split("ms alone  op")[1].strip().splitlines()) == 3  # the table: the top 3 ops
     later = ops.main(ops.Args(model="tiny-llama", repeats=1, top=3, accumulate=True))
     assert "a later micro-batch (gradients accumulated)" in capsys.readouterr().out
@@ -67,6 +68,7 @@ def test_the_script_times_the_mixed_gemm_beside_the_bf16_products(capsys):
     timer = ops.main(ops.Args(model="tiny-llama", precision="bf16-mixed", repeats=1, top=3))
     out = capsys.readouterr().out
     assert "weight gradients by the mixed GEMM into float32 .grad:" in out and "as bf16 products cast and added" in out
+    assert "against the bfloat16 matmul peak measured now (" in out
     assert any(k[0] == "add_product" for k in timer.calls)
     from textzoo.models import fastlm
 
