@@ -58,21 +58,26 @@ def update(policy, gen, advantage: torch.Tensor) -> tuple[torch.Tensor, list[tor
     return logp.detach()[completion], grads, seconds
 
 
-def gaps(result, reference) -> str:
-    """How far a bf16 pass (`update`'s result) lands from the float32 one."""
+def gaps(result, reference) -> dict[str, float]:
+    """How far a bf16 pass (`update`'s result) lands from the float32 one: the log-prob gap (mean, max) and
+    the gradient's relative error (all gradients at once; per weight tensor, median and max)."""
     (logp, grads, _), (logp32, grads32, _) = result, reference
     gap = (logp - logp32).abs()
     pairs = [(g, r) for g, r in zip(grads, grads32) if g is not None and r is not None]
     rel = [float((g - r).norm() / r.norm().clamp(min=1e-30)) for g, r in pairs]
     flat, flat32 = torch.cat([g.flatten() for g, _ in pairs]), torch.cat([r.flatten() for _, r in pairs])
-    total = float((flat - flat32).norm() / flat32.norm())
-    return (
-        f"log-prob gap mean {float(gap.mean()):.4f} max {float(gap.max()):.3f}; gradient error all {total:.3f}, "
-        f"per tensor median {statistics.median(rel):.3f} max {max(rel):.3f}"
-    )
+    return {
+        "gap_mean": float(gap.mean()),
+        "gap_max": float(gap.max()),
+        "error": float((flat - flat32).norm() / flat32.norm()),
+        "median": statistics.median(rel),
+        "worst": max(rel),
+    }
 
 
-def main(args: Args) -> None:
+def main(args: Args) -> dict[int, dict[bool | None, dict[str, float]]]:
+    """Prints each seed's figures; returns them, by seed and setting (None: no ``--switch``), with the best
+    pass's milliseconds (``ms``)."""
     sys.path.insert(0, str(HERE))
     from smollm2 import folder
 
@@ -99,6 +104,7 @@ def main(args: Args) -> None:
     fmt = PromptFormat.resolve(mixed.tokenizer)
     shape = f"{args.prompts} prompts x {args.group} rows, {args.max_new_tokens} tokens"
     print(f"{model}: {shape}, {args.threads} thread(s)")
+    figures: dict[int, dict[bool | None, dict[str, float]]] = {}
     for seed in args.seeds:
         texts = [env.reset(seed=seed + k)[0][env.possible_agents[0]] for k in range(args.prompts)]
         ids, mask = fmt.encode(mixed, [t for t in texts for _ in range(args.group)])
@@ -118,10 +124,15 @@ def main(args: Args) -> None:
             setattr(fastlm, args.switch, initial)
         tokens = int(gen.prompt_mask[:: args.group].sum() + gen.completion_mask.sum())
         print(f"seed {seed}: {tokens} tokens in the pass")
+        figures[seed] = {}
         for setting in settings:
-            name = f"{args.switch}={setting}" if args.switch else "bf16-mixed"
-            best = min(times[setting]) * 1e3
-            print(f"  {name}: {gaps(results[setting], reference)}; pass {best:.0f} ms (best of {args.repeats})")
+            f = figures[seed][setting] = {**gaps(results[setting], reference), "ms": min(times[setting]) * 1e3}
+            print(
+                f"  {f'{args.switch}={setting}' if args.switch else 'bf16-mixed'}: log-prob gap mean "
+                f"{f['gap_mean']:.4f} max {f['gap_max']:.3f}; gradient error all {f['error']:.3f}, per tensor "
+                f"median {f['median']:.3f} max {f['worst']:.3f}; pass {f['ms']:.0f} ms (best of {args.repeats})"
+            )
+    return figures
 
 
 if __name__ == "__main__":
