@@ -34,9 +34,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_post_hook
+from transformers import activations
 from transformers.pytorch_utils import Conv1D
 
-from textzoo.models import mixed_gemm
+from textzoo.models import compiled, mixed_gemm
 from textzoo.models.precision import native_bf16
 
 FUSE_PROJECTIONS = True
@@ -950,19 +951,21 @@ def llama_forward(dec: FastDecoder, ids, position, attend, rows: Packed = ALL, q
 
     Under autocast, each norm's output and each rotated query/key is cast to the compute dtype once,
     where autocast would cast it at every matmul that reads it: the same values, and keys/values (the
-    prompt's and the KV cache's) kept in that dtype instead of cast again at every decode step."""
+    prompt's and the KV cache's) kept in that dtype instead of cast again at every decode step. The
+    elementwise work between the matrix products is three functions (`_add_norm`, `_rope_cast`,
+    `_silu_times`), which a bf16 update pass on CPU runs compiled (`textzoo.models.compiled`)."""
     body = dec.body
     ids, position = rows.pack(ids), rows.pack(position)  # [S, T], or packed [N]
     hidden = embed(body.embed_tokens, ids)  # [..., d] (padding_idx keeps a zero gradient)
     cos, sin = body.rotary_emb(hidden, position.reshape(1, -1))  # [1, S*T or N, D] each
     # [..., 1, D]; rotate_half(x) * sin = x.roll(D/2) * signed sin (`_rope`)
     cos, sin = cos.view(*position.shape, 1, -1), _signed_sin(sin).view(*position.shape, 1, -1)
-    compute = _compute_cast(hidden)
-    layout = rows
+    dtype = _autocast_dtype(hidden)
+    layout, delta = rows, None  # delta: the previous layer's MLP output, added by the next norm's region
     for i, layer in enumerate(dec.layers):
+        attn, mlp, norm = layer.self_attn, layer.mlp, layer.input_layernorm
+        hidden, x = _ADD_NORM(hidden, delta, norm.weight, norm.variance_epsilon, dtype)
         lead = hidden.shape[:-1]  # (S, T) or, packed, (N,)
-        attn, mlp = layer.self_attn, layer.mlp
-        x = compute(_rms_norm(hidden, layer.input_layernorm))
         qkv = dec.fused(attn.q_proj, attn.k_proj, attn.v_proj)  # one [(H + 2 H_kv) D, d] weight, or None
         if qkv is None:
             q, k, v = (dec.linear(x, proj) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
@@ -973,33 +976,56 @@ def llama_forward(dec: FastDecoder, ids, position, attend, rows: Packed = ALL, q
         k, v = k.view(*lead, dec.kv_heads, -1), v.view(*lead, dec.kv_heads, -1)  # [..., H_kv, D]
         if qk_norm:
             q, k = _rms_norm(q, attn.q_norm), _rms_norm(k, attn.k_norm)
-        qk = compute(_rope(torch.cat([q, k], -2), cos, sin))  # [..., H + H_kv, D]: queries and keys at once
-        q, k = qk.split([dec.heads, dec.kv_heads], -2)
+        q, k = _ROPE_CAST(q, k, cos, sin, dtype).split([dec.heads, dec.kv_heads], -2)  # rotated at once
         if i == len(dec.layers) - 1:  # the last block's queries and outputs where the pass reads outputs
             q, hidden, layout = rows.last(q), rows.last(hidden), rows.out
         out = layout.pack(attend(i, layout.unpack(q), rows.unpack(k), rows.unpack(v), attn.scaling))
-        hidden = hidden + dec.linear(out, attn.o_proj)
-        x = compute(_rms_norm(hidden, layer.post_attention_layernorm))
+        norm = layer.post_attention_layernorm
+        hidden, x = _ADD_NORM(hidden, dec.linear(out, attn.o_proj), norm.weight, norm.variance_epsilon, dtype)
         gate_up = dec.fused(mlp.gate_proj, mlp.up_proj)  # one [2 I, d] weight, or None
         if gate_up is None:
             gate, up = dec.linear(x, mlp.gate_proj), dec.linear(x, mlp.up_proj)
         else:
             gate, up = matmul(x, *gate_up).chunk(2, -1)  # [..., I] each
-        hidden = hidden + dec.linear(mlp.act_fn(gate) * up, mlp.down_proj)
-    return layout.unpack(hidden)
+        silu = isinstance(mlp.act_fn, _SILU) and not getattr(mlp.act_fn, "inplace", False)
+        delta = dec.linear(_SILU_TIMES(gate, up) if silu else mlp.act_fn(gate) * up, mlp.down_proj)
+    return layout.unpack(hidden + delta)
 
 
-def _compute_cast(like: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The cast of a tensor to the autocast dtype of ``like``'s device (the identity without autocast)."""
+def _add_norm(hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float, dtype):
+    """``hidden + delta`` (``hidden`` when None) and Llama's RMSNorm of it (`_rms_norm`), cast to ``dtype``
+    (None: not cast)."""
+    if delta is not None:
+        hidden = hidden + delta
+    h = hidden.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    x = weight * h.to(hidden.dtype)
+    return hidden, x if dtype is None else x.to(dtype)
+
+
+def _rope_cast(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype) -> torch.Tensor:
+    """Queries [..., H, D] and keys [..., H_kv, D] rotated (`_rope`) at once -> [..., H + H_kv, D], cast to
+    ``dtype`` (None: not cast)."""
+    qk = _rope(torch.cat([q, k], -2), cos, sin)
+    return qk if dtype is None else qk.to(dtype)
+
+
+def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+_SILU = tuple(t for t in (nn.SiLU, getattr(activations, "SiLUActivation", None)) if t is not None)
+_ADD_NORM = compiled.region(_add_norm, fixed=(1, 1, None, None, None))
+_ROPE_CAST = compiled.region(_rope_cast, fixed=(2, 2, 2, 2, None))
+_SILU_TIMES = compiled.region(_silu_mul, fixed=(1, 1))
+
+
+def _autocast_dtype(like: torch.Tensor) -> torch.dtype | None:
+    """The autocast dtype of ``like``'s device; None without autocast."""
     device = like.device.type
     if device not in ("cpu", "cuda") or not torch.is_autocast_enabled(device):
-        return _same
-    dtype = torch.get_autocast_dtype(device)
-    return lambda t: t.to(dtype) if t.is_floating_point() else t
-
-
-def _same(t: torch.Tensor) -> torch.Tensor:
-    return t
+        return None
+    return torch.get_autocast_dtype(device)
 
 
 def qwen3_forward(dec: FastDecoder, ids, position, attend, rows: Packed = ALL) -> torch.Tensor:
