@@ -1,5 +1,6 @@
 """How far bf16-mixed log-probs and gradients land from float32's on a real model, and the update pass's
-time; with ``--switch NAME``, for a switch of `textzoo.models.fastlm` on and off side by side in one run.
+time; with ``--switch NAME``, for a switch of `textzoo.models.fastlm` or `textzoo.models.compiled` on and off
+side by side in one run.
 
 For each seed it samples ``--prompts`` Writing-v0 prompts x ``--group`` completions, then scores them
 with the same pretrained weights in float32 and in bf16-mixed, and backpropagates an update-like loss
@@ -22,7 +23,7 @@ from pathlib import Path
 import torch
 import tyro
 
-from textzoo.models import fastlm
+from textzoo.models import compiled, fastlm
 
 HERE = Path(__file__).resolve().parent
 
@@ -37,8 +38,8 @@ class Args:
     seeds: list[int] = field(default_factory=lambda: [0, 100, 200])
     """Each seed draws other prompts and completions."""
     switch: str = ""
-    """A boolean switch of `textzoo.models.fastlm` (e.g. FUSE_PROJECTIONS, GRAD_INTO_WEIGHTS) to measure
-    on and off, alternated; empty = the code as it is."""
+    """A boolean switch of `textzoo.models.fastlm` (e.g. FUSE_PROJECTIONS, GRAD_INTO_WEIGHTS) or of
+    `textzoo.models.compiled` (COMPILE_UPDATE) to measure on and off, alternated; empty = the code as it is."""
     repeats: int = 3
     """Timed passes per setting (alternated); the best is printed."""
     threads: int = 1
@@ -87,9 +88,12 @@ def main(args: Args) -> dict[int, dict[bool | None, dict[str, float]]]:
     from textzoo.models.prompting import PromptFormat
     from textzoo.runners.update import tune_heap
 
-    initial = getattr(fastlm, args.switch, None) if args.switch else None
-    if args.switch and not isinstance(initial, bool):
-        raise SystemExit(f"--switch {args.switch}: not a boolean switch of textzoo.models.fastlm")
+    owner = next((m for m in (fastlm, compiled) if isinstance(getattr(m, args.switch, None), bool)), None)
+    if args.switch and owner is None:
+        raise SystemExit(
+            f"--switch {args.switch}: not a boolean switch of textzoo.models.fastlm or textzoo.models.compiled"
+        )
+    initial = getattr(owner, args.switch) if args.switch else None
     torch.set_num_threads(args.threads)
     tune_heap()  # as a training run does: freed gradients stay in the heap instead of fresh pages per pass
     model = args.model or str(folder())
@@ -117,11 +121,11 @@ def main(args: Args) -> dict[int, dict[bool | None, dict[str, float]]]:
         for _ in range(args.repeats):
             for setting in settings:  # alternated, so each setting sees the same machine
                 if args.switch:
-                    setattr(fastlm, args.switch, setting)
+                    setattr(owner, args.switch, setting)
                 results[setting] = update(mixed, gen, advantage)
                 times[setting].append(results[setting][2])
         if args.switch:
-            setattr(fastlm, args.switch, initial)
+            setattr(owner, args.switch, initial)
         tokens = int(gen.prompt_mask[:: args.group].sum() + gen.completion_mask.sum())
         print(f"seed {seed}: {tokens} tokens in the pass")
         figures[seed] = {}

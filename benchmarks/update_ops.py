@@ -11,7 +11,9 @@ prompts x ``--group`` rows, ``--max-new-tokens`` tokens), then runs ``--repeats`
 of that micro-batch under a dispatch mode that times every aten op and prints the last one, next to
 the best of as many passes without the timer. It measures the matmul peak of the compute dtype in the
 same run and prints the pass's MFU against it beside its products' own rates (in place and alone): the
-ceiling these shapes put on the update's MFU, whatever the other ops take::
+ceiling these shapes put on the update's MFU, whatever the other ops take. The op timer is a dispatch mode,
+under which the compiled elementwise regions (`textzoo.models.compiled`) run as written: the timed pass and
+its untimed twin run eager, and one more line times the pass compiled, as training runs it::
 
     OMP_NUM_THREADS=1 python benchmarks/update_ops.py                       # SmolLM2, auto precision
     OMP_NUM_THREADS=1 python benchmarks/update_ops.py --precision fp32 --top 10
@@ -31,7 +33,7 @@ import torch
 import tyro
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from textzoo.models import fastlm, mixed_gemm
+from textzoo.models import compiled, fastlm, mixed_gemm
 
 HERE = Path(__file__).resolve().parent
 MATMULS = ("mm", "bmm", "addmm", "add_product")
@@ -153,7 +155,12 @@ def main(args: Args) -> OpTimer:
     for _ in range(args.repeats):
         with OpTimer() as timer:
             total, _ = forward_backward()
-    untimed, faults = min(forward_backward() for _ in range(args.repeats))
+    compiled.COMPILE_UPDATE = False  # the untimed twin of the timed pass runs the same, eager, code
+    try:
+        untimed, faults = min(forward_backward() for _ in range(args.repeats))
+    finally:
+        compiled.COMPILE_UPDATE = True
+    fused = min(forward_backward()[0] for _ in range(args.repeats))  # as in training (the first may compile)
     mixed = any(k[0] == "add_product" for k in timer.seconds)
     if mixed:  # the same pass with bf16 weight-gradient products cast into float32, alternated with it
         passes: dict[bool, list[float]] = {True: [], False: []}
@@ -189,6 +196,10 @@ def main(args: Args) -> OpTimer:
         f"of {' and '.join(kernels)}): the pass {flop / untimed / peak:.0%} (its products' FLOPs per second "
         f"of the untimed pass); its products in place {flop / in_place / peak:.0%}, alone "
         f"{flop / by_itself / peak:.0%} (the ceiling at these shapes, whatever the other ops take)"
+    )
+    print(
+        f"with the compiled elementwise regions (`textzoo.models.compiled`, as in training): {fused * 1e3:.0f} ms "
+        f"per pass (best of {args.repeats}), the pass {flop / fused / peak:.0%} of the peak"
     )
     if mixed:
         print(

@@ -52,6 +52,10 @@ def test_a_switch_is_measured_both_ways_and_put_back(capsys):
     assert fastlm.FUSE_PROJECTIONS  # the default is back on
     on, off = figures[0][True], figures[0][False]
     assert abs(on["error"] - off["error"]) < 0.05  # the same math either way, to bf16 rounding
+    from textzoo.models import compiled
+
+    assert set(script.main(_tiny(script, switch="COMPILE_UPDATE"))[0]) == {True, False}  # compiled's switch too
+    assert compiled.COMPILE_UPDATE
 
 
 def test_a_bad_switch_is_named_before_any_model_is_built(monkeypatch):

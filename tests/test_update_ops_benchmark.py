@@ -52,6 +52,7 @@ def test_the_script_reports_a_tiny_models_micro_batch(capsys):
     assert "forward+backward" in out and "matrix products:" in out and "GFLOP/s" in out
     assert "minor page faults" in out and "a first one (fresh gradients)" in out
     assert "against the float32 matmul peak measured now (" in out and "the ceiling at these shapes" in out
+    assert "with the compiled elementwise regions" in out
     assert len(out.split("ms alone  op")[1].strip().splitlines()) == 3  # the table: the top 3 ops
     later = ops.main(ops.Args(model="tiny-llama", repeats=1, top=3, accumulate=True))
     assert "a later micro-batch (gradients accumulated)" in capsys.readouterr().out
