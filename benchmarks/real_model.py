@@ -79,7 +79,7 @@ class Args:
     """bf16 weight gradients by the mixed GEMM straight into the float32 ``.grad`` (`fastlm.GRAD_INTO_WEIGHTS`);
     off: bf16 products cast and added (for A/B runs)."""
     compile_update: bool = True
-    """bf16 update passes run their elementwise regions compiled (`textzoo.models.compiled.COMPILE_UPDATE`);
+    """bf16 update passes run their elementwise regions compiled (`UpdateConfig.compile_regions`);
     off: as written (for A/B runs)."""
     threads: int = 1
     """torch intra-op threads (the matmul peak is measured at the same count)."""
@@ -288,7 +288,7 @@ def config_for(args: Args, mode: str, precision: str = "auto"):
         group_size=args.group_size,
         eval_prompts=args.eval_prompts,
         eval_every=args.eval_every,
-        update=UpdateConfig(micro_batch_size=args.micro_batch_size),
+        update=UpdateConfig(micro_batch_size=args.micro_batch_size, compile_regions=args.compile_update),
         threads=args.threads,
         seed=args.seed,
         progress=False,
@@ -301,13 +301,12 @@ def run_mode(args: Args, mode: str, precision: str = "auto") -> dict:
     """Train one mode in this process (the real model in ``precision``); return its figures."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from textzoo.models import compiled, fastlm
+    from textzoo.models import fastlm
     from textzoo.runners import trainer as trainer_module
     from textzoo.runners.trainer import Trainer
     from textzoo.runners.update import run_jobs
 
     fastlm.GRAD_INTO_WEIGHTS = args.grad_into_weights
-    compiled.COMPILE_UPDATE = args.compile_update
     torch.set_num_threads(args.threads)
     peaks = [peaks_now(args.threads)]
     cfg = config_for(args, mode, precision)

@@ -153,7 +153,7 @@ def test_a_failed_compile_warns_once_and_runs_as_written(monkeypatch, caplog):
     assert "running them as written" in caplog.records[0].getMessage()
 
 
-def _two_bf16_steps(tmp_path, parallel_jobs: int) -> list[dict[str, torch.Tensor]]:
+def _two_bf16_steps(tmp_path, parallel_jobs: int, compile_regions: bool = True) -> list[dict[str, torch.Tensor]]:
     from helpers import tiny_config
 
     from textzoo.config import AgentConfig
@@ -163,8 +163,8 @@ def _two_bf16_steps(tmp_path, parallel_jobs: int) -> list[dict[str, torch.Tensor
     cfg = tiny_config(
         agent=AgentConfig(model="tiny-llama", precision="bf16-mixed", max_new_tokens=8),
         threads=1,
-        update=UpdateConfig(micro_batch_size=4, parallel_jobs=parallel_jobs),
-        run_dir=tmp_path / f"jobs-{parallel_jobs}",
+        update=UpdateConfig(micro_batch_size=4, parallel_jobs=parallel_jobs, compile_regions=compile_regions),
+        run_dir=tmp_path / f"jobs-{parallel_jobs}-{compile_regions}",
     )
     trainer = Trainer(cfg)
     for _ in range(2):
@@ -175,12 +175,16 @@ def _two_bf16_steps(tmp_path, parallel_jobs: int) -> list[dict[str, torch.Tensor
 @needs_compiler
 def test_compiled_updates_are_deterministic_and_safe_in_parallel_jobs(tmp_path, monkeypatch):
     """Two agents' bf16 updates through the compiled regions, in two threads or one after the other: the
-    same weights bit for bit (and different from the regions run as written: they did run)."""
+    same weights bit for bit (and different from the regions run as written: they did run). A run with
+    ``update.compile_regions`` off lands on the regions-as-written weights bit for bit."""
+    torch._dynamo.reset()  # the regions first compile in the two threads (while one compiles, the other runs)
     parallel = _two_bf16_steps(tmp_path, parallel_jobs=2)
     sequential = _two_bf16_steps(tmp_path, parallel_jobs=1)
-    monkeypatch.setattr(compiled, "COMPILE_UPDATE", False)
+    configured_off = _two_bf16_steps(tmp_path, parallel_jobs=2, compile_regions=False)  # the run's switch
+    monkeypatch.setattr(compiled, "COMPILE_UPDATE", False)  # the process's switch
     eager = _two_bf16_steps(tmp_path, parallel_jobs=1)
     assert len(parallel) == 2
-    for par, seq, plain in zip(parallel, sequential, eager):
+    for par, seq, off, plain in zip(parallel, sequential, configured_off, eager):
         assert all(torch.equal(par[n], w) for n, w in seq.items())
         assert any(not torch.equal(plain[n], w) for n, w in seq.items())
+        assert all(torch.equal(off[n], w) for n, w in plain.items())

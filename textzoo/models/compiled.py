@@ -21,18 +21,21 @@ written (one warning).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
 import os
 import shutil
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 
 import torch
 from torch.utils import _python_dispatch
 
 COMPILE_UPDATE = True
-"""Compile the elementwise regions of bf16 update passes on CPU (`region`). Off: every region runs as written."""
+"""Compile the elementwise regions of bf16 update passes on CPU (`region`), process-wide. Off: every region runs
+as written (a run turns them off with `UpdateConfig.compile_regions`, through `allowed`)."""
 MIN_WIDTH = 256
 """Regions whose first argument has fewer elements per token (its fixed trailing dimensions) run as written:
 a tiny model's elementwise ops are too small to gain from fusion, and it would pay a compile per model shape
@@ -48,17 +51,37 @@ def compiler_available() -> bool:
     return shutil.which(os.environ.get("CXX") or "g++") is not None
 
 
+_one_at_a_time = threading.Lock()
+"""Held around each compiled call: two threads (`UpdateConfig.parallel_jobs`) that first meet a region at once
+would each compile it (8 graphs instead of 4 in a tiny model's two-thread update), the second as a recompile
+that dynamo itself calls unexpected."""
+_local = threading.local()  # .on: what `allowed` set in this thread (unset: allowed)
+
+
+@contextlib.contextmanager
+def allowed(on: bool) -> Iterator[None]:
+    """Inside, in this thread: the regions compile only if ``on`` (an update job's
+    `UpdateConfig.compile_regions`) and `COMPILE_UPDATE`."""
+    before = getattr(_local, "on", True)
+    _local.on = on
+    try:
+        yield
+    finally:
+        _local.on = before
+
+
 def _applies(first: torch.Tensor, width: int) -> bool:
     """Whether a region whose first argument is ``first``, of ``width`` elements per token, runs compiled now."""
     return (
         COMPILE_UPDATE
+        and getattr(_local, "on", True)
         and not _failed
         and first.device.type == "cpu"
         and width >= MIN_WIDTH
         and torch.is_grad_enabled()
         and torch.is_autocast_enabled("cpu")
         and torch.get_autocast_dtype("cpu") == torch.bfloat16
-        and not torch.compiler.is_compiling()
+        and not torch.compiler.is_dynamo_compiling()  # is_compiling() is process-wide: true in other threads
         and _python_dispatch._get_current_dispatch_mode() is None  # else skipped for good (docstring)
         and compiler_available()
     )
@@ -81,7 +104,8 @@ def region(fn: Callable, fixed: tuple[int | None, ...]) -> Callable:
                     if arg.shape[dim] > 1:  # sizes 0 and 1 are specialised
                         torch._dynamo.mark_dynamic(arg, dim)
         try:
-            return compiled(*args)
+            with _one_at_a_time:
+                return compiled(*args)
         except Exception as error:  # no working toolchain, an unsupported op: run as written from now on
             _failed.append(repr(error))
             log.warning("compiled update regions are off for this process (%s); running them as written", error)

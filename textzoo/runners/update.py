@@ -22,6 +22,7 @@ import torch
 from textzoo.algorithms.batch import Job
 from textzoo.algorithms.rlmath import BatchNorm
 from textzoo.config import UpdateConfig
+from textzoo.models import compiled
 from textzoo.models.fastlm import forget_casts, forget_packed
 from textzoo.models.policy import has_dropout
 from textzoo.runners import sharding
@@ -172,8 +173,21 @@ def run_job(
 
     `grad_sync(params)`, when given, runs once per optimizer step before the zero-gradient check and
     clipping (data parallelism averages gradients over replicas there). The first job of a process sets
-    its heap thresholds (`tune_heap`).
+    its heap thresholds (`tune_heap`). The elementwise regions of bf16 passes compile as
+    ``cfg.compile_regions`` says (`textzoo.models.compiled.allowed`).
     """
+    with compiled.allowed(cfg.compile_regions):
+        return _run_job(job, learner, cfg, generator, grad_sync, free_grads)
+
+
+def _run_job(
+    job: Job,
+    learner: Learner,
+    cfg: UpdateConfig,
+    generator: torch.Generator | None,
+    grad_sync: Callable[[list[torch.nn.Parameter]], None] | None,
+    free_grads: bool,
+) -> dict[str, float]:
     tune_heap()
     batch = job.batch.to(learner.device)
     n = len(batch)
