@@ -8,7 +8,9 @@ A test that needs a field at `TrainConfig`'s own default (e.g. `eval_prompts=16`
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -55,3 +57,14 @@ def tiny_llama_grads(autocast: torch.dtype | None):
     (logp * torch.linspace(-1, 1, logp.shape[1])).sum().backward()
     grads = {name: p.grad.clone() for name, p in policy.model.named_parameters()}
     return gen, logp.detach(), grads, policy
+
+
+def load_benchmark(name: str):
+    """The script ``benchmarks/<name>.py`` as a module (registered in ``sys.modules``: its dataclasses
+    resolve their annotations through it)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -1,26 +1,17 @@
 """benchmarks/bf16_fidelity.py runs end to end on a tiny model: bf16-mixed measured against float32, a
 fastlm switch A/B'd and put back, a bad switch named before any model is built."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from helpers import load_benchmark
 
 from textzoo.models import fastlm
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bf16_fidelity.py"
 
 torch.set_num_threads(1)
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("bf16_fidelity", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass resolves annotations through it
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bf16_fidelity")
 
 
 TINY = {"model": "tiny-llama", "prompts": 2, "group": 2, "max_new_tokens": 8, "seeds": [0], "repeats": 1}

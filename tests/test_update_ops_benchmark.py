@@ -1,12 +1,9 @@
 """benchmarks/update_ops.py: its op timer counts the matrix products' FLOPs as torch's FlopCounterMode does,
 and the script runs end to end on a tiny model."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from helpers import load_benchmark
 from torch.utils.flop_counter import FlopCounterMode
 
 from textzoo.config import AgentConfig
@@ -14,15 +11,9 @@ from textzoo.models import mixed_gemm
 from textzoo.models.build import build_policy
 from textzoo.models.policy import Policy
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "update_ops.py"
-
 
 def _script():
-    spec = importlib.util.spec_from_file_location("update_ops", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass resolves annotations through it
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("update_ops")
 
 
 def test_the_timer_counts_matmul_flops_as_torchs_counter_does():

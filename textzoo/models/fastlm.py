@@ -953,7 +953,7 @@ def llama_forward(dec: FastDecoder, ids, position, attend, rows: Packed = ALL, q
     where autocast would cast it at every matmul that reads it: the same values, and keys/values (the
     prompt's and the KV cache's) kept in that dtype instead of cast again at every decode step. The
     elementwise work between the matrix products is three functions (`_add_norm`, `_rope_cast`,
-    `_silu_times`), which a bf16 update pass on CPU runs compiled (`textzoo.models.compiled`)."""
+    `_silu_mul`), which a bf16 update pass on CPU runs compiled (`textzoo.models.compiled`)."""
     body = dec.body
     ids, position = rows.pack(ids), rows.pack(position)  # [S, T], or packed [N]
     hidden = embed(body.embed_tokens, ids)  # [..., d] (padding_idx keeps a zero gradient)
@@ -988,18 +988,16 @@ def llama_forward(dec: FastDecoder, ids, position, attend, rows: Packed = ALL, q
         else:
             gate, up = matmul(x, *gate_up).chunk(2, -1)  # [..., I] each
         silu = isinstance(mlp.act_fn, _SILU) and not getattr(mlp.act_fn, "inplace", False)
-        delta = dec.linear(_SILU_TIMES(gate, up) if silu else mlp.act_fn(gate) * up, mlp.down_proj)
+        delta = dec.linear(_SILU_MUL(gate, up) if silu else mlp.act_fn(gate) * up, mlp.down_proj)
     return layout.unpack(hidden + delta)
 
 
 def _add_norm(hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float, dtype):
-    """``hidden + delta`` (``hidden`` when None) and Llama's RMSNorm of it (`_rms_norm`), cast to ``dtype``
+    """``hidden + delta`` (``hidden`` when None) and Llama's RMSNorm of it (`_rms`), cast to ``dtype``
     (None: not cast)."""
     if delta is not None:
         hidden = hidden + delta
-    h = hidden.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    x = weight * h.to(hidden.dtype)
+    x = _rms(hidden, weight, eps)
     return hidden, x if dtype is None else x.to(dtype)
 
 
@@ -1017,7 +1015,7 @@ def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 _SILU = tuple(t for t in (nn.SiLU, getattr(activations, "SiLUActivation", None)) if t is not None)
 _ADD_NORM = compiled.region(_add_norm, fixed=(1, 1, None, None, None))
 _ROPE_CAST = compiled.region(_rope_cast, fixed=(2, 2, 2, 2, None))
-_SILU_TIMES = compiled.region(_silu_mul, fixed=(1, 1))
+_SILU_MUL = compiled.region(_silu_mul, fixed=(1, 1))
 
 
 def _autocast_dtype(like: torch.Tensor) -> torch.dtype | None:
@@ -1054,10 +1052,15 @@ def _layer_norm(x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
 
 
 def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """Llama's RMSNorm module ``norm`` applied to ``x`` (`_rms`)."""
+    return _rms(x, norm.weight, norm.variance_epsilon)
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama's RMSNorm: normalise in float32, scale by the weight in the input dtype."""
     h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * h.to(x.dtype)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
 
 
 def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
