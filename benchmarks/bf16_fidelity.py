@@ -38,8 +38,9 @@ class Args:
     seeds: list[int] = field(default_factory=lambda: [0, 100, 200])
     """Each seed draws other prompts and completions."""
     switch: str = ""
-    """A boolean switch of `textzoo.models.fastlm` (e.g. FUSE_PROJECTIONS, GRAD_INTO_WEIGHTS) or of
-    `textzoo.models.compiled` (COMPILE_UPDATE) to measure on and off, alternated; empty = the code as it is."""
+    """A switch of `textzoo.models.fastlm` (e.g. FUSE_PROJECTIONS, GRAD_INTO_WEIGHTS: True, False or None for
+    the default) or of `textzoo.models.compiled` (COMPILE_UPDATE) to measure forced on and off, alternated;
+    empty = the code as it is."""
     repeats: int = 3
     """Timed passes per setting (alternated); the best is printed."""
     threads: int = 1
@@ -88,7 +89,7 @@ def main(args: Args) -> dict[int, dict[bool | None, dict[str, float]]]:
     from textzoo.models.prompting import PromptFormat
     from textzoo.runners.update import tune_heap
 
-    owner = next((m for m in (fastlm, compiled) if isinstance(getattr(m, args.switch, None), bool)), None)
+    owner = next((m for m in (fastlm, compiled) if isinstance(vars(m).get(args.switch, 0), bool | None)), None)
     if args.switch and owner is None:
         raise SystemExit(
             f"--switch {args.switch}: not a boolean switch of textzoo.models.fastlm or textzoo.models.compiled"

@@ -49,6 +49,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 import tyro
@@ -75,9 +76,10 @@ class Args:
     full_lr: float = 1e-5
     micro_batch_size: int = 8
     """Rows per forward+backward of the update (`UpdateConfig.micro_batch_size`)."""
-    grad_into_weights: bool = True
-    """bf16 weight gradients by the mixed GEMM straight into the float32 ``.grad`` (`fastlm.GRAD_INTO_WEIGHTS`);
-    off: bf16 products cast and added (for A/B runs)."""
+    grad_into_weights: Literal["auto", "on", "off"] = "auto"
+    """bf16 weight gradients by the mixed GEMM straight into the float32 ``.grad`` (`fastlm.GRAD_INTO_WEIGHTS`):
+    auto where that is the faster (CPUs with AMX); on or off to force it or bf16 products cast and added
+    (A/B runs)."""
     compile_update: bool = True
     """bf16 update passes run their elementwise regions compiled (`UpdateConfig.compile_regions`);
     off: as written (for A/B runs)."""
@@ -306,7 +308,7 @@ def run_mode(args: Args, mode: str, precision: str = "auto") -> dict:
     from textzoo.runners.trainer import Trainer
     from textzoo.runners.update import run_jobs
 
-    fastlm.GRAD_INTO_WEIGHTS = args.grad_into_weights
+    fastlm.GRAD_INTO_WEIGHTS = {"auto": None, "on": True, "off": False}[args.grad_into_weights]
     torch.set_num_threads(args.threads)
     peaks = [peaks_now(args.threads)]
     cfg = config_for(args, mode, precision)

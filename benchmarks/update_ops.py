@@ -158,16 +158,19 @@ def main(args: Args) -> OpTimer:
     with compiled.allowed(False):  # the untimed twin of the timed pass runs the same, eager, code
         untimed, faults = min(forward_backward() for _ in range(args.repeats))
     fused = min(forward_backward()[0] for _ in range(args.repeats))  # as in training (the first may compile)
-    mixed = any(k[0] == "add_product" for k in timer.seconds)
-    if mixed:  # the same pass with bf16 weight-gradient products cast into float32, alternated with it
+    # the pass with its weight gradients forced through the mixed GEMM and forced to bf16 products cast into
+    # float32, alternated (the timed pass took the default: the GEMM where it is the faster, `mixed_gemm.fast`)
+    mixed = policy.autocast == torch.bfloat16 and mixed_gemm.available()
+    if mixed:
         passes: dict[bool, list[float]] = {True: [], False: []}
+        default = fastlm.GRAD_INTO_WEIGHTS
         try:
             for _ in range(args.repeats):
                 for into in (False, True):
                     fastlm.GRAD_INTO_WEIGHTS = into
                     passes[into].append(forward_backward()[0])
         finally:
-            fastlm.GRAD_INTO_WEIGHTS = True  # it was on: the timed pass went through the mixed GEMM
+            fastlm.GRAD_INTO_WEIGHTS = default
     dtype = policy.autocast or next(policy.model.parameters()).dtype  # what the products compute in
     kernels = KERNELS if torch.backends.mkldnn.is_available() else ("mm",)
     peak = max(matmul_peak(args.threads, dtype, kernel)[0] for kernel in kernels)  # FLOP per wall second
@@ -202,7 +205,8 @@ def main(args: Args) -> OpTimer:
         print(
             f"weight gradients by the mixed GEMM into float32 .grad: {min(passes[True]) * 1e3:.0f} ms per pass; "
             f"as bf16 products cast and added: {min(passes[False]) * 1e3:.0f} ms "
-            f"(best of {args.repeats} each, alternated)"
+            f"(best of {args.repeats} each, alternated; the default here: "
+            f"{'the mixed GEMM' if fastlm.grad_into_weights() else 'bf16 products'})"
         )
     print(f"\n{'ms in place':>11} {'calls':>6} {'ms alone':>9}  op")
     for key, seconds in sorted(timer.seconds.items(), key=lambda kv: -kv[1])[: args.top]:

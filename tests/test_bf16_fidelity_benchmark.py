@@ -47,6 +47,9 @@ def test_a_switch_is_measured_both_ways_and_put_back(capsys):
 
     assert set(script.main(_tiny(script, switch="COMPILE_UPDATE"))[0]) == {True, False}  # compiled's switch too
     assert compiled.COMPILE_UPDATE
+    # a switch whose default is None (decided per CPU) is forced both ways and put back to None
+    assert set(script.main(_tiny(script, switch="GRAD_INTO_WEIGHTS"))[0]) == {True, False}
+    assert fastlm.GRAD_INTO_WEIGHTS is None
 
 
 def test_a_bad_switch_is_named_before_any_model_is_built(monkeypatch):

@@ -121,6 +121,7 @@ def test_a_bf16_run_through_the_mixed_gemm_resumes_bit_identically(tmp_path, mon
     same weights and metrics rows as the uninterrupted one (the weight gradients went through the GEMM)."""
     calls = []
     real = mixed_gemm.add_product
+    monkeypatch.setattr(fastlm, "GRAD_INTO_WEIGHTS", True)  # the default takes it only on CPUs with AMX
     monkeypatch.setattr(mixed_gemm, "add_product", lambda *a, **k: calls.append(1) or real(*a, **k))
     agent = AgentConfig(model="tiny-llama", n_layer=2, n_embd=32, n_head=2, max_new_tokens=6, precision="bf16-mixed")
 
@@ -142,3 +143,18 @@ def test_a_bf16_run_through_the_mixed_gemm_resumes_bit_identically(tmp_path, mon
         for name, tensor in want[model].items():
             assert torch.equal(got[model][name], tensor), f"{model}:{name}"
     assert metrics_rows(tmp_path / "a") == metrics_rows(tmp_path / "b")
+
+
+@pytest.mark.parametrize("flags", [{"avx512_bf16", "amx_bf16"}, {"avx512_bf16"}, set()])
+def test_by_default_the_mixed_gemm_serves_only_cpus_with_amx(monkeypatch, flags):
+    """`GRAD_INTO_WEIGHTS` None (the default): the mixed GEMM where the CPU has AMX, where MKL runs it on the
+    matrix units; without AMX (an EPYC with avx512_bf16) MKL runs it at about float32 speed, half the bf16
+    product's, so bf16 products cast and added serve there. True and False force it either way."""
+    monkeypatch.setattr(mixed_gemm, "cpu_flags", lambda: frozenset(flags))
+    assert fastlm.GRAD_INTO_WEIGHTS is None
+    assert mixed_gemm.fast() == fastlm.grad_into_weights() == ("amx_bf16" in flags)
+    _, calls, matrices = _llama_grads(None, monkeypatch)
+    assert calls == (matrices if "amx_bf16" in flags else [])
+    for forced in (True, False):
+        monkeypatch.setattr(fastlm, "GRAD_INTO_WEIGHTS", forced)
+        assert fastlm.grad_into_weights() is forced

@@ -212,21 +212,28 @@ def matmul(
     return F.linear(x, weight, bias)
 
 
-GRAD_INTO_WEIGHTS = True
+GRAD_INTO_WEIGHTS: bool | None = None
 """Bf16 linear layers on CPU add their weight gradient to the float32 weights' ``.grad`` in one mixed
-GEMM (`mixed_gemm.add_product`) instead of a bf16 product, a cast and an add (`_LinearIntoGrad`)."""
+GEMM (`mixed_gemm.add_product`) instead of a bf16 product, a cast and an add (`_LinearIntoGrad`):
+None where that is the faster (`mixed_gemm.fast`: CPUs with AMX), True or False to force it (A/B runs)."""
+
+
+def grad_into_weights() -> bool:
+    """Whether bf16 weight gradients go through the mixed GEMM in this process (`GRAD_INTO_WEIGHTS`)."""
+    if GRAD_INTO_WEIGHTS is None:
+        return mixed_gemm.fast()
+    return GRAD_INTO_WEIGHTS and mixed_gemm.available()
 
 
 def _into_grad(weight: torch.Tensor, sources: tuple[torch.Tensor, ...]) -> bool:
     """Whether `matmul` by the cast copy ``weight`` of ``sources`` takes `_LinearIntoGrad` now."""
     return (
-        GRAD_INTO_WEIGHTS
-        and torch.is_grad_enabled()
+        torch.is_grad_enabled()
         and weight.dtype == torch.bfloat16
         and weight.device.type == "cpu"
         and any(w.requires_grad for w in sources)
         and all(w.dtype == torch.float32 and type(w.data) is torch.Tensor for w in sources)
-        and mixed_gemm.available()
+        and grad_into_weights()
     )
 
 

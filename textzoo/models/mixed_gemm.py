@@ -8,7 +8,8 @@ MKL, which torch's CPU wheels link, has the mixed GEMM (``cblas_gemm_bf16bf16f32
 float32 accumulation and output, AMX kernels where the CPU has them); its symbol is exported from
 ``libtorch_cpu``, so ctypes reaches it without a build step. Measured on SmolLM2-135M's shapes (345
 rows, 1 thread, Intel AMX): gate/up [3072, 576] 1.15 ms vs 2.89 ms for bf16 ``mm`` then ``add_``,
-the tied 49,152 x 576 head 52 vs 171 ms (`benchmarks/update_ops.py` times it in place).
+the tied 49,152 x 576 head 52 vs 171 ms (`benchmarks/update_ops.py` times it in place). Without AMX
+MKL runs it at about float32 speed, slower than the bf16 product and add (`fast`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import os
 
 import torch
 from torch.utils.flop_counter import register_flop_formula
+
+from textzoo.models.precision import cpu_flags
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112  # MKL's CBLAS_LAYOUT and CBLAS_TRANSPOSE values
 
@@ -51,6 +54,14 @@ def _agrees(gemm: ctypes._CFuncPtr) -> bool:
 def available() -> bool:
     """Whether `add_product` can run here (a CPU torch built with MKL that exports the mixed GEMM)."""
     return _gemm() is not None
+
+
+def fast() -> bool:
+    """Whether the mixed GEMM runs here and beats a bf16 product, cast and add: on CPUs with AMX (``amx_bf16``),
+    where MKL has matrix-unit kernels for it. Elsewhere MKL runs it at about float32 speed: AMD EPYC with
+    avx512_bf16 and no AMX, 345 rows, 1 thread, 2026-12-04: gate/up [3072, 576] 13.8 ms vs 6.8 ms for the
+    bf16 ``mm`` and ``add_``, the tied 49,152 x 576 head 213 vs 171 ms."""
+    return available() and "amx_bf16" in cpu_flags()
 
 
 def _rows(t: torch.Tensor) -> bool:
