@@ -207,19 +207,19 @@ def test_single_token_completions_share_prompts():
     torch.testing.assert_close(shared, policy.score(gen.prompt_ids, gen.prompt_mask, ids, mask), atol=1e-6, rtol=0)
 
 
-def _train_two_steps(parallel_jobs: int = 1, **overrides):
+def _train_two_steps(parallel_jobs: int = 1, agent=None, run_dir="/tmp/textzoo-test-fast-paths", **overrides):
     from textzoo.config import AgentConfig
     from textzoo.runners.trainer import Trainer
     from textzoo.runners.update import UpdateConfig
 
     cfg = tiny_config(
-        agent=AgentConfig(),
+        agent=agent or AgentConfig(),
         eval_prompts=16,
         threads=1,
-        update=UpdateConfig(micro_batch_size=4, parallel_jobs=parallel_jobs),
+        update=UpdateConfig(micro_batch_size=4, parallel_jobs=parallel_jobs, compile_regions=False),
         **overrides,
     )
-    trainer = Trainer(cfg, run_dir="/tmp/textzoo-test-fast-paths")
+    trainer = Trainer(cfg, run_dir=run_dir)
     for _ in range(2):
         trainer.train_step()
     return [{n: p.detach().clone() for n, p in a.policy.model.named_parameters()} for a in trainer.actors]
@@ -237,6 +237,25 @@ def test_parallel_update_jobs_give_the_sequential_weights():
         update._independent = independent
     assert calls and all(calls)  # two agents with their own models did run at once
     sequential = _train_two_steps(parallel_jobs=1)
+    for par, seq in zip(parallel, sequential):
+        for name, weight in seq.items():
+            assert torch.equal(par[name], weight), name
+
+
+def test_parallel_bf16_update_jobs_give_the_sequential_weights(tmp_path, monkeypatch):
+    """tiny-llama in bf16-mixed with its weight gradients through the cast copies' nodes (GPUs, CPUs without
+    AMX): two jobs in two threads land on the sequential weights bit for bit. The tied head and embedding
+    add into one ``.grad``; with a cast node cached from the rollout, a worker thread's backward added the
+    head's part at another point (autograd orders ready nodes by a per-thread sequence number) and the
+    embedding came out ~2e-9 off."""
+    from textzoo.config import AgentConfig
+    from textzoo.models import fastlm
+
+    monkeypatch.setattr(fastlm, "GRAD_INTO_WEIGHTS", False)
+    agent = AgentConfig(model="tiny-llama", precision="bf16-mixed", max_new_tokens=8)
+    parallel = _train_two_steps(2, agent, run_dir=tmp_path / "parallel")
+    sequential = _train_two_steps(1, agent, run_dir=tmp_path / "sequential")
+    assert len(parallel) == 2
     for par, seq in zip(parallel, sequential):
         for name, weight in seq.items():
             assert torch.equal(par[name], weight), name

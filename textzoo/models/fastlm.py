@@ -130,22 +130,22 @@ def autocast_weight(weight: torch.Tensor | None) -> torch.Tensor | None:
     `forget_casts`; an in-place write such as a load: its version counter): the rollout's decode steps,
     scoring calls and the update's micro-batches all read it, where autocast casts once per autocast
     region, and a frozen weight (a LoRA base) at every call.
-    A trainable weight's copy carries a cast node (`_CastBack`) whose backward adds the copy's gradient
-    to the float32 weight's ``.grad`` in place: the same sum as autocast's cast-back then accumulation,
-    without a float32 temporary per weight per backward pass (it saves no tensors, so any number of
-    backward passes may go through it)."""
+    With gradients on, a trainable weight's copy comes through a cast node (`_CastBack`) made at this call,
+    whose backward adds the copy's gradient to the float32 weight's ``.grad`` in place: the same sum as
+    autocast's cast-back then accumulation, without a float32 temporary per weight per backward pass. A
+    node per call, not one cached with the copy: a cached node keeps the autograd sequence number of
+    the thread and moment that made it, so the order in which a backward pass adds it and the rest of
+    the graph into a shared ``.grad`` (a tied head and embedding) would depend on which thread ran
+    the update (`UpdateConfig.parallel_jobs`) and on what ran before."""
     dtype = None if weight is None else _cast_dtype(weight)
     if dtype is None:
         return weight
     copy = _cached(_CASTS, (weight,), dtype)
-    if copy is not None:
-        return copy
-    if weight.requires_grad:
-        with torch.enable_grad():
-            copy = _CastBack.apply(weight, dtype)
-    else:
-        copy = weight.to(dtype)
-    return _remember(_CASTS, (weight,), copy)
+    if copy is None:
+        copy = _remember(_CASTS, (weight,), weight.detach().to(dtype))
+    if weight.requires_grad and torch.is_grad_enabled():
+        return _CastBack.apply(weight, copy)
+    return copy
 
 
 def autocast_fused(weights: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
@@ -158,14 +158,11 @@ def autocast_fused(weights: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
     if dtype is None:
         return None
     copy = _cached(_CASTS, weights, dtype)
-    if copy is not None:
-        return copy
-    if any(w.requires_grad for w in weights):
-        with torch.enable_grad():
-            copy = _FusedCastBack.apply(dtype, *weights)
-    else:
-        copy = torch.cat([w.to(dtype) for w in weights])
-    return _remember(_CASTS, weights, copy)
+    if copy is None:
+        copy = _remember(_CASTS, weights, torch.cat([w.detach().to(dtype) for w in weights]))
+    if any(w.requires_grad for w in weights) and torch.is_grad_enabled():
+        return _FusedCastBack.apply(copy, *weights)
+    return copy
 
 
 PACKED_MATMULS = True
@@ -269,13 +266,13 @@ class _LinearIntoGrad(torch.autograd.Function):
 
 
 class _FusedCastBack(torch.autograd.Function):
-    """``cat([w.to(dtype) for w in weights])`` whose backward accumulates each weight's rows of the
-    gradient into its own float32 ``.grad`` (in place, as `_CastBack`)."""
+    """``copy``, the cast ``cat(weights)``, as a function of ``weights``: its backward accumulates each
+    weight's rows of the gradient into its own float32 ``.grad`` (in place, as `_CastBack`)."""
 
     @staticmethod
-    def forward(ctx, dtype: torch.dtype, *weights: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, copy: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
         ctx.weights = weights  # leaf parameters: holding them makes no reference cycle
-        return torch.cat([w.to(dtype) for w in weights])
+        return copy.view_as(copy)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -286,12 +283,13 @@ class _FusedCastBack(torch.autograd.Function):
 
 
 class _CastBack(torch.autograd.Function):
-    """``weight.to(dtype)`` whose backward accumulates into ``weight.grad`` itself (float32, in place)."""
+    """``copy``, the cast ``weight``, as a function of ``weight``: its backward accumulates into
+    ``weight.grad`` itself (float32, in place)."""
 
     @staticmethod
-    def forward(ctx, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def forward(ctx, weight: torch.Tensor, copy: torch.Tensor) -> torch.Tensor:
         ctx.weight = weight  # a leaf parameter: holding it makes no reference cycle
-        return weight.to(dtype)
+        return copy.view_as(copy)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
