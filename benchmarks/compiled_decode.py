@@ -23,6 +23,8 @@ autocast; this step keeps every row, a fixed capacity and the model's dtype thro
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import math
 import resource
 import sys
@@ -35,7 +37,12 @@ import torch.nn.functional as F
 import tyro
 from torch import nn
 
+from textzoo.config import AgentConfig
 from textzoo.models import fastlm
+from textzoo.models.build import build_policy
+from textzoo.models.modes import eval_mode
+from textzoo.models.policy import Policy
+from textzoo.models.precision import autocast
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -94,9 +101,8 @@ class StaticStep(nn.Module):
         cos, sin = self.rotary(x, position.view(1, 1))  # [1, 1, D] each
         cos, sin = cos.view(1, 1, D), fastlm._signed_sin(sin).view(1, 1, D)
         capacity = keys[0].shape[2]
-        later = torch.where(torch.arange(capacity) <= position, 0.0, float("-inf")).to(
-            x.dtype
-        )  # [capacity]: 0, -inf after `position`
+        # [capacity]: 0 up to `position`, -inf after it (columns not written yet)
+        later = torch.where(torch.arange(capacity) <= position, 0.0, float("-inf")).to(x.dtype)
         at = position.view(1)
         for i, (qkv, o, norms, gate_up, down) in enumerate(zip(self.qkv, self.o, self.norms, self.gate_up, self.down)):
             q, k, v = F.linear(fastlm._rms(x, norms[0], self.eps), qkv).split([H * D, H_kv * D, H_kv * D], -1)
@@ -133,24 +139,20 @@ def frozen_weights(on: bool = True):
     return torch._inductor.config.patch(freezing=on)
 
 
-def _smollm2() -> Path:
-    import smollm2
+def load(model: str, dtype: torch.dtype) -> Policy:
+    """The policy of ``model`` (`Args.model`) as a training run builds it, in the precision a real model gets
+    under "auto" for ``dtype`` (bf16-mixed over float32 weights, or fp32); tiny-llama with seed 0."""
+    if not model:
+        import smollm2
 
-    return smollm2.folder()
+        model = str(smollm2.folder())
+    precision = "bf16-mixed" if dtype == torch.bfloat16 else "fp32"
+    return build_policy(AgentConfig(model=model, precision=precision), 0, torch.device("cpu"))
 
 
-def load(model: str, dtype: torch.dtype):
-    """(transformers model, tokenizer) of ``model`` (`Args.model`) in ``dtype``, in eval mode; tiny-llama as
-    the trainer builds it with seed 0."""
-    from textzoo.config import AgentConfig
-    from textzoo.models.build import build_policy
-    from textzoo.models.policy import Policy
-
-    if model == "tiny-llama":
-        policy = build_policy(AgentConfig(model=model, precision="fp32"), 0, torch.device("cpu"))
-    else:
-        policy = Policy.from_pretrained(model or _smollm2())
-    return policy.model.to(dtype).eval(), policy.tokenizer
+def in_dtype(policy: Policy, dtype: torch.dtype) -> nn.Module:
+    """A copy of ``policy``'s transformers model in ``dtype``, in eval mode (what `StaticStep` reads)."""
+    return copy.deepcopy(policy.model).to(dtype).eval()
 
 
 def prompt_tokens(tokenizer, rows: int) -> torch.Tensor:
@@ -190,28 +192,36 @@ model gets under "auto" (bf16-mixed where the CPU computes bf16, else fp32), pro
 
 
 class TextzooDecoding:
-    """textzoo's own decoding of the same prompt rows (`TEXTZOO`), stepped like a `StaticStep`."""
+    """textzoo's own decoding (`TEXTZOO`) of ``prompt`` ([S, n], no padding) by ``policy``, up to ``budget``
+    tokens."""
 
-    def __init__(self, model: str, prompt: torch.Tensor, budget: int, dtype: torch.dtype) -> None:
-        from textzoo.config import AgentConfig
-        from textzoo.models.build import build_policy
-        from textzoo.models.modes import eval_mode
-        from textzoo.models.precision import autocast
-
-        precision = "bf16-mixed" if dtype == torch.bfloat16 else "fp32"
-        self.policy = build_policy(AgentConfig(model=model, precision=precision), 0, torch.device("cpu"))
-        self.context = lambda: (eval_mode(self.policy.model), autocast(prompt.device, self.policy.autocast))
-        modes, cast = self.context()
-        with modes, cast:
-            self.decoding = self.policy.backend().prefill(prompt, torch.ones_like(prompt), budget)
+    def __init__(self, policy: Policy, prompt: torch.Tensor, budget: int) -> None:
+        self.policy, self.device = policy, prompt.device
+        with self._running():
+            self.decoding = policy.backend().prefill(prompt, torch.ones_like(prompt), budget)
         self.logits = self.decoding.logits  # [S, V] after the whole prompt
 
-    def decode(self, tokens: torch.Tensor, steps: int) -> None:
-        """``steps`` decode steps, each appending ``tokens`` ([S])."""
-        modes, cast = self.context()
-        with modes, cast:
+    @contextlib.contextmanager
+    def _running(self):
+        with eval_mode(self.policy.model), autocast(self.device, self.policy.autocast):
+            yield
+
+    def decode(self, tokens: torch.Tensor, start: int, steps: int) -> None:
+        """``steps`` decode steps, each appending ``tokens`` ([S]); ``start`` (the position) is its own."""
+        with self._running():
             for _ in range(steps):
                 self.decoding.decode(tokens)
+
+
+def static_decode(step, cache: tuple[list[torch.Tensor], list[torch.Tensor]]):
+    """``decode(tokens, start, steps)`` for a `StaticStep` (or its compiled form) over ``cache``: ``steps``
+    steps appending ``tokens`` ([S]) at positions ``start``, ``start + 1``, ..."""
+
+    def decode(tokens: torch.Tensor, start: int, steps: int) -> None:
+        for position in range(start, start + steps):
+            step(tokens, torch.tensor(position), *cache)
+
+    return decode
 
 
 @torch.no_grad()
@@ -224,8 +234,9 @@ def run(args: Args) -> dict:
     torch.set_num_threads(args.threads)
     tune_heap()  # as a training run does: freed buffers stay in the heap instead of fresh pages per step
     dtype = getattr(torch, args.dtype)
-    model, tokenizer = load(args.model, dtype)
-    prompt = prompt_tokens(tokenizer, args.rows)  # [S, n]
+    policy = load(args.model, dtype)
+    model = in_dtype(policy, dtype)
+    prompt = prompt_tokens(policy.tokenizer, args.rows)  # [S, n]
     S, n = prompt.shape
     columns = prompt.t().contiguous()  # [n, S]: each step's tokens contiguous, as decoded ones are (same graph)
     capacity = n + args.rounds * args.steps + 1
@@ -241,26 +252,23 @@ def run(args: Args) -> dict:
         for t in range(1, n):
             last[name] = fn(columns[t], torch.tensor(t), *caches[name])
     reference = model(prompt).logits[:, -1]  # the transformers forward over the whole prompt
-    ours = TextzooDecoding(args.model or str(_smollm2()), prompt, capacity - n, dtype)
+    ours = TextzooDecoding(policy, prompt, capacity - n)
     agree = {"eager vs transformers": agreement(reference, last["eager"])}
     agree.update({f"{name} vs eager": agreement(last["eager"], last[name]) for name in VARIANTS[1:]})
     agree[f"{TEXTZOO} vs eager"] = agreement(last["eager"], ours.logits)
     # decode: each appends the eager step's next tokens at every step (the shapes, all that timing needs, are
     # what sampling would give; no argmax over the vocabulary in the timed steps)
-    tokens, position = last["eager"].argmax(-1), dict.fromkeys(VARIANTS, n)
-    times: dict[str, list[float]] = {name: [] for name in (*VARIANTS, TEXTZOO)}
-    faults = dict.fromkeys(times, 0)
-    for _ in range(args.rounds):
-        for name in times:
+    decoders = {name: static_decode(fn, caches[name]) for name, fn in steps.items()} | {TEXTZOO: ours.decode}
+    tokens = last["eager"].argmax(-1)
+    times: dict[str, list[float]] = {name: [] for name in decoders}
+    faults = dict.fromkeys(decoders, 0)
+    for r in range(args.rounds):
+        for name, decode in decoders.items():
             started, faulted = time.process_time(), _minor_faults()
-            if name == TEXTZOO:
-                ours.decode(tokens, args.steps)
-            for _ in range(args.steps if name != TEXTZOO else 0):
-                steps[name](tokens, torch.tensor(position[name]), *caches[name])
-                position[name] += 1
+            decode(tokens, n + r * args.steps, args.steps)
             times[name].append((time.process_time() - started) / args.steps)
             faults[name] += _minor_faults() - faulted
-    flop = eager.matmul_flop(S, capacity)
+    flop = eager.matmul_flop(S, capacity)  # every rate's numerator (textzoo's attention reads fewer columns)
     _, peak_cpu = matmul_peak(args.threads, dtype, "onednn" if torch.backends.mkldnn.is_available() else "mm")
     per_step = {name: n / (args.rounds * args.steps) for name, n in faults.items()}
     figures = {"compile_s": compile_s, "agreement": agree, "times": times, "faults_per_step": per_step}

@@ -14,8 +14,9 @@ def _script():
 
 def test_the_static_step_decodes_as_the_transformers_forward():
     bench = _script()
-    model, tokenizer = bench.load("tiny-llama", torch.float32)
-    prompt = bench.prompt_tokens(tokenizer, 3)  # [3, n]
+    policy = bench.load("tiny-llama", torch.float32)
+    model = bench.in_dtype(policy, torch.float32)
+    prompt = bench.prompt_tokens(policy.tokenizer, 3)  # [3, n]
     step = bench.StaticStep(model)
     keys, values = step.new_cache(3, prompt.shape[1] + 2)
     with torch.no_grad():
