@@ -1,12 +1,14 @@
-"""GPU engine figures for a Qwen2.5-0.5B-shaped pair of agents: decode and update tokens/s against the
-machine's own limits, eager vs CUDA-graph decoding side by side, peak memory.
+"""GPU engine figures for a pair of agents of a real model's shape (Qwen2.5-0.5B by default): decode and
+update tokens/s against the machine's own limits, eager vs CUDA-graph decoding side by side, peak memory.
 
     python benchmarks/gpu.py                    # Qwen2.5-0.5B shape, random bf16 weights, 2 agents, 64 rows, 256 tokens
     python benchmarks/gpu.py --precision bf16-mixed
+    python benchmarks/gpu.py --shape smollm2-135m --agents 1   # the real model of the CPU figures (Llama)
     OMP_NUM_THREADS=1 python benchmarks/gpu.py --tiny   # the same script on CPU with a tiny model (seconds)
 
 Each agent is a model of Qwen2.5-0.5B's shape (24 layers, width 896, 14 heads / 2 KV heads, vocab
-151,936, tied embeddings; 494M parameters) with random weights, saved to a temporary folder and
+151,936, tied embeddings; 494M parameters) or SmolLM2-135M's (`--shape smollm2-135m`: Llama, 30 layers,
+width 576, 9 / 3 heads, vocab 49,152, tied; 135M) with random weights, saved to a temporary folder and
 loaded through textzoo's own builder (`build_policy`, the agent's `precision`). Its rows are
 B prompts of `textzoo/Writing-v0` (byte-tokenized, cut to `prompt_tokens`) x G samples.
 
@@ -21,12 +23,20 @@ replayed as CUDA graphs, CUDA only):
                    every row runs all `new_tokens`)
   of HBM bound     that rate / the rate at which one step could just read what it must: every weight
                    once plus the rows' keys/values at the mean length (bytes / copy bandwidth)
+  ms per step      the token loop's time / new tokens
+  greedy as first  the fraction of greedy (argmax) tokens equal to the first mode's (64 per row): 1.0
+                   on CPU in float32, where the modes decode alike; in bf16 a random model's small
+                   logit gaps let rounding flip some argmaxes (a 2-layer Qwen shape on CPU: 0.87).
+                   Sampled tokens are no check at all: a random model's distribution is nearly flat,
+                   so rounding moves most draws (the same CPU model: 5% of sampled tokens equal)
 Per agent, the update (`run_job` of REINFORCE over the sampled rows, `micro_batch_size` rows per
 backward, chunked selected-token log-probs):
   update tokens/s  prompt + completion tokens forwarded and back-propagated / time
   MFU              6 N FLOPs per token (N = parameters, the tied head once; attention not counted) per
                    second / the matmul peak
 Peak memory: `torch.cuda.max_memory_allocated` of each phase (CPU: the process's peak RSS so far).
+With --profile, torch.profiler tables of 16 decode steps per mode and of one update (top ops by device
+time and by CPU time on CUDA, by CPU time on CPU), each with its wall time and the device's busy time.
 """
 
 from __future__ import annotations
@@ -34,15 +44,14 @@ from __future__ import annotations
 import json
 import os
 import resource
-import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
 import tyro
-from transformers import AutoModelForCausalLM, Qwen2Config
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from textzoo.algorithms.batch import Job, SampleBatch
 from textzoo.algorithms.reinforce.family import ReinforceConfig, reinforce_loss
@@ -67,6 +76,20 @@ QWEN2_0_5B = dict(
     tie_word_embeddings=True,
 )
 """Qwen2.5-0.5B's shape (random weights here)."""
+SMOLLM2_135M = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    vocab_size=49152,
+    max_position_embeddings=8192,
+    rope_theta=100000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+)
+"""SmolLM2-135M-Instruct's shape (random weights here)."""
+SHAPES = {"qwen2-0.5b": (Qwen2Config, QWEN2_0_5B), "smollm2-135m": (LlamaConfig, SMOLLM2_135M)}
 TINY = dict(
     hidden_size=64,
     intermediate_size=256,
@@ -85,6 +108,10 @@ class Args:
 
     tiny: bool = False
     """A tiny model on CPU (checks the script; its figures mean little)."""
+    shape: str = "qwen2-0.5b"
+    """The agents' shape: qwen2-0.5b | smollm2-135m (ignored with --tiny)."""
+    agents: int = 2
+    """Agents measured one after the other (each its own random weights)."""
     precision: str = "bf16-weights"
     """The agents' precision (AgentConfig.precision): bf16-weights = random bf16 weights; bf16-mixed; fp32."""
     batch_prompts: int = 16
@@ -103,6 +130,8 @@ class Args:
     """Timed decode calls per agent and mode (after one warm-up call); the fastest counts."""
     out: str = ""
     """Also write the figures as JSON here."""
+    profile: bool = False
+    """Print a torch.profiler table of one decode call per mode and of one update."""
 
 
 def synchronize() -> None:
@@ -139,10 +168,10 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, n: int) -> float:
     return 2 * n**3 / seconds
 
 
-def save_model(shape: dict, path: str, seed: int) -> None:
-    """A random Qwen2-shaped model with the byte tokenizer's special ids, saved with the tokenizer."""
+def save_model(config_class: type, shape: dict, path: str, seed: int) -> None:
+    """A random model of ``shape`` with the byte tokenizer's special ids, saved with the tokenizer."""
     tokenizer = byte_tokenizer(model_max_length=shape["max_position_embeddings"])
-    config = Qwen2Config(
+    config = config_class(
         **shape,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
@@ -174,6 +203,31 @@ def reset_peak() -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
+GREEDY_STEPS = 64
+"""Greedy tokens per row compared across decode modes."""
+PROFILED_STEPS = 16
+"""Decode steps under the profiler (per mode)."""
+
+
+def profiled(title: str, fn) -> None:
+    """Run ``fn`` once under torch.profiler; print its top ops and how busy the device was."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    synchronize()
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        fn()
+        synchronize()
+    wall = time.perf_counter() - start
+    events = prof.key_averages()
+    busy = sum(e.self_device_time_total for e in events) / 1e6 if cuda else float("nan")
+    print(f"--- profile: {title}: wall {wall:.3f} s (profiled), device busy {busy:.3f} s")
+    for sort in ["self_device_time_total"] * cuda + ["self_cpu_time_total"]:
+        print(events.table(sort_by=sort, row_limit=15, max_name_column_width=60))
+
+
 def decode_phase(policy, ids, mask, a: Args, mode: str, bandwidth: float, generator_seed: int = 0) -> dict:
     """Prefill + token loop of one agent in ``mode``; the loop's tokens/s and its fraction of the HBM bound."""
     policy.decode_mode = mode
@@ -182,22 +236,29 @@ def decode_phase(policy, ids, mask, a: Args, mode: str, bandwidth: float, genera
     backend = policy.backend()
     rows = ids.shape[0]
 
-    def run() -> tuple[float, int]:
+    def run(tokens: int = cfg.max_new_tokens, greedy: bool = False) -> tuple[float, torch.Tensor]:
+        """One prefill and ``tokens`` decode steps: the token loop's seconds and the completions."""
+        run_cfg = replace(cfg, max_new_tokens=min(tokens, cfg.max_new_tokens))
+        generator = torch.Generator(ids.device).manual_seed(generator_seed)
         with torch.no_grad(), autocast(ids.device, policy.autocast):
-            decoding = backend.prefill(ids, mask, cfg.max_new_tokens)
+            decoding = backend.prefill(ids, mask, run_cfg.max_new_tokens)
             synchronize()
             start = time.perf_counter()
-            choose = sampling.token_choice(cfg, rows, generator=torch.Generator(ids.device).manual_seed(generator_seed))
-            out = sampling.decode(decoding, choose, cfg, eos_ids=(-1,), pad_id=policy.pad_id, bias=None)
+            choose = sampling.token_choice(run_cfg, rows, greedy=greedy, generator=generator)
+            out = sampling.decode(decoding, choose, run_cfg, eos_ids=(-1,), pad_id=policy.pad_id, bias=None)
             synchronize()
-            return time.perf_counter() - start, int(out.completion_mask.sum())
+            return time.perf_counter() - start, out.completion_ids
 
     run()  # warm-up: kernel choice, graph capture, allocator
     reset_peak()
-    best, tokens = float("inf"), 0
+    best = float("inf")
     for _ in range(a.repeats):
-        seconds, tokens = run()
+        seconds, completions = run()
         best = min(best, seconds)
+    tokens = completions.numel()  # EOS disabled: every row samples every token
+    peak_gib = peak_memory_gib()
+    if a.profile:  # a few steps: a profile of every step of a long decode takes minutes to build
+        profiled(f"decode, {mode}, {PROFILED_STEPS} steps", lambda: run(PROFILED_STEPS))
     model = policy.model
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     config = model.config
@@ -207,8 +268,9 @@ def decode_phase(policy, ids, mask, a: Args, mode: str, bandwidth: float, genera
     step_bytes = weight_bytes + rows * mean_length * kv_bytes
     bound = rows * bandwidth / step_bytes  # tokens/s if a step only read what it must
     rate = tokens / best
-    return {"decode_tokens_per_s": rate, "of_hbm_bound": rate / bound, "hbm_bound_tokens_per_s": bound,
-            "decode_peak_memory_gib": peak_memory_gib()}  # fmt: skip
+    figures = {"decode_tokens_per_s": rate, "of_hbm_bound": rate / bound, "hbm_bound_tokens_per_s": bound,
+               "ms_per_step": 1e3 * best / completions.shape[1], "decode_peak_memory_gib": peak_gib}  # fmt: skip
+    return figures, run(GREEDY_STEPS, greedy=True)[1]
 
 
 def update_phase(policy, learner, gen: Generation, a: Args, peak_flops: float, params: int) -> dict:
@@ -221,20 +283,25 @@ def update_phase(policy, learner, gen: Generation, a: Args, peak_flops: float, p
     run_job(job, learner, cfg)  # warm-up
     reset_peak()
     seconds = timed(lambda: run_job(job, learner, cfg), 1)
+    if a.profile:
+        profiled("update", lambda: run_job(job, learner, cfg))
     rate = tokens / seconds
     return {"update_tokens_per_s": rate, "update_mfu": 6 * params * rate / peak_flops,
             "update_peak_memory_gib": peak_memory_gib()}  # fmt: skip
 
 
-def main() -> None:
-    a = tyro.cli(Args)
+def main(a: Args | None = None) -> dict:
+    """Measure, print the table, and return the figures (the `--out` JSON's content)."""
+    a = a if a is not None else tyro.cli(Args)
     cuda = torch.cuda.is_available()
     if not a.tiny and not cuda:
         raise SystemExit("no GPU visible: run with --tiny to check the script on CPU")
     if not cuda:
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     device = torch.device("cuda" if cuda else "cpu")
-    shape = TINY if a.tiny else QWEN2_0_5B
+    if a.shape not in SHAPES:
+        raise SystemExit(f"--shape must be one of {sorted(SHAPES)}, got {a.shape!r}")
+    config_class, shape = (Qwen2Config, TINY) if a.tiny else SHAPES[a.shape]
     new_tokens = min(a.new_tokens, 16) if a.tiny else a.new_tokens
     a.new_tokens = new_tokens
     modes = a.modes or (("dynamic", "static", "graph") if cuda else ("dynamic", "static"))
@@ -244,18 +311,21 @@ def main() -> None:
     peak = matmul_peak(device, compute, 512 if a.tiny else 8192)
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="textzoo-gpu-") as tmp:
-        for i in range(2):
+        for i in range(a.agents):
             agent_id = f"agent{i}"
             folder = os.path.join(tmp, agent_id)
-            save_model(shape, folder, seed=i)
+            save_model(config_class, shape, folder, seed=i)
             agent = AgentConfig(model=folder, precision=a.precision, max_new_tokens=new_tokens,
                                 max_prompt_tokens=a.prompt_tokens, lr=1e-5, device=str(device))  # fmt: skip
             policy = build_policy(agent, seed=i, device=device)
             params = sum(p.numel() for p in policy.model.parameters())
             ids, mask = prompts(policy, a)
             row: dict = {}
+            first = None
             for mode in modes:
-                figures = decode_phase(policy, ids, mask, a, mode, bandwidth)
+                figures, greedy = decode_phase(policy, ids, mask, a, mode, bandwidth)
+                first = greedy if first is None else first
+                figures["greedy_as_first"] = float((greedy == first).float().mean())
                 row.update({f"{mode}/{k}": v for k, v in figures.items()})
             policy.decode_mode = "auto"
             with torch.random.fork_rng(devices=[device] if cuda else []):
@@ -269,6 +339,8 @@ def main() -> None:
                 torch.cuda.empty_cache()
     header = {
         "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "shape": "tiny" if a.tiny else a.shape,
+        "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "params_per_agent": params,
         "precision": a.precision,
@@ -284,10 +356,12 @@ def main() -> None:
     print("| --- |" + " --- |" * len(agents))
     for key in results[agents[0]]:
         print(f"| {key} | " + " | ".join(f"{results[x][key]:.4g}" for x in agents) + " |")
+    figures = {**header, "agents": results}
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({**header, "agents": results}, f, indent=2)
+            json.dump(figures, f, indent=2)
+    return figures
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
