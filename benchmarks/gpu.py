@@ -29,6 +29,9 @@ replayed as CUDA graphs, CUDA only):
                    logit gaps let rounding flip some argmaxes (a 2-layer Qwen shape on CPU: 0.87).
                    Sampled tokens are no check at all: a random model's distribution is nearly flat,
                    so rounding moves most draws (the same CPU model: 5% of sampled tokens equal)
+  greedy logp gap  the largest difference between that mode's and the first mode's log-prob of the
+                   same greedy token, over the columns before a row's first differing token (float32
+                   on CPU: ~1e-6; a position or cache error shows here before it flips an argmax)
 Per agent, the update (`run_job` of REINFORCE over the sampled rows, `micro_batch_size` rows per
 backward, chunked selected-token log-probs):
   update tokens/s  prompt + completion tokens forwarded and back-propagated / time
@@ -236,8 +239,8 @@ def decode_phase(policy, ids, mask, a: Args, mode: str, bandwidth: float, genera
     backend = policy.backend()
     rows = ids.shape[0]
 
-    def run(tokens: int = cfg.max_new_tokens, greedy: bool = False) -> tuple[float, torch.Tensor]:
-        """One prefill and ``tokens`` decode steps: the token loop's seconds and the completions."""
+    def run(tokens: int = cfg.max_new_tokens, greedy: bool = False) -> tuple[float, sampling.Decoded]:
+        """One prefill and ``tokens`` decode steps: the token loop's seconds and what it decoded."""
         run_cfg = replace(cfg, max_new_tokens=min(tokens, cfg.max_new_tokens))
         generator = torch.Generator(ids.device).manual_seed(generator_seed)
         with torch.no_grad(), autocast(ids.device, policy.autocast):
@@ -247,14 +250,15 @@ def decode_phase(policy, ids, mask, a: Args, mode: str, bandwidth: float, genera
             choose = sampling.token_choice(run_cfg, rows, greedy=greedy, generator=generator)
             out = sampling.decode(decoding, choose, run_cfg, eos_ids=(-1,), pad_id=policy.pad_id, bias=None)
             synchronize()
-            return time.perf_counter() - start, out.completion_ids
+            return time.perf_counter() - start, out
 
     run()  # warm-up: kernel choice, graph capture, allocator
     reset_peak()
     best = float("inf")
     for _ in range(a.repeats):
-        seconds, completions = run()
+        seconds, decoded = run()
         best = min(best, seconds)
+    completions = decoded.completion_ids  # [S, C]
     tokens = completions.numel()  # EOS disabled: every row samples every token
     peak_gib = peak_memory_gib()
     if a.profile:  # a few steps: a profile of every step of a long decode takes minutes to build
@@ -271,6 +275,16 @@ def decode_phase(policy, ids, mask, a: Args, mode: str, bandwidth: float, genera
     figures = {"decode_tokens_per_s": rate, "of_hbm_bound": rate / bound, "hbm_bound_tokens_per_s": bound,
                "ms_per_step": 1e3 * best / completions.shape[1], "decode_peak_memory_gib": peak_gib}  # fmt: skip
     return figures, run(GREEDY_STEPS, greedy=True)[1]
+
+
+def agreement(greedy: sampling.Decoded, first: sampling.Decoded) -> dict:
+    """How far a mode's greedy decoding is from the first mode's: the share of equal tokens, and the largest
+    gap between the two modes' log-probs of the same token, over each row's columns before its first
+    differing token (where both decoded the same context)."""
+    same = greedy.completion_ids == first.completion_ids  # [S, C]
+    shared = same.long().cumprod(1).bool()  # [S, C] columns before the row's first difference
+    gap = (greedy.logprobs - first.logprobs).abs().masked_fill(~shared, 0.0)  # [S, C]
+    return {"greedy_as_first": float(same.float().mean()), "greedy_logp_gap": float(gap.max())}
 
 
 def update_phase(policy, learner, gen: Generation, a: Args, peak_flops: float, params: int) -> dict:
@@ -325,7 +339,7 @@ def main(a: Args | None = None) -> dict:
             for mode in modes:
                 figures, greedy = decode_phase(policy, ids, mask, a, mode, bandwidth)
                 first = greedy if first is None else first
-                figures["greedy_as_first"] = float((greedy == first).float().mean())
+                figures.update(agreement(greedy, first))
                 row.update({f"{mode}/{k}": v for k, v in figures.items()})
             policy.decode_mode = "auto"
             with torch.random.fork_rng(devices=[device] if cuda else []):

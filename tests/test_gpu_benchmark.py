@@ -28,11 +28,13 @@ def test_the_script_runs_on_cpu_with_its_decode_modes_in_agreement(tmp_path, cap
     figures = bench.main(args)
     assert json.loads(out.read_text()) == figures
     agent = figures["agents"]["agent0"]
-    # float32: the static cache decodes what the growing one does, token for token
+    # float32: the static cache decodes what the growing one does, token for token, its log-probs equal to
+    # rounding (a position off by one in the static cache gives a gap of 1.3e-4 here; ~5e-7 without it)
     assert agent["dynamic/greedy_as_first"] == agent["static/greedy_as_first"] == 1.0
+    assert agent["dynamic/greedy_logp_gap"] == 0 and agent["static/greedy_logp_gap"] < 1e-5
     for mode in ("dynamic", "static"):
         assert agent[f"{mode}/decode_tokens_per_s"] > 0 and 0 < agent[f"{mode}/of_hbm_bound"] < 1
-        assert agent[f"{mode}/ms_per_step"] * 8 * figures["rows_per_agent"] > 0
+        assert agent[f"{mode}/ms_per_step"] > 0
     assert 0 < agent["update_mfu"] < 1 and agent["update_tokens_per_s"] > 0
     printed = capsys.readouterr().out
     for title in ("decode, dynamic, 16 steps", "decode, static, 16 steps", "update"):
