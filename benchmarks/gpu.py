@@ -134,7 +134,7 @@ class Args:
     out: str = ""
     """Also write the figures as JSON here."""
     profile: bool = False
-    """Print a torch.profiler table of one decode call per mode and of one update."""
+    """Print torch.profiler tables of 16 decode steps per mode and of one update."""
 
 
 def synchronize() -> None:
@@ -225,14 +225,18 @@ def profiled(title: str, fn) -> None:
         synchronize()
     wall = time.perf_counter() - start
     events = prof.key_averages()
-    busy = sum(e.self_device_time_total for e in events) / 1e6 if cuda else float("nan")
-    print(f"--- profile: {title}: wall {wall:.3f} s (profiled), device busy {busy:.3f} s")
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]  # not the ops that launch them
+    busy = f"{sum(e.self_device_time_total for e in kernels) / 1e6:.3f} s" if cuda else "n/a (CPU)"
+    print(f"--- profile: {title}: wall {wall:.3f} s (profiled), device busy {busy}")
     for sort in ["self_device_time_total"] * cuda + ["self_cpu_time_total"]:
         print(events.table(sort_by=sort, row_limit=15, max_name_column_width=60))
 
 
-def decode_phase(policy, ids, mask, a: Args, mode: str, bandwidth: float, generator_seed: int = 0) -> dict:
-    """Prefill + token loop of one agent in ``mode``; the loop's tokens/s and its fraction of the HBM bound."""
+def decode_phase(
+    policy, ids, mask, a: Args, mode: str, bandwidth: float, generator_seed: int = 0
+) -> tuple[dict, sampling.Decoded]:
+    """Prefill + token loop of one agent in ``mode``: the loop's tokens/s and its fraction of the HBM bound,
+    and a greedy decoding of `GREEDY_STEPS` tokens to compare across modes."""
     policy.decode_mode = mode
     cfg = policy.generation
     ids, mask = policy.prepare_prompts(ids, mask)
