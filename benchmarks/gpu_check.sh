@@ -8,6 +8,10 @@
 #   bash benchmarks/gpu_check.sh [OUT_DIR]          # on a CUDA machine; figures as JSON and logs in OUT_DIR
 #   bash benchmarks/gpu_check.sh --cpu [OUT_DIR]    # the same steps with tiny models on CPU (checks the script)
 #
+# Run it from the repository root with textzoo and its dependencies importable by $PYTHON (default python3):
+# installed (`pip install -e .`), or on a machine whose image has torch and transformers, the rest as
+# wheels and `PYTHONPATH=.:<wheels' folder>` (tyro, pettingzoo, gymnasium and their small dependencies).
+#
 # Each step has a time limit and the whole run a budget (GPU_CHECK_BUDGET seconds, default 420): a step
 # that would start with less than 15 s left is skipped, so a lease ends with the figures of the steps before.
 # Exits 1 when a step failed or ran out of time, 0 otherwise.
