@@ -48,17 +48,16 @@ train() {  # train RUN_DIR ARGS...: the tiny default on the GPU (on CPU with --c
 }
 
 families() {
-    local pids=() algo mode
-    for algo in magrpo mappo madpo; do for mode in decentralized centralized; do
-        train "$work/$algo-$mode" --algo "$algo" --collaboration "$mode" --steps "$steps" >"$work/$algo-$mode.log" 2>&1 &
-        pids+=($!)
-    done; done
-    local i=0 failed=0
-    for algo in magrpo mappo madpo; do for mode in decentralized centralized; do
-        wait "${pids[$i]}"; local rc=$?; i=$((i + 1)); (( rc )) && failed=1
-        echo "--- $algo $mode: exit $rc"
-        grep -E "placement|held-out reward, sampled|Error" "$work/$algo-$mode.log" | tail -3
-    done; done
+    local runs=() pids=() run i failed=0
+    for run in {magrpo,mappo,madpo}-{decentralized,centralized}; do
+        train "$work/$run" --algo "${run%-*}" --collaboration "${run#*-}" --steps "$steps" >"$work/$run.log" 2>&1 &
+        runs+=("$run"); pids+=($!)
+    done
+    for i in "${!runs[@]}"; do
+        wait "${pids[$i]}"; local rc=$?; (( rc )) && failed=1
+        echo "--- ${runs[$i]/-/ }: exit $rc"
+        grep -E "placement|held-out reward, sampled|Error" "$work/${runs[$i]}.log" | tail -3
+    done
     return $failed
 }
 
