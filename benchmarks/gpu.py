@@ -37,6 +37,8 @@ backward, chunked selected-token log-probs):
   update tokens/s  prompt + completion tokens forwarded and back-propagated / time
   MFU              6 N FLOPs per token (N = parameters, the tied head once; attention not counted) per
                    second / the matmul peak
+  with --logp-blocks ROWS:CHUNK ...: update tokens/s with that log-prob blocking too, timed in calls
+                   alternating with the default's (16 positions per block, 2^24 logit elements per chunk)
 Peak memory: `torch.cuda.max_memory_allocated` of each phase (CPU: the process's peak RSS so far).
 With --profile, torch.profiler tables of 16 decode steps per mode and of one update (top ops by device
 time and by CPU time on CUDA, by CPU time on CPU), each with its wall time and the device's busy time.
@@ -135,6 +137,10 @@ class Args:
     """Also write the figures as JSON here."""
     profile: bool = False
     """Print torch.profiler tables of 16 decode steps per mode and of one update."""
+    logp_blocks: tuple[str, ...] = ()
+    """Also time the update with other log-prob blocking, each "ROWS:CHUNK" (`sampling.TOKEN_LOGP_ROWS`
+    positions per block, `Policy.logits_chunk` logit elements per chunk), in calls alternating with the
+    default's; e.g. 4096:268435456 scores a whole 1 GiB float32 chunk of logits per block."""
 
 
 def synchronize() -> None:
@@ -291,21 +297,49 @@ def agreement(greedy: sampling.Decoded, first: sampling.Decoded) -> dict:
     return {"greedy_as_first": float(same.float().mean()), "greedy_logp_gap": float(gap.max())}
 
 
+def logp_blocking(spec: str) -> tuple[int, int]:
+    """A ROWS:CHUNK string -> (positions per log-prob block, logit elements per chunk)."""
+    try:
+        rows, chunk = (int(x) for x in spec.split(":"))
+    except ValueError:
+        raise SystemExit(f"--logp-blocks takes ROWS:CHUNK pairs of positive integers, got {spec!r}") from None
+    if rows < 1 or chunk < 1:
+        raise SystemExit(f"--logp-blocks takes ROWS:CHUNK pairs of positive integers, got {spec!r}")
+    return rows, chunk
+
+
 def update_phase(policy, learner, gen: Generation, a: Args, peak_flops: float, params: int) -> dict:
-    """One `run_job` of REINFORCE over the agent's rows: tokens/s and MFU."""
+    """`run_job` of REINFORCE over the agent's rows: tokens/s and MFU, for the default log-prob blocking and
+    each of `Args.logp_blocks` (alternating calls, the fastest of two each)."""
     advantages = torch.linspace(-1, 1, len(gen), device=gen.prompt_ids.device)
     job = Job("agent", SampleBatch(gen, advantages), partial(reinforce_loss, policy, ReinforceConfig()),
               max_new_tokens=a.new_tokens)  # fmt: skip
     cfg = UpdateConfig(micro_batch_size=a.micro_batch_size)
     tokens = int(gen.prompt_mask.sum() + gen.completion_mask.sum())
-    run_job(job, learner, cfg)  # warm-up
-    reset_peak()
-    seconds = timed(lambda: run_job(job, learner, cfg), 1)
+    default = (sampling.TOKEN_LOGP_ROWS, policy.logits_chunk)
+    blockings = [default] + [logp_blocking(x) for x in a.logp_blocks]
+    best = [float("inf")] * len(blockings)
+    memory = 0.0
+    try:
+        for first_round in [True] + [False] * bool(a.logp_blocks):
+            for i, (rows, chunk) in enumerate(blockings):
+                sampling.TOKEN_LOGP_ROWS, policy.logits_chunk = rows, chunk
+                if first_round:
+                    run_job(job, learner, cfg)  # warm-up
+                    reset_peak()
+                best[i] = min(best[i], timed(lambda: run_job(job, learner, cfg), 1))
+                if first_round and i == 0:
+                    memory = peak_memory_gib()
+    finally:
+        sampling.TOKEN_LOGP_ROWS, policy.logits_chunk = default
     if a.profile:
         profiled("update", lambda: run_job(job, learner, cfg))
-    rate = tokens / seconds
-    return {"update_tokens_per_s": rate, "update_mfu": 6 * params * rate / peak_flops,
-            "update_peak_memory_gib": peak_memory_gib()}  # fmt: skip
+    rate = tokens / best[0]
+    figures = {"update_tokens_per_s": rate, "update_mfu": 6 * params * rate / peak_flops,
+               "update_peak_memory_gib": memory}  # fmt: skip
+    for (rows, chunk), seconds in zip(blockings[1:], best[1:]):
+        figures[f"update_logp_{rows}_{chunk}/tokens_per_s"] = tokens / seconds
+    return figures
 
 
 def main(a: Args | None = None) -> dict:
@@ -319,6 +353,8 @@ def main(a: Args | None = None) -> dict:
     device = torch.device("cuda" if cuda else "cpu")
     if a.shape not in SHAPES:
         raise SystemExit(f"--shape must be one of {sorted(SHAPES)}, got {a.shape!r}")
+    for spec in a.logp_blocks:  # before any model is built
+        logp_blocking(spec)
     config_class, shape = (Qwen2Config, TINY) if a.tiny else SHAPES[a.shape]
     new_tokens = min(a.new_tokens, 16) if a.tiny else a.new_tokens
     a.new_tokens = new_tokens

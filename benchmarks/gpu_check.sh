@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks of one short lease, in one call (about 6 minutes on an H200):
-#   1. benchmarks/gpu.py on a Qwen2.5-0.5B shape in bf16-mixed with --profile, and on SmolLM2-135M's shape;
+#   1. benchmarks/gpu.py on a Qwen2.5-0.5B shape in bf16-mixed with --profile and its update timed also with
+#      4096-position log-prob blocks over 1 GiB chunks of logits (the default: 16 over 64 MiB), and on
+#      SmolLM2-135M's shape;
 #   2. every family (magrpo, mappo, madpo), decentralized and centralized, 3 steps of the tiny default on the GPU;
 #   3. determinism: two uninterrupted 6-step runs, and one stopped by SIGTERM after its step-2 checkpoint and
 #      resumed, compared weight for weight.
@@ -90,7 +92,7 @@ PY
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used,temperature.gpu --format=csv 2>/dev/null
 "$python" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 step gpu_qwen "$(( cpu ? 60 : 170 ))" "$python" benchmarks/gpu.py --precision bf16-mixed --agents 1 --profile \
-    --out "$out/gpu_qwen.json" "${bench[@]}"
+    --logp-blocks 4096:268435456 --out "$out/gpu_qwen.json" "${bench[@]}"
 (( cpu )) || step gpu_smollm2 120 "$python" benchmarks/gpu.py --shape smollm2-135m --precision bf16-mixed \
     --agents 1 --out "$out/gpu_smollm2.json"
 export -f train families determinism

@@ -3,7 +3,10 @@ its decode modes in agreement."""
 
 import json
 
+import pytest
 from helpers import load_benchmark
+
+from textzoo.models import sampling
 
 
 def _script():
@@ -24,8 +27,11 @@ def test_the_smollm2_shape_is_the_real_models(smollm2):
 def test_the_script_runs_on_cpu_with_its_decode_modes_in_agreement(tmp_path, capsys):
     bench = _script()
     out = tmp_path / "gpu.json"
-    args = bench.Args(tiny=True, agents=1, precision="fp32", batch_prompts=2, new_tokens=8, profile=True, out=str(out))
+    args = bench.Args(tiny=True, agents=1, precision="fp32", batch_prompts=2, new_tokens=8, profile=True, out=str(out),
+                      logp_blocks=("4:1024",))  # fmt: skip
+    chunk = sampling.LOGITS_CHUNK
     figures = bench.main(args)
+    assert (sampling.TOKEN_LOGP_ROWS, sampling.LOGITS_CHUNK) == (16, chunk)  # the defaults are left as they were
     assert json.loads(out.read_text()) == figures
     agent = figures["agents"]["agent0"]
     # float32: the static cache decodes what the growing one does, token for token, its log-probs equal to
@@ -36,7 +42,16 @@ def test_the_script_runs_on_cpu_with_its_decode_modes_in_agreement(tmp_path, cap
         assert agent[f"{mode}/decode_tokens_per_s"] > 0 and 0 < agent[f"{mode}/of_hbm_bound"] < 1
         assert agent[f"{mode}/ms_per_step"] > 0
     assert 0 < agent["update_mfu"] < 1 and agent["update_tokens_per_s"] > 0
+    assert agent["update_logp_4_1024/tokens_per_s"] > 0  # 2 positions of the 512-token vocabulary per chunk
     printed = capsys.readouterr().out
     for title in ("decode, dynamic, 16 steps", "decode, static, 16 steps", "update"):
         assert f"--- profile: {title}:" in printed
     assert "| dynamic/greedy_as_first | 1 |" in printed
+
+
+def test_a_bad_logp_blocking_fails_before_any_model_is_built(monkeypatch):
+    bench = _script()
+    monkeypatch.setattr(bench, "build_policy", lambda *a, **k: pytest.fail("a model was built"))
+    for spec in ("16", "0:1024", "a:b"):
+        with pytest.raises(SystemExit, match="ROWS:CHUNK"):
+            bench.main(bench.Args(tiny=True, agents=1, logp_blocks=(spec,)))

@@ -18,7 +18,8 @@ def test_every_step_runs_and_the_runs_are_bit_identical_on_cpu(tmp_path):
     assert done.returncode == 0, log[-4000:]
     for step in ("gpu_qwen", "families", "determinism"):
         assert f"=== {step}: exit 0" in log, log[-4000:]
-    assert json.loads((out / "gpu_qwen.json").read_text())["agents"]["agent0"]["static/greedy_as_first"] == 1.0
+    agent = json.loads((out / "gpu_qwen.json").read_text())["agents"]["agent0"]
+    assert agent["static/greedy_as_first"] == 1.0 and agent["update_logp_4096_268435456/tokens_per_s"] > 0
     assert log.count(": exit 0\n") == 6  # the six family runs (magrpo, mappo, madpo x two collaborations)
     determinism = (out / "determinism.log").read_text()
     assert "stopped by SIGTERM with checkpoints: step-00000002" in determinism
