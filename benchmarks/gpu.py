@@ -34,7 +34,8 @@ replayed as CUDA graphs, CUDA only):
                    on CPU: ~1e-6; a position or cache error shows here before it flips an argmax)
 Per agent, the update (`run_job` of REINFORCE over the sampled rows, `micro_batch_size` rows per
 backward, chunked selected-token log-probs):
-  update tokens/s  prompt + completion tokens forwarded and back-propagated / time
+  update tokens/s  prompt + completion tokens forwarded and back-propagated / time; a prompt counts
+                   once per micro-batch, where its G rows share its forward (`forwarded_tokens`)
   MFU              6 N FLOPs per token (N = parameters, the tied head once; attention not counted) per
                    second / the matmul peak
   with --logp-blocks ROWS:CHUNK ...: update tokens/s with that log-prob blocking too, timed in calls
@@ -62,7 +63,7 @@ from textzoo.algorithms.batch import Job, SampleBatch
 from textzoo.algorithms.reinforce.family import ReinforceConfig, reinforce_loss
 from textzoo.config import AgentConfig
 from textzoo.envs import make
-from textzoo.models import sampling
+from textzoo.models import fastlm, sampling
 from textzoo.models.build import build_policy
 from textzoo.models.generation import Generation
 from textzoo.models.precision import autocast
@@ -297,6 +298,17 @@ def agreement(greedy: sampling.Decoded, first: sampling.Decoded) -> dict:
     return {"greedy_as_first": float(same.float().mean()), "greedy_logp_gap": float(gap.max())}
 
 
+def forwarded_tokens(gen: Generation, micro_batch_size: int) -> int:
+    """The tokens an update's forward computes over ``gen``'s rows in micro-batches of ``micro_batch_size``
+    contiguous rows: each micro-batch's distinct prompts once (their rows share the prompt's forward), and
+    every completion token."""
+    prompt_tokens = 0
+    for rows in torch.arange(len(gen), device=gen.prompt_ids.device).split(micro_batch_size):
+        ids, mask = gen.prompt_ids[rows], gen.prompt_mask[rows]
+        prompt_tokens += int(mask[fastlm.shared_rows(ids, mask).first].sum())
+    return prompt_tokens + int(gen.completion_mask.sum())
+
+
 def logp_blocking(spec: str) -> tuple[int, int]:
     """A ROWS:CHUNK string -> (positions per log-prob block, logit elements per chunk)."""
     try:
@@ -315,20 +327,20 @@ def update_phase(policy, learner, gen: Generation, a: Args, peak_flops: float, p
     job = Job("agent", SampleBatch(gen, advantages), partial(reinforce_loss, policy, ReinforceConfig()),
               max_new_tokens=a.new_tokens)  # fmt: skip
     cfg = UpdateConfig(micro_batch_size=a.micro_batch_size)
-    tokens = int(gen.prompt_mask.sum() + gen.completion_mask.sum())
+    tokens = forwarded_tokens(gen, a.micro_batch_size)
     default = (sampling.TOKEN_LOGP_ROWS, policy.logits_chunk)
     blockings = [default] + [logp_blocking(x) for x in a.logp_blocks]
     best = [float("inf")] * len(blockings)
     memory = 0.0
     try:
-        for first_round in [True] + [False] * bool(a.logp_blocks):
+        for round_ in range(2 if a.logp_blocks else 1):
             for i, (rows, chunk) in enumerate(blockings):
                 sampling.TOKEN_LOGP_ROWS, policy.logits_chunk = rows, chunk
-                if first_round:
+                if round_ == 0:
                     run_job(job, learner, cfg)  # warm-up
                     reset_peak()
                 best[i] = min(best[i], timed(lambda: run_job(job, learner, cfg), 1))
-                if first_round and i == 0:
+                if round_ == 0 and i == 0:
                     memory = peak_memory_gib()
     finally:
         sampling.TOKEN_LOGP_ROWS, policy.logits_chunk = default

@@ -4,9 +4,11 @@ its decode modes in agreement."""
 import json
 
 import pytest
+import torch
 from helpers import load_benchmark
 
 from textzoo.models import sampling
+from textzoo.models.generation import Generation
 
 
 def _script():
@@ -24,14 +26,21 @@ def test_the_smollm2_shape_is_the_real_models(smollm2):
     assert abs(built["rms_norm_eps"] - real["rms_norm_eps"]) < 1e-12
 
 
-def test_the_script_runs_on_cpu_with_its_decode_modes_in_agreement(tmp_path, capsys):
+def test_the_script_runs_on_cpu_with_its_decode_modes_in_agreement(tmp_path, capsys, monkeypatch):
     bench = _script()
     out = tmp_path / "gpu.json"
     args = bench.Args(tiny=True, agents=1, precision="fp32", batch_prompts=2, new_tokens=8, profile=True, out=str(out),
                       logp_blocks=("4:1024",))  # fmt: skip
-    chunk = sampling.LOGITS_CHUNK
+    scored, score = [], sampling.selected_log_probs
+
+    def spy(*args, chunk, **kwargs):  # the blocking each scoring call ran with
+        scored.append((sampling.TOKEN_LOGP_ROWS, chunk))
+        return score(*args, chunk=chunk, **kwargs)
+
+    monkeypatch.setattr(sampling, "selected_log_probs", spy)
     figures = bench.main(args)
-    assert (sampling.TOKEN_LOGP_ROWS, sampling.LOGITS_CHUNK) == (16, chunk)  # the defaults are left as they were
+    assert set(scored) == {(16, sampling.LOGITS_CHUNK), (4, 1024)}  # the default's calls and the variant's
+    assert sampling.TOKEN_LOGP_ROWS == 16  # left as it was
     assert json.loads(out.read_text()) == figures
     agent = figures["agents"]["agent0"]
     # float32: the static cache decodes what the growing one does, token for token, its log-probs equal to
@@ -47,6 +56,18 @@ def test_the_script_runs_on_cpu_with_its_decode_modes_in_agreement(tmp_path, cap
     for title in ("decode, dynamic, 16 steps", "decode, static, 16 steps", "update"):
         assert f"--- profile: {title}:" in printed
     assert "| dynamic/greedy_as_first | 1 |" in printed
+
+
+def test_the_update_counts_each_prompt_once_per_micro_batch():
+    bench = _script()
+    # rows: prompt a (3 tokens, left-padded) twice, then prompt b (4 tokens) twice; completions of 2, 1, 2, 0
+    ids = torch.tensor([[0, 5, 6, 7], [0, 5, 6, 7], [8, 9, 5, 6], [8, 9, 5, 6]])
+    mask = torch.tensor([[0, 1, 1, 1], [0, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]])
+    done = torch.tensor([[1, 1], [1, 0], [1, 1], [0, 0]])
+    gen = Generation(ids, mask, torch.ones(4, 2, dtype=torch.long), done, torch.zeros(4, 2))
+    assert bench.forwarded_tokens(gen, 4) == (3 + 4) + 5  # one micro-batch: a and b once each
+    assert bench.forwarded_tokens(gen, 3) == (3 + 4) + 4 + 5  # rows 0-2 (a, b), row 3 (b again)
+    assert bench.forwarded_tokens(gen, 1) == (3 + 3 + 4 + 4) + 5  # each row its own prompt pass
 
 
 def test_a_bad_logp_blocking_fails_before_any_model_is_built(monkeypatch):
