@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from textzoo.models.sampling import BLOCK, BLOCKED_VOCAB, draw
+from textzoo.models.sampling import BLOCK, BLOCKED_VOCAB, NUCLEUS_K, draw, nucleus_floor
 
 
 def _reference(logp: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
@@ -48,3 +48,47 @@ def test_blocked_draw_truncates_like_top_k_and_top_p():
     assert (draw(logp, 5, 1.0, uniform)[:, None] == top).any(1).all()
     assert torch.equal(draw(logp, 1, 1.0, uniform), logp.argmax(-1))
     assert torch.equal(draw(logp, 0, 1e-9, uniform), logp.argmax(-1))
+
+
+def _mass_above(logp: torch.Tensor) -> torch.Tensor:
+    """[S, V]: in float64, the mass of the tokens ranked above each rank of a row sorted by probability."""
+    p = logp.double().sort(-1, descending=True).values.softmax(-1)
+    return p.cumsum(-1) - p
+
+
+def test_nucleus_floor_keeps_the_nucleus_at_every_size():
+    g = torch.Generator().manual_seed(3)
+    V = 5 * BLOCKED_VOCAB  # 40,960: nuclei past the first (256) and second (2,048) ranking rounds
+    scale = torch.tensor([8.0, 4.0, 2.0, 1.0, 0.3, 0.05, 6.0, 0.5])[:, None]  # peaked ... nearly flat rows
+    logp = torch.log_softmax(scale * torch.randn(8, V, generator=g), -1)
+    above = _mass_above(logp)
+    for top_p in (0.3, 0.9, 0.99):
+        kept = (logp >= nucleus_floor(logp, top_p)).sum(-1)  # [S] (no ties among float32 normals)
+        want = (above < top_p).sum(-1)  # [S] the float64 nucleus
+        # the last kept token has less than top_p above it and the first dropped one at least top_p, up
+        # to the float32 running sum's rounding: a flat row's boundary may move by a token or two
+        last, first_out = above.gather(1, kept[:, None] - 1), above.gather(1, kept.clamp(max=V - 1)[:, None])
+        assert (last < top_p + 1e-5).all() and ((first_out >= top_p - 1e-5) | (kept[:, None] == V)).all()
+        assert ((kept - want).abs() <= 2).all(), (kept - want).tolist()
+        assert torch.equal(kept[[0, 1, 6]], want[[0, 1, 6]])  # peaked rows: far from rounding, exact
+    assert want.min() < NUCLEUS_K and want.max() > 8 * NUCLEUS_K, want.tolist()  # every ranking round ran
+
+
+def test_nucleus_floor_by_hand_keeps_ties_and_renormalises_after_top_k():
+    # probabilities 0.5, 0.2, 0.2, 0.1 in a vocabulary of 600 (the rest impossible)
+    logp = torch.full((1, 600), float("-inf"))
+    logp[0, [7, 300, 301, 599]] = torch.tensor([0.5, 0.2, 0.2, 0.1]).log()
+    # top-p 0.6: 0.5 above each 0.2 token, below 0.6, so both tied tokens stay; 0.9 above the 0.1 token
+    assert nucleus_floor(logp, 0.6).item() == pytest.approx(torch.tensor(0.2).log().item())
+    # top-p 0.45: 0.5 above the 0.2 tokens, so only the most probable token stays
+    assert nucleus_floor(logp, 0.45).item() == pytest.approx(torch.tensor(0.5).log().item())
+    u = torch.linspace(0, 0.999, 200, dtype=torch.float64)[:, None]
+    assert set(draw(logp.expand(200, -1), 0, 0.6, u).tolist()) == {7, 300, 301}
+    # after top-k 2 the row is 0.5 and one 0.2 (its tie kept too, as top-k keeps ties): renormalised,
+    # 0.5 / 0.9 = 0.56 lies above each 0.2 token, so top-p 0.6 keeps three tokens and top-p 0.5 one
+    assert set(draw(logp.expand(200, -1), 2, 0.6, u).tolist()) == {7, 300, 301}
+    assert set(draw(logp.expand(200, -1), 2, 0.5, u).tolist()) == {7}
+    # without renormalising, 0.5 < 0.6 would keep the 0.2 tokens: renormalise must be what changes it
+    truncated = logp.masked_fill(logp < torch.tensor(0.5).log(), float("-inf"))
+    assert nucleus_floor(truncated, 0.55, renormalise=False).item() < -1.0
+    assert nucleus_floor(truncated, 0.55, renormalise=True).item() == pytest.approx(torch.tensor(0.5).log().item())

@@ -45,9 +45,10 @@ class SamplingConfig:
     temperature: float = 1.0
     """Logits are divided by this for sampling and scoring alike (log-probs are of the scaled distribution)."""
     top_p: float = 1.0
-    """Nucleus sampling: draw from the smallest set of tokens with this much mass (1.0 = off)."""
+    """Nucleus sampling: draw from the smallest set of most likely tokens with this much mass, plus the tokens
+    tied with its least likely one (1.0 = off)."""
     top_k: int = 0
-    """Draw from the k most likely tokens only (0 = off)."""
+    """Draw from the k most likely tokens only, plus the tokens tied with the k-th (0 = off)."""
     stop_strings: tuple[str, ...] = ()
     """A sample ends once its text contains one of these; the text keeps the stop string."""
     max_prompt_tokens: int = 384
