@@ -64,7 +64,8 @@ class Args:
     precisions: tuple[str, ...] = ("fp32", "auto")
     """`AgentConfig.precision` of the real-model runs, each a run of its own (tiny runs in its default)."""
     steps: int = 30
-    """Training steps of the real-model runs."""
+    """Training steps of the real-model runs; the figures are of steps 3 on (4 on with --profile): step 1 warms
+    up, step 2 runs FLOP-counted, step 3 profiled."""
     batch_prompts: int = 4
     group_size: int = 4
     max_new_tokens: int = 64
@@ -404,9 +405,9 @@ def run_mode(args: Args, mode: str, precision: str = "auto") -> dict:
     rows = [r for r in history if "time/step" in r]
     timed = rows[1:] if len(rows) > 1 else rows  # the first step warms caches up
     if counted:
-        timed = [r for r in timed if r["step"] != 2] or timed  # the counted step ran under FlopCounterMode
+        timed = [r for r in timed if r["step"] != 2]  # the counted step ran under FlopCounterMode
     if profiled:
-        timed = [r for r in timed if r["step"] != 3] or timed  # and the profiled one under torch.profiler
+        timed = [r for r in timed if r["step"] != 3]  # and the profiled one under torch.profiler
     total = {k: sum(r[f"time/{k}"] for r in timed) for k in ("step", "generate", "reward", "update")}
     gen_flops = sum(r["bench/generate_flops"] for r in timed)
     upd_flops = sum(r["bench/update_flops"] for r in timed)
@@ -554,8 +555,17 @@ def _flag(name: str, value) -> str:
     return f"--{name}={value}"
 
 
+def check(args: Args) -> None:
+    """Exit with what to change when a real-model run would have no step to time (before any model is built)."""
+    needed = 4 if args.profile else 3
+    if any(mode != "tiny" for mode in args.modes) and args.steps < needed:
+        uses = "step 1 warms up, step 2 runs FLOP-counted" + (", step 3 under the profiler" if args.profile else "")
+        raise SystemExit(f"--steps {args.steps} leaves no step to time ({uses}): use --steps {needed} or more")
+
+
 def main() -> None:
     args = tyro.cli(Args)
+    check(args)
     if args.only:
         Path(args.json_out).write_text(json.dumps(run_mode(args, args.only, args.only_precision)) + "\n")
         return

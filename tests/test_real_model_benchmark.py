@@ -46,3 +46,13 @@ def test_the_peak_leaves_out_what_ran_inside_left_out_and_keeps_the_rest():
     assert inside >= start + 200  # inside, the peak sees the spike
     assert start <= after_stretch < start + 100  # afterwards it is gone, and what came before is kept
     assert final >= start + 100
+
+
+@pytest.mark.parametrize(("flags", "needed"), [(["--steps", "2"], 3), (["--steps", "3", "--profile"], 4)])
+def test_a_run_with_no_step_to_time_stops_before_building_a_model(tmp_path, flags, needed):
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--modes", "full", "--out", str(out), *flags], capture_output=True, text=True
+    )
+    assert done.returncode != 0 and f"use --steps {needed} or more" in done.stderr, done.stderr
+    assert not out.exists()  # nothing was written, no model was built
