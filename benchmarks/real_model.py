@@ -258,7 +258,7 @@ class PeakRSS:
         try:
             yield
         finally:
-            _trim_heap()  # else the freed heap stays resident and counts in every later peak
+            _trim_heap()  # else what the stretch freed, or left in cycles, stays resident in every later peak
             try:
                 with open("/proc/self/clear_refs", "w") as refs:
                     refs.write("5")  # the high-water mark := the RSS now

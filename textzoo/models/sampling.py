@@ -87,8 +87,8 @@ def nucleus_floor(logp: torch.Tensor, top_p: float, renormalise: bool = False) -
     ``renormalise``: the row's mass is not 1 (after top-k), so probabilities are divided by it.
 
     Ranks the `NUCLEUS_K` most probable tokens of each row, then 8x as many for the rows whose nucleus
-    is larger, instead of sorting the whole vocabulary (a real model's nucleus at top-p 0.9 is a few
-    hundred of 49k tokens)."""
+    is larger, instead of sorting the whole vocabulary (SmolLM2's nucleus at top-p 0.9: 18 of 49,152
+    tokens at the median, `benchmarks/nucleus.py`)."""
     S, V = logp.shape
     total = logp.logsumexp(-1, keepdim=True) if renormalise else logp.new_zeros(S, 1)  # [S, 1] log mass
     floor = logp.new_empty(S, 1)
