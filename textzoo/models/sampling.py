@@ -77,7 +77,8 @@ def draw(logp: torch.Tensor, top_k: int, top_p: float, uniform: torch.Tensor) ->
 
 
 NUCLEUS_K = 256
-"""Tokens `nucleus_floor` ranks first; rows whose nucleus is larger rank 8x as many, up to the vocabulary."""
+"""Tokens `nucleus_floor` ranks first in every row; rows whose nucleus is larger rank 16x as many, then
+sort the whole vocabulary."""
 
 
 def nucleus_floor(logp: torch.Tensor, top_p: float, renormalise: bool = False) -> torch.Tensor:
@@ -86,21 +87,26 @@ def nucleus_floor(logp: torch.Tensor, top_p: float, renormalise: bool = False) -
     is, and tokens tied with the least probable kept one are all kept (as top-k keeps its ties).
     ``renormalise``: the row's mass is not 1 (after top-k), so probabilities are divided by it.
 
-    Ranks the `NUCLEUS_K` most probable tokens of each row, then 8x as many for the rows whose nucleus
-    is larger, instead of sorting the whole vocabulary (SmolLM2's nucleus at top-p 0.9: 18 of 49,152
-    tokens at the median, `benchmarks/nucleus.py`)."""
+    Ranks the `NUCLEUS_K` most probable tokens of each row instead of sorting the whole vocabulary
+    (SmolLM2's nucleus at top-p 0.9: 18 of 49,152 tokens at the median, `benchmarks/nucleus.py`); the rows
+    whose nucleus is larger rank 16x as many, or sort the vocabulary at once when the tokens ranked so far
+    show that their nucleus is larger still (a nearly flat distribution)."""
     S, V = logp.shape
     total = logp.logsumexp(-1, keepdim=True) if renormalise else logp.new_zeros(S, 1)  # [S, 1] log mass
     floor = logp.new_empty(S, 1)
-    rows, k = torch.arange(S, device=logp.device), NUCLEUS_K
+    rows, k = torch.arange(S, device=logp.device), min(NUCLEUS_K, V)
     while len(rows):
-        k = min(k, V)
-        top = (logp if len(rows) == S else logp[rows]).topk(k, dim=-1).values  # [n, k] descending
-        p = (top - total[rows]).exp()  # [n, k]
+        part = logp if len(rows) == S else logp[rows]  # [n, V]
+        top = part.sort(dim=-1, descending=True).values if k == V else part.topk(k, dim=-1).values  # [n, k]
+        p = (top - total[rows]).exp()  # [n, k] descending
         kept = ((p.cumsum(-1) - p) < top_p).sum(-1, keepdim=True)  # [n, 1] >= 1
         ranked = ((kept < k) | (k == V))[:, 0]  # [n] the first dropped token is among the ranked ones
         floor[rows[ranked]] = top.gather(1, kept - 1)[ranked]
-        rows, k = rows[~ranked], 8 * k
+        rows, p = rows[~ranked], p[~ranked]
+        if len(rows):  # no token left is more probable than the last ranked one: at least `more` are needed
+            more = torch.where(p[:, -1] > 0, (top_p - p.sum(-1)) / p[:, -1], V).clamp(0, V).max()  # []
+            wider = 16 * k
+            k = V if 2 * wider > V or k + float(more) > wider else wider  # ranking half of V costs a sort
     return floor
 
 
