@@ -56,24 +56,51 @@ def _mass_above(logp: torch.Tensor) -> torch.Tensor:
     return p.cumsum(-1) - p
 
 
+def _check_nucleus(logp: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens `nucleus_floor` keeps per row and the float64 nucleus sizes ([S] each), after checking
+    that they agree up to the float32 running sum's rounding: the last kept token has less than top_p above
+    it and the first dropped one at least top_p, and a flat row's boundary moves by two tokens at most."""
+    V = logp.shape[1]
+    above = _mass_above(logp)
+    kept = (logp >= nucleus_floor(logp, top_p)).sum(-1)  # [S] (no ties among float32 normals)
+    want = (above < top_p).sum(-1)  # [S] the float64 nucleus
+    last, first_out = above.gather(1, kept[:, None] - 1), above.gather(1, kept.clamp(max=V - 1)[:, None])
+    assert (last < top_p + 1e-5).all() and ((first_out >= top_p - 1e-5) | (kept[:, None] == V)).all()
+    assert ((kept - want).abs() <= 2).all(), (kept - want).tolist()
+    return kept, want
+
+
 def test_nucleus_floor_keeps_the_nucleus_at_every_size():
     g = torch.Generator().manual_seed(3)
     V = 5 * BLOCKED_VOCAB  # 40,960: nuclei past the first (256) and second (4,096) ranking rounds
     scale = torch.tensor([8.0, 4.0, 2.0, 1.0, 0.3, 0.05, 6.0, 0.5])[:, None]  # peaked ... nearly flat rows
     logp = torch.log_softmax(scale * torch.randn(8, V, generator=g), -1)
-    above = _mass_above(logp)
     for top_p in (0.3, 0.9, 0.99):
-        kept = (logp >= nucleus_floor(logp, top_p)).sum(-1)  # [S] (no ties among float32 normals)
-        want = (above < top_p).sum(-1)  # [S] the float64 nucleus
-        # the last kept token has less than top_p above it and the first dropped one at least top_p, up
-        # to the float32 running sum's rounding: a flat row's boundary may move by a token or two
-        last, first_out = above.gather(1, kept[:, None] - 1), above.gather(1, kept.clamp(max=V - 1)[:, None])
-        assert (last < top_p + 1e-5).all() and ((first_out >= top_p - 1e-5) | (kept[:, None] == V)).all()
-        assert ((kept - want).abs() <= 2).all(), (kept - want).tolist()
+        kept, want = _check_nucleus(logp, top_p)
         assert torch.equal(kept[[0, 1, 6]], want[[0, 1, 6]])  # peaked rows: far from rounding, exact
-    # at top-p 0.99 nuclei end in each way: within the first round, the second, and the sort
+    # at top-p 0.99 the nuclei range from a handful of tokens to most of the vocabulary
     assert want.min() < NUCLEUS_K and want.max() > 16 * NUCLEUS_K, want.tolist()
     assert ((want > NUCLEUS_K) & (want <= 16 * NUCLEUS_K)).any(), want.tolist()
+
+
+def test_nucleus_floor_ranks_more_tokens_before_it_sorts(monkeypatch):
+    # rows whose nuclei are hundreds to thousands of tokens: no flat row sends the batch to a sort at once
+    calls = []
+    topk, sort = torch.Tensor.topk, torch.Tensor.sort
+    monkeypatch.setattr(torch.Tensor, "topk", lambda t, k, *a, **kw: calls.append(k) or topk(t, k, *a, **kw))
+    monkeypatch.setattr(torch.Tensor, "sort", lambda t, *a, **kw: calls.append("sort") or sort(t, *a, **kw))
+    g = torch.Generator().manual_seed(4)
+    scale = torch.tensor([5.0, 4.0, 3.5, 3.0])[:, None]
+    logp = torch.log_softmax(scale * torch.randn(4, 5 * BLOCKED_VOCAB, generator=g), -1)
+    paths = {}
+    for top_p in (0.9, 0.99):
+        calls.clear()
+        nucleus_floor(logp, top_p)
+        paths[top_p] = list(calls)
+        _check_nucleus(logp, top_p)
+    # 0.9: every nucleus within the second round (1,764-1,969 tokens at most); 0.99: the 3.0 row's 10k
+    # tokens need the sort after it
+    assert paths == {0.9: [NUCLEUS_K, 16 * NUCLEUS_K], 0.99: [NUCLEUS_K, 16 * NUCLEUS_K, "sort"]}, paths
 
 
 def test_nucleus_floor_by_hand_keeps_ties_and_renormalises_after_top_k():
