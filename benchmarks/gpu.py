@@ -313,10 +313,10 @@ def logp_blocking(spec: str) -> tuple[int, int]:
     """A ROWS:CHUNK string -> (positions per log-prob block, logit elements per chunk)."""
     try:
         rows, chunk = (int(x) for x in spec.split(":"))
+        if rows < 1 or chunk < 1:
+            raise ValueError
     except ValueError:
         raise SystemExit(f"--logp-blocks takes ROWS:CHUNK pairs of positive integers, got {spec!r}") from None
-    if rows < 1 or chunk < 1:
-        raise SystemExit(f"--logp-blocks takes ROWS:CHUNK pairs of positive integers, got {spec!r}")
     return rows, chunk
 
 
