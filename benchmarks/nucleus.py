@@ -3,10 +3,10 @@
 A training run that samples with ``top_p < 1`` truncates every row's distribution at every decode step.
 Sorting a 49k-token vocabulary for 32 rows takes about as long as the model's decode step on CPU, while a
 real model's nucleus is far smaller (SmolLM2 at top-p 0.9: 18 tokens at the median, under 8,000 at most).
-`sampling.nucleus_floor` ranks only the most probable tokens (`NUCLEUS_K`, then 8x as many for rows that
-need more). This script generates B x G completions of the same prompts with `Policy.generate` (bf16-mixed
-over the float32 weights, what ``precision="auto"`` gives a real model on a CPU with bf16 matrix units)
-three ways, in alternating rounds:
+`sampling.nucleus_floor` ranks only the most probable tokens (`NUCLEUS_K`, then 16x as many for rows that
+need more, and a sort for rows whose nucleus is larger still). This script generates B x G completions
+of the same prompts with `Policy.generate` (bf16-mixed over the float32 weights, what ``precision="auto"``
+gives a real model on a CPU with bf16 matrix units) three ways, in alternating rounds:
 
 - ``ranked``: top-p with `sampling.nucleus_floor` (what training uses);
 - ``sorted``: top-p with the floor found by a sort of the whole vocabulary (how textzoo did it before

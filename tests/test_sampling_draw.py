@@ -113,10 +113,12 @@ def test_nucleus_floor_by_hand_keeps_ties_and_renormalises_after_top_k():
     assert nucleus_floor(logp, 0.45).item() == pytest.approx(torch.tensor(0.5).log().item())
     u = torch.linspace(0, 0.999, 200, dtype=torch.float64)[:, None]
     assert set(draw(logp.expand(200, -1), 0, 0.6, u).tolist()) == {7, 300, 301}
-    # after top-k 2 the row is 0.5 and one 0.2 (its tie kept too, as top-k keeps ties): renormalised,
-    # 0.5 / 0.9 = 0.56 lies above each 0.2 token, so top-p 0.6 keeps three tokens and top-p 0.5 one
+    # top-k 2 keeps 0.5 and both 0.2 tokens (as top-k keeps ties), mass 0.9: renormalised, 0.5 / 0.9 = 0.56
+    # lies above each 0.2 token, so top-p 0.6 keeps three tokens and top-p 0.52 one; without top-k, 0.5 is
+    # below 0.52, so top-p 0.52 keeps three: only `draw`'s renormalising after top-k tells the two apart
     assert set(draw(logp.expand(200, -1), 2, 0.6, u).tolist()) == {7, 300, 301}
-    assert set(draw(logp.expand(200, -1), 2, 0.5, u).tolist()) == {7}
+    assert set(draw(logp.expand(200, -1), 2, 0.52, u).tolist()) == {7}
+    assert set(draw(logp.expand(200, -1), 0, 0.52, u).tolist()) == {7, 300, 301}
     # without renormalising, 0.5 < 0.6 would keep the 0.2 tokens: renormalise must be what changes it
     truncated = logp.masked_fill(logp < torch.tensor(0.5).log(), float("-inf"))
     assert nucleus_floor(truncated, 0.55, renormalise=False).item() < -1.0
