@@ -260,10 +260,14 @@ class TrainConfig:
     joint_max_new_tokens: int = 0
     """Token budget of the joint actor's completion (centralized); 0 = N roles x agent.max_new_tokens. Structured:
     split evenly into the sections' budgets, the forced markers come on top."""
+    joint_section_tokens: dict[str, int] = field(default_factory=dict)
+    """Role -> the token budget of its section of the joint answer (centralized, structured; a role's turn
+    alone too), e.g. a task preset's per-role budgets; a role not named gets the even split."""
     joint_format: JointFormat = "structured"
-    """How the joint actor (centralized) answers: structured (the runner writes each role's tags as forced
-    tokens, the model writes only the sections: no parse failures) | tags | labels | json (free-form answers
-    the runner parses)."""
+    """How the joint actor (centralized) answers: structured (the runner writes everything but the answers as
+    forced tokens: with a chat model one conversation of the roles' observations, else each role's tags;
+    the model writes only the sections: no parse failures) | tags | labels | json (free-form answers the
+    runner parses)."""
     agent: AgentConfig = field(default_factory=AgentConfig)
     """Settings shared by every agent."""
     agent_overrides: JsonDict = field(default_factory=dict)
@@ -352,6 +356,9 @@ class TrainConfig:
                 "joint_max_new_tokens must be >= 0 (0 = N roles x agent.max_new_tokens), "
                 f"got {self.joint_max_new_tokens}"
             )
+        bad = {r: n for r, n in self.joint_section_tokens.items() if not isinstance(n, int) or n < 1}
+        if bad:
+            raise ConfigError(f"joint_section_tokens must map roles to token budgets >= 1, got {bad}")
         if not 0 <= self.gamma <= 1:
             raise ConfigError(f"gamma must be in [0, 1], got {self.gamma}")
         if self.eval_every < 0:

@@ -78,9 +78,22 @@ def one_digit_sums() -> list[dict[str, Any]]:
     return [{"question": f"What is {a} + {b}?", "answer": a + b} for a, b in pairs]
 
 
+def sums_and_differences(limit: int = 30) -> list[dict[str, Any]]:
+    """The questions "What is a + b?" for 0 <= a, b < `limit` and "What is a - b?" for 0 <= b <= a < `limit`
+    (in a fixed shuffled order), with their answers: 1,365 questions for `limit` 30 (273 held out)."""
+    rows = [(f"{a} + {b}", a + b) for a in range(limit) for b in range(limit)]
+    rows += [(f"{a} - {b}", a - b) for a in range(limit) for b in range(a + 1)]
+    random.Random(ITEM_SEED).shuffle(rows)
+    return [{"question": f"What is {q}?", "answer": answer} for q, answer in rows]
+
+
 PRESETS: dict[str, TaskPreset] = {
     "one-digit-sums": TaskPreset(
         {"dataset": one_digit_sums(), "num_agents": 2, "turns": 2, "response_chars": 200},
+        {"debater_0": 48, "debater_1": 48},
+    ),
+    "sums-30": TaskPreset(
+        {"dataset": sums_and_differences(30), "num_agents": 2, "turns": 2, "response_chars": 200},
         {"debater_0": 48, "debater_1": 48},
     ),
 }

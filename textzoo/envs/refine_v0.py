@@ -49,6 +49,7 @@ from typing import Any
 from textzoo.envs._sources import split_indices
 from textzoo.envs.base import StepResult, TextParallelEnv, words
 from textzoo.envs.declare import SPLIT, anything, entry_points, integer, task, text_args
+from textzoo.envs.presets import TaskPreset
 from textzoo.errors import EnvError
 
 TOPICS = (
@@ -102,6 +103,12 @@ GENERATOR_FOOTER = "\nAnswer:"
 WAIT_PROMPT = "Wait: the refiners write the prompt this turn."
 DONE_PROMPT = "Done: the generator answers this turn."
 ITEM_SEED = 8
+PRESETS: dict[str, TaskPreset] = {
+    "two-keywords": TaskPreset(
+        {"num_refiners": 2, "num_items": 1000}, {"refiner_0": 32, "refiner_1": 32, "generator": 48}
+    ),
+}
+"""Settings a small model can start from (module docstring, Presets)."""
 
 
 def refiner_names(n: int) -> list[str]:

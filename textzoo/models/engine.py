@@ -352,6 +352,7 @@ def run_scripts(
                 lps[r] += c.logprobs
                 masks[r] += [1] * len(c.ids)
                 texts[r].append(section_text(policy, c.ids, c.by_stop, stops))
-                after_stop[r] = c.by_stop
+                eos = scripts[r][at[r]].eos_is_stop and bool(c.ids) and c.ids[-1] in policy.eos_ids
+                after_stop[r] = c.by_stop or eos
                 at[r] += 1
     return list(zip(ids, lps, masks)), texts

@@ -53,11 +53,10 @@ def env_factory(cfg: TrainConfig, eval: bool = False):
 
 def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
     """One actor per role (decentralized) or one joint actor for all roles (centralized)."""
-    unknown = sorted(set(cfg.agent_overrides) - set(roles))
-    if unknown:
-        raise ConfigError(
-            f"agent_overrides names {unknown}, which the env {cfg.env!r} does not have; its agents: {roles}"
-        )
+    for name in ("agent_overrides", "joint_section_tokens"):
+        unknown = sorted(set(getattr(cfg, name)) - set(roles))
+        if unknown:
+            raise ConfigError(f"{name} names {unknown}, which the env {cfg.env!r} does not have; its agents: {roles}")
     if cfg.collaboration == "centralized":
         if cfg.agent_overrides:
             raise ConfigError(
@@ -72,9 +71,10 @@ def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
             policy = lora_policy(agent, "joint", cfg.seed, {})
         else:
             policy = build_policy(agent, cfg.seed, build_device(agent.device))
+        sections = {r: cfg.joint_section_tokens.get(r, budget // len(roles)) for r in roles}
         joint = JointActor(
             roles, policy, trainable=agent.trainable, prompt_format=prompt_format(agent, policy),
-            joint_format=cfg.joint_format, section_tokens=budget // len(roles),
+            joint_format=cfg.joint_format, section_tokens=sections,
         )  # fmt: skip
         if joint.structured:
             # The forced part of a completion holds the tags and the later roles' tasks: each task gets an
@@ -84,7 +84,8 @@ def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
             room = generation_config(
                 dataclasses.replace(agent, max_new_tokens=budget + tags), policy.tokenizer, policy.model
             )
-            intro = len(policy.tokenizer(joint.build_prompt(dict.fromkeys(roles, "")))["input_ids"])
+            _, mask = joint.prompt_format.encode(policy, [joint.build_prompt(dict.fromkeys(roles, ""))])
+            intro = int(mask.sum())  # the prompt's own words (a chat prompt: the template's too)
             joint.task_tokens = max((room.max_prompt_tokens - intro) // len(roles), 1)
             policy.generation = dataclasses.replace(room, max_new_tokens=budget)
         attach_engines([joint], [agent], cfg.seed)
