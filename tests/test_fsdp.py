@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from textzoo.algorithms.batch import Job, SampleBatch
-from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.decoding.generation import GenerationConfig
+from textzoo.models.policy import Policy
 from textzoo.algorithms.reinforce.family import ReinforceConfig, reinforce_loss
 from textzoo.runners import sharding
 from helpers import tiny_config

@@ -5,8 +5,8 @@ import torch
 
 torch.set_num_threads(1)
 
-from textzoo.models.inference import chunks, score_no_grad  # noqa: E402
-from textzoo.models.modes import eval_mode  # noqa: E402
+from textzoo.decoding.inference import chunks, score_no_grad  # noqa: E402
+from textzoo.decoding.modes import eval_mode  # noqa: E402
 from textzoo.models.policy import GenerationConfig, Policy  # noqa: E402
 
 

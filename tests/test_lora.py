@@ -226,7 +226,7 @@ def test_iac_value_heads_on_lora_agents_read_each_agents_adapter(tmp_path):
 def test_lora_agents_run_the_plain_decoder_with_their_own_adapter(arch):
     """The plain-torch decoder reads a view's adapter on the shared base (peft's wrapped layers): the
     module's samples, log-probs and adapter gradients, and nothing from the other agent's adapter."""
-    from textzoo.models.backends.plain import PlainBackend
+    from textzoo.decoding.backends.plain import PlainBackend
 
     base = Policy.tiny(arch, seed=3, generation=GenerationConfig(max_new_tokens=6))
     shared = SharedBase(base)
@@ -262,7 +262,7 @@ def test_lora_agents_run_the_plain_decoder_with_their_own_adapter(arch):
 def test_lora_dropout_in_train_mode_runs_the_module():
     shared = SharedBase(Policy.tiny("llama", seed=3, generation=GenerationConfig(max_new_tokens=4)))
     policy = shared.add("a", 4, dropout=0.1, seed=1)
-    from textzoo.models.backends.plain import PlainBackend
+    from textzoo.decoding.backends.plain import PlainBackend
 
     policy.model.eval()
     assert isinstance(policy.backend(), PlainBackend)  # eval mode: dropout is off, the plain forward is exact

@@ -15,9 +15,10 @@ from safetensors.torch import load_file
 from textzoo.algorithms.actor_critic.family import ActorCriticConfig
 from textzoo.algorithms.preference.madpo import PreferenceConfig
 from textzoo.config import AgentConfig, TrainConfig
+from textzoo.decoding.fastlm import FastDecoder, first_tokens_first
+from textzoo.decoding.generation import GenerationConfig
 from textzoo.envs import make
-from textzoo.models.fastlm import FastDecoder, first_tokens_first
-from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.models.policy import Policy
 from textzoo.models.prompting import PromptFormat
 from textzoo.models.team import AgentActor
 from textzoo.runners.trainer import Trainer

@@ -16,19 +16,17 @@ from textzoo.algorithms.actor_critic.config import ActorCriticConfig
 from textzoo.algorithms.preference.config import PreferenceConfig
 from textzoo.algorithms.reinforce.config import ReinforceConfig
 from textzoo.algorithms.settings import Credit
-from textzoo.errors import ConfigError
-from textzoo.models.settings import (
+from textzoo.decoding.settings import (
     AUTO,
     LEGACY_DTYPES,
     PRECISION_NAMES,
-    TINY_MODELS,
     Engine,
     EngineDtype,
-    JointFormat,
     PrecisionName,
-    PromptStyle,
     SamplingConfig,
 )
+from textzoo.errors import ConfigError
+from textzoo.models.settings import TINY_MODELS, JointFormat, PromptStyle
 from textzoo.typecheck import check_fields, check_mapping
 
 EVAL_MODES = ("greedy", "sampled")
@@ -70,7 +68,7 @@ class UpdateConfig:
     """Learners updated at once in threads (e.g. 2 on 2 cores with threads=1); same results as one at a time."""
     compile_regions: bool = True
     """Compile the elementwise work between the matrix products of bf16 update passes on CPU (real models;
-    `textzoo.models.compiled`: ~-15% update on SmolLM2, a C++ compiler and a few seconds' compile per
+    `textzoo.decoding.compiled`: ~-15% update on SmolLM2, a C++ compiler and a few seconds' compile per
     process); off: run as written."""
 
     def __post_init__(self) -> None:

@@ -17,7 +17,7 @@ from textzoo.algorithms.batch import ActorSamples, Job, LossFn, Rollout, SampleB
 from textzoo.algorithms.rlmath import standardize, truncated_importance_weights
 
 if TYPE_CHECKING:
-    from textzoo.models.generation import Generation
+    from textzoo.decoding.generation import Generation
     from textzoo.models.policy import Policy
     from textzoo.models.team import Actor
 

@@ -8,11 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from textzoo.decoding.generation import GenerationConfig
+from textzoo.decoding.precision import PRECISIONS, resolve
 from textzoo.errors import ConfigError
 from textzoo.models.loading import build_tiny, load_pretrained
 from textzoo.models.lora import SharedBase
-from textzoo.models.policy import GenerationConfig, Policy
-from textzoo.models.precision import PRECISIONS, resolve
+from textzoo.models.policy import Policy
 from textzoo.models.prompting import PromptFormat
 from textzoo.models.settings import TINY_MODELS
 from textzoo.models.tokenizer import llama_byte_tokenizer

@@ -75,10 +75,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from textzoo.decoding.generation import Generation
+from textzoo.decoding.sampling import Segment
 from textzoo.errors import ConfigError
-from textzoo.models.policy import Generation, Policy
+from textzoo.models.policy import Policy
 from textzoo.models.prompting import PromptFormat
-from textzoo.models.sampling import Segment
 from textzoo.models.settings import JOINT_FORMATS
 
 PromptBuilder = Callable[[dict[str, str]], str]

@@ -18,9 +18,10 @@ from typing import Any
 
 import torch
 
+from textzoo.decoding.generation import GenerationConfig
+from textzoo.decoding.modes import eval_mode
 from textzoo.errors import ConfigError, ModelError
-from textzoo.models.modes import eval_mode
-from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.models.policy import Policy
 
 
 def _peft():

@@ -3,10 +3,10 @@
 Sampling and scoring use one distribution: ``log_softmax(logits / temperature)`` restricted to
 ``allowed_tokens`` (when set). ``Generation.logprobs`` are log-probs under that distribution, and
 ``Policy.score`` recomputes exactly them (in eval mode, up to float error); see
-`textzoo.models.sampling`.
+`textzoo.decoding.sampling`.
 
-The model runs behind a backend (`textzoo.models.backends`), both built once per model: the
-plain-torch decoder (`fast_forward`, for the architectures of `textzoo.models.fastlm`) when it
+The model runs behind a backend (`textzoo.decoding.backends`), both built once per model: the
+plain-torch decoder (`fast_forward`, for the architectures of `textzoo.decoding.fastlm`) when it
 reproduces the model exactly in the current mode, else the transformers module. Either way, rows
 that share a prompt (the G samples of a group) run it once, in generation and in scoring
 (`share_prompts`); the plain decoder's sampling pass also hands each prompt's final hidden state to
@@ -29,16 +29,16 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from textzoo.decoding import sampling
+from textzoo.decoding.backends import Backend
+from textzoo.decoding.backends.module import ModuleBackend, has_dropout
+from textzoo.decoding.backends.plain import PlainBackend
+from textzoo.decoding.fastlm import FastDecoder
+from textzoo.decoding.generation import Generation, GenerationConfig, first_used_column, left_padded
+from textzoo.decoding.modes import eval_mode
+from textzoo.decoding.precision import PRECISIONS, autocast
 from textzoo.errors import ModelError
-from textzoo.models import sampling
-from textzoo.models.backends import Backend
-from textzoo.models.backends.module import ModuleBackend, has_dropout
-from textzoo.models.backends.plain import PlainBackend
-from textzoo.models.fastlm import FastDecoder
-from textzoo.models.generation import Generation, GenerationConfig, first_used_column, left_padded
 from textzoo.models.loading import build_tiny, end_token_ids, load_pretrained
-from textzoo.models.modes import eval_mode
-from textzoo.models.precision import PRECISIONS, autocast
 
 __all__ = ["Generation", "GenerationConfig", "Policy", "has_dropout"]
 
@@ -77,9 +77,9 @@ class Policy:
         # Chat models may end a turn with any of several ids (e.g. <|im_end|> and <|endoftext|>).
         self.eos_ids: tuple[int, ...] = end_token_ids(model, tokenizer)
         self.fast_forward = True
-        """Run the plain-torch decoder (`textzoo.models.fastlm`) when the architecture supports it."""
+        """Run the plain-torch decoder (`textzoo.decoding.fastlm`) when the architecture supports it."""
         self.precision = precision
-        """The precision name the builder resolved (`textzoo.models.precision.PRECISIONS`); what `autocast` and
+        """The precision name the builder resolved (`textzoo.decoding.precision.PRECISIONS`); what `autocast` and
         the weights' dtype implement (the builder moves the weights to its dtype before building the policy)."""
         self.autocast: torch.dtype | None = PRECISIONS[precision].compute
         """Run forwards (generate, score) under ``torch.autocast`` to this dtype (bf16-mixed precision);
@@ -90,7 +90,7 @@ class Policy:
         """Logit elements scoring computes at a time (positions x vocabulary; 0 = all logits at once)."""
         self.engine = None
         """Where samples come from: None = this policy's own decoder; else an `EngineClient` of
-        `textzoo.models.engine` (e.g. a vLLM engine), which `generate_ids` / `generate_script` hand requests to."""
+        `textzoo.decoding.engine` (e.g. a vLLM engine), which `generate_ids` / `generate_script` hand requests to."""
         self._share_prompts = True
         self._decode_mode = "auto"
         self._bound: torch.nn.Module | None = None  # the model the backends were built for

@@ -11,8 +11,9 @@ from typing import Protocol
 
 import torch
 
+from textzoo.decoding.generation import Generation
 from textzoo.models.lora import AdapterView
-from textzoo.models.policy import Generation, Policy
+from textzoo.models.policy import Policy
 from textzoo.models.prompting import PromptFormat
 
 

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from textzoo.decoding.precision import AUTO
 from textzoo.envs import make as make_env
 from textzoo.errors import ConfigError, EnvError
 from textzoo.models.build import build_device, build_policy, generation_config, lora_policy, prompt_format
 from textzoo.models.joint import JointActor
 from textzoo.models.lora import SharedBase
-from textzoo.models.precision import AUTO
 from textzoo.models.team import Actor, AgentActor
 from textzoo.runners.engines import attach_engines
 from textzoo.runners.update import Learner

@@ -1,5 +1,5 @@
 """The run's rollout engines: built for the agents that ask for one (``agent.engine="vllm"``), synced
-after every optimizer step, their log-prob gap logged, and closed (`textzoo.models.engine` has the seam).
+after every optimizer step, their log-prob gap logged, and closed (`textzoo.decoding.engine` has the seam).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from textzoo.algorithms.rlmath import engine_gap, truncated_importance_weights
-from textzoo.models.engine import EngineClient
+from textzoo.decoding.engine import EngineClient
+from textzoo.decoding.vllm_engine import VLLMEngine
 from textzoo.models.lora import AdapterView
-from textzoo.models.vllm_engine import VLLMEngine
 
 
 def attach_engines(actors: Sequence[Any], agents: Sequence[Any], seed: int = 0) -> None:

@@ -132,12 +132,12 @@ ADVICE = {
     "generate": "fewer batch_prompts or group_size, a smaller agent.max_new_tokens, LoRA adapters on one "
     "shared base (agent.lora_rank), or devices= / device_map to spread the models",
     "score": "smaller chunks: the chunked log-probs (Policy.logits_chunk logit elements at a time) and "
-    "the no-grad scorer's textzoo.models.inference.CHUNK samples per forward; a smaller batch "
+    "the no-grad scorer's textzoo.decoding.inference.CHUNK samples per forward; a smaller batch "
     "(batch_prompts, group_size), or a device_map that puts the reference/critic on another GPU",
     "update": "a smaller update.micro_batch_size, update.per_sample_backward=True (one sample's "
     "activations at a time), agent.gradient_checkpointing=True, LoRA (agent.lora_rank) to drop the "
     "full optimizer state, agent.precision='bf16-mixed', or smaller chunked log-probs "
-    "(Policy.logits_chunk; textzoo.models.inference.CHUNK for scoring)",
+    "(Policy.logits_chunk; textzoo.decoding.inference.CHUNK for scoring)",
     "evaluate": "fewer eval_prompts or a smaller agent.max_new_tokens",
 }
 

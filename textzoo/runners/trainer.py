@@ -23,8 +23,8 @@ from textzoo.algorithms import registry
 from textzoo.algorithms.batch import Job, Rollout
 from textzoo.config import AgentConfig, TrainConfig, precisions_as_in
 from textzoo.config_files import from_dict, save_config, to_dict
+from textzoo.decoding.precision import slow_bf16
 from textzoo.errors import CheckpointError, ConfigError
-from textzoo.models.precision import slow_bf16
 from textzoo.models.team import Actor
 from textzoo.runners import sharding
 from textzoo.runners.build import ItemSampler, build_actors, build_learner, env_factory, resolved_config

@@ -41,11 +41,12 @@ from textzoo.algorithms.rlmath import (
     gae,
     policy_gradient_loss,
 )
+from textzoo.decoding.generation import Generation
+from textzoo.decoding.inference import chunks
+from textzoo.decoding.modes import eval_mode
 from textzoo.errors import ConfigError
 from textzoo.models.critic import Critic
-from textzoo.models.inference import chunks
-from textzoo.models.modes import eval_mode
-from textzoo.models.policy import Generation, Policy
+from textzoo.models.policy import Policy
 from textzoo.models.team import Actor
 
 

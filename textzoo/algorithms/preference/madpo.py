@@ -33,9 +33,10 @@ from textzoo.algorithms.batch import ActorStep, Job, PairBatch, Rollout
 from textzoo.algorithms.family import RolloutNeeds
 from textzoo.algorithms.preference.config import SELECTIONS, PreferenceConfig
 from textzoo.algorithms.rlmath import BatchNorm, dpo_loss
+from textzoo.decoding.generation import Generation
+from textzoo.decoding.inference import score_no_grad
 from textzoo.errors import ConfigError
-from textzoo.models.inference import score_no_grad
-from textzoo.models.policy import Generation, Policy
+from textzoo.models.policy import Policy
 from textzoo.models.team import Actor, frozen_references, reference_models
 
 

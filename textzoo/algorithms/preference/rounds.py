@@ -68,10 +68,10 @@ from textzoo.algorithms.preference.reward_model import (
     relabel,
     reward_model_loss,
 )
+from textzoo.decoding.generation import Generation
 from textzoo.errors import CheckpointError, ConfigError
 from textzoo.models.build import build_policy
 from textzoo.models.critic import Critic
-from textzoo.models.policy import Generation
 from textzoo.models.settings import TINY_MODELS
 from textzoo.models.team import Actor
 

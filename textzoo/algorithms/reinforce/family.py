@@ -49,8 +49,8 @@ from textzoo.algorithms.rlmath import (
     running_mean_update,
 )
 from textzoo.algorithms.settings import check_estimator
+from textzoo.decoding.inference import score_no_grad
 from textzoo.errors import ConfigError
-from textzoo.models.inference import score_no_grad
 from textzoo.models.policy import Policy
 from textzoo.models.team import Actor, frozen_references, reference_models
 

