@@ -31,7 +31,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from textzoo.decoding import sampling
 from textzoo.decoding.backends import Backend
-from textzoo.decoding.backends.module import ModuleBackend, has_dropout
+from textzoo.decoding.backends.module import ModuleBackend
 from textzoo.decoding.backends.plain import PlainBackend
 from textzoo.decoding.fastlm import FastDecoder
 from textzoo.decoding.generation import Generation, GenerationConfig, first_used_column, left_padded
@@ -40,7 +40,7 @@ from textzoo.decoding.precision import PRECISIONS, autocast
 from textzoo.errors import ModelError
 from textzoo.models.loading import build_tiny, end_token_ids, load_pretrained
 
-__all__ = ["Generation", "GenerationConfig", "Policy", "has_dropout"]
+__all__ = ["Policy"]
 
 
 class Backends(NamedTuple):

@@ -23,8 +23,8 @@ from textzoo.algorithms.batch import Job
 from textzoo.algorithms.rlmath import BatchNorm
 from textzoo.config import UpdateConfig
 from textzoo.decoding import compiled
+from textzoo.decoding.backends.module import has_dropout
 from textzoo.decoding.fastlm import forget_casts, forget_packed
-from textzoo.models.policy import has_dropout
 from textzoo.runners import sharding
 
 
