@@ -276,7 +276,7 @@ def _trim_heap() -> None:
 
 
 def config_for(args: Args, mode: str, precision: str = "auto"):
-    from textzoo.config import AgentConfig, TrainConfig, UpdateConfig
+    from textzoo.config import AgentConfig, LoRAConfig, TrainConfig, UpdateConfig
 
     run_dir = str(Path(args.out) / (mode if mode == "tiny" else f"{mode}-{precision}"))
     if mode == "tiny":
@@ -293,8 +293,7 @@ def config_for(args: Args, mode: str, precision: str = "auto"):
         model=model,
         max_new_tokens=args.max_new_tokens,
         lr=args.lora_lr if lora else args.full_lr,
-        lora_rank=args.lora_rank if lora else 0,
-        lora_alpha=2.0 * args.lora_rank,
+        lora=LoRAConfig(rank=args.lora_rank if lora else 0, alpha=2.0 * args.lora_rank),
         precision=precision,
     )
     return TrainConfig(

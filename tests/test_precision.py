@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import tiny_llama_grads
 
-from textzoo.config import AgentConfig, TrainConfig
+from textzoo.config import AgentConfig, TrainConfig, migrate_agent
 from textzoo.config_files import load_config
 from textzoo.errors import ConfigError
 from textzoo.models.build import build_policy
@@ -90,23 +90,27 @@ def test_critics_of_a_bf16_mixed_agent_compute_in_bf16(tmp_path):
 
 
 def test_old_dtype_field_maps_to_a_precision(tmp_path):
-    assert AgentConfig(dtype="bfloat16").precision == "bf16-weights"
-    assert AgentConfig(dtype="float16").precision == "fp16-weights"
-    migrated = AgentConfig(dtype="float32")
-    assert (migrated.precision, migrated.dtype) == ("fp32", None)
-    assert AgentConfig(dtype="bfloat16", precision="bf16-weights").precision == "bf16-weights"
+    """`dtype` left AgentConfig; the migration (`textzoo.config.migrate_agent`) reads it in files and overrides."""
+    assert migrate_agent({"dtype": "bfloat16"}) == {"precision": "bf16-weights"}
+    assert migrate_agent({"dtype": "float16"}) == {"precision": "fp16-weights"}
+    assert migrate_agent({"dtype": "float32", "lr": 0.5}) == {"precision": "fp32", "lr": 0.5}
+    assert migrate_agent({"dtype": None, "precision": "auto"}) == {"precision": "auto"}  # every old config.json
+    assert migrate_agent({"dtype": "bfloat16", "precision": "bf16-weights"}) == {"precision": "bf16-weights"}
     with pytest.raises(ConfigError, match="contradicts agent.precision"):
-        AgentConfig(dtype="float32", precision="bf16-mixed")
+        migrate_agent({"dtype": "float32", "precision": "bf16-mixed"})
     with pytest.raises(ConfigError, match="agent.dtype"):
-        AgentConfig(dtype="int8")
+        migrate_agent({"dtype": "int8"})
     with pytest.raises(ConfigError, match="agent.precision"):
         AgentConfig(precision="bf16")
+    with pytest.raises(TypeError):
+        AgentConfig(dtype="bfloat16")  # the Python API has only `precision`
+    assert TrainConfig(agent_overrides={"a": {"dtype": "float16"}}).agent_config("a").precision == "fp16-weights"
     # a config.json written before `precision` existed (every field, dtype among them) still loads
     old = {"steps": 3, "agent": {"model": "tiny", "dtype": "bfloat16", "lr": 0.01}}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(old))
     cfg = load_config(path)
-    assert cfg.agent.precision == "bf16-weights" and cfg.agent.dtype is None
+    assert cfg.agent.precision == "bf16-weights" and not hasattr(cfg.agent, "dtype")
     assert cfg.agent_config("any").precision == "bf16-weights"
 
 

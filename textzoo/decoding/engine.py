@@ -7,7 +7,7 @@ log-prob of each, and the text. Two engines implement it:
 
 - `LocalEngine`: the policy's own decoder (`textzoo.decoding.sampling` over its backends), today's path.
   A policy without an engine (``Policy.engine`` None, the default) samples with exactly this.
-- `textzoo.decoding.vllm_engine.VLLMEngine`: one in-process vLLM ``LLM`` (``--agent.engine vllm``).
+- `textzoo.decoding.vllm_engine.VLLMEngine`: one in-process vLLM ``LLM`` (``--agent.engine.kind vllm``).
 
 `EngineClient` binds a policy to an engine (and, for a LoRA agent, to its adapter on the engine's
 shared base): `Policy.generate_ids` and `Policy.generate_script` hand their requests to it, so every
@@ -21,7 +21,7 @@ The engine's log-probs are not the trainer's (other kernels, bf16). The client s
 completion with the trainer's model at once (no gradients, eval mode) and hands the losses the
 trainer's log-probs as the behaviour policy's, so the loss arithmetic is the local path's. The engine's
 log-probs stay with the sample (``Generation.engine_logprobs``): the policy-gradient losses weigh each
-token by min(π_trainer/π_engine, C) (truncated importance sampling, ``agent.engine_tis``), and
+token by min(π_trainer/π_engine, C) (truncated importance sampling, ``agent.engine.tis``), and
 `textzoo.runners.engines.engine_metrics` logs the gap (`rlmath.engine_gap`) and the mean weight.
 Greedy requests (evaluation, ReMax's baseline) keep the engine's log-probs: nothing learns from them.
 
@@ -192,7 +192,7 @@ class EngineClient:
         """The agent's adapter name on a shared base (None: the engine runs this policy's whole weights)."""
         self.tis = tis
         """The policy-gradient losses weigh this engine's samples by min(π_trainer/π_engine, tis_cap) per token
-        (`textzoo.algorithms.family.engine_token_weights`; ``agent.engine_tis``)."""
+        (`textzoo.algorithms.family.engine_token_weights`; ``agent.engine.tis``)."""
         self.tis_cap = tis_cap
         self.sync_timeout = sync_timeout
         self.version = 0

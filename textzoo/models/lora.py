@@ -88,7 +88,7 @@ class SharedBase:
                     self.model.add_adapter(name, config)
             except ValueError as e:
                 raise ConfigError(
-                    f"cannot add a LoRA adapter for {agent_id!r}: {e}; set agent.lora_target_modules to module "
+                    f"cannot add a LoRA adapter for {agent_id!r}: {e}; set agent.lora.target_modules to module "
                     "names of this model (e.g. ['c_attn'] for GPT-2, ['q_proj', 'v_proj'] for Llama)"
                 ) from e
         view = AdapterView(self, name)

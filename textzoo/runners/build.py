@@ -68,7 +68,7 @@ def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
         agent = dataclasses.replace(
             cfg.agent, max_new_tokens=budget, max_prompt_tokens=len(roles) * cfg.agent.max_prompt_tokens
         )
-        if agent.lora_rank:
+        if agent.lora.rank:
             policy = lora_policy(agent, "joint", cfg.seed, {})
         else:
             policy = build_policy(agent, cfg.seed, build_device(agent.device))
@@ -94,14 +94,14 @@ def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
     for i, role in enumerate(roles):
         agent = cfg.agent_config(role)
         seed = cfg.seed * 1000 + i
-        if agent.lora_rank:
+        if agent.lora.rank:
             policy = lora_policy(agent, role, seed, bases)
         else:
             policy = build_policy(agent, seed, build_device(agent.device))
         actors.append(AgentActor(role, policy, trainable=agent.trainable, prompt_format=prompt_format(agent, policy)))
     attach_engines(
         actors, [cfg.agent_config(role) for role in roles], cfg.seed
-    )  # agent.engine="vllm": rollouts on vLLM
+    )  # agent.engine.kind="vllm": rollouts on vLLM
     return actors
 
 

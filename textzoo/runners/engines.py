@@ -1,4 +1,4 @@
-"""The run's rollout engines: built for the agents that ask for one (``agent.engine="vllm"``), synced
+"""The run's rollout engines: built for the agents that ask for one (``agent.engine.kind="vllm"``), synced
 after every optimizer step, their log-prob gap logged, and closed (`textzoo.decoding.engine` has the seam).
 """
 
@@ -17,26 +17,30 @@ from textzoo.models.lora import AdapterView
 
 
 def attach_engines(actors: Sequence[Any], agents: Sequence[Any], seed: int = 0) -> None:
-    """Give each actor whose agent config (``agents[i]``, an `AgentConfig`) says ``engine="vllm"`` an
+    """Give each actor whose agent config (``agents[i]``, an `AgentConfig`) says ``engine.kind="vllm"`` an
     `EngineClient`: LoRA agents of one shared base share one engine, a fully fine-tuned agent gets its own.
     Engine i samples with seed ``seed * 1000 + i``."""
     shared: dict[int, Any] = {}  # id(SharedBase) -> its engine
+    loras = [c for a, c in zip(actors, agents) if isinstance(a.policy.model, AdapterView)]
     for i, (actor, agent) in enumerate(zip(actors, agents)):
-        if agent.engine == "local":
+        settings = agent.engine
+        if settings.kind == "local":
             continue
         policy = actor.policy
-        client_args = dict(tis_cap=agent.engine_tis_cap, sync_timeout=agent.engine_sync_timeout_s, tis=agent.engine_tis)
+        client_args = dict(tis_cap=settings.tis_cap, sync_timeout=settings.sync_timeout_s, tis=settings.tis)
         if isinstance(policy.model, AdapterView):
             base = policy.model.shared
             if id(base) not in shared:
-                loras = [a for a, c in zip(actors, agents) if isinstance(a.policy.model, AdapterView)]
-                shared[id(base)] = VLLMEngine.for_lora_base(base, agent, max_loras=len(loras), seed=seed * 1000 + i)
+                rank = max(c.lora.rank for c in loras)
+                shared[id(base)] = VLLMEngine.for_lora_base(
+                    base, settings, lora_rank=rank, max_loras=len(loras), seed=seed * 1000 + i
+                )
             engine = shared[id(base)]
-            engine.update_adapter(policy.model.adapter, policy.model, 0, agent.engine_sync_timeout_s)
+            engine.update_adapter(policy.model.adapter, policy.model, 0, settings.sync_timeout_s)
             policy.engine = EngineClient(engine, policy.model.adapter, **client_args)
         else:
             policy.engine = EngineClient(
-                VLLMEngine.for_policy(policy, agent, seed=seed * 1000 + i), None, **client_args
+                VLLMEngine.for_policy(policy, settings, seed=seed * 1000 + i), None, **client_args
             )
 
 
@@ -63,7 +67,7 @@ def sync_engines(actors: Sequence[Any], versions: dict[str, int], force: bool = 
 
 
 def sleep_engines(actors: Sequence[Any]) -> dict[str, float]:
-    """Put every engine with sleep mode on (``agent.engine_sleep``) to sleep after a rollout, so the update has
+    """Put every engine with sleep mode on (``agent.engine.sleep``) to sleep after a rollout, so the update has
     the device memory; the log row's `engine/<id>/sleep_s`. The next sync (`sync_engines`) wakes them."""
     row: dict[str, float] = {}
     for actor in actors:
@@ -78,7 +82,7 @@ def sleep_engines(actors: Sequence[Any]) -> dict[str, float]:
 def engine_metrics(actors: Sequence[Any]) -> dict[str, float]:
     """The log-prob gap columns of every engine-backed actor since the last call, over all its sampled
     tokens: `engine/<id>/logp_gap` (mean |Δ log p|), `engine/<id>/kl_k3` and `engine/<id>/tis_weight`
-    (mean min(π_trainer/π_engine, C), C = the agent's `engine_tis_cap`)."""
+    (mean min(π_trainer/π_engine, C), C = the agent's `engine.tis_cap`)."""
     row: dict[str, float] = {}
     for actor in actors:
         client = actor.policy.engine

@@ -261,7 +261,7 @@ class Trainer:
                     rollout, stats = hook.before_jobs(self, rollout, items, seeds)
                     hook_stats.update(stats)
                 jobs, family_stats = self.family.jobs(rollout)
-        hook_stats.update(sleep_engines(self.actors))  # engine_sleep: the update gets the engines' device memory
+        hook_stats.update(sleep_engines(self.actors))  # engine.sleep: the update gets the engines' device memory
         training = self.schedule.at(self.step)
         jobs = self.schedule.filter(jobs, self.step)  # agents frozen this step: no loss, no step, no version bump
         sync = self.dist.grad_sync if self.dist.enabled else None
