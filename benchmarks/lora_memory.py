@@ -83,8 +83,8 @@ def measure(args: Args, mode: str, n: int) -> dict:
         policies = []
         for i, role in enumerate(roles):
             shared = SharedBase(build_policy(agent, i, device))
-            policies.append(shared.add(role, agent.lora.rank, agent.lora.alpha, seed=i))
-            policies[-1].generation = generation_config(agent, policies[-1].tokenizer, policies[-1].model)
+            generation = generation_config(agent, shared.tokenizer, shared.base)
+            policies.append(shared.add(role, agent.lora.rank, agent.lora.alpha, generation=generation, seed=i))
     else:
         cfg = TrainConfig(env="textzoo/Refine-v0", agent=agent)
         policies = [a.policy for a in build_actors(cfg, roles)]

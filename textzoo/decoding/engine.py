@@ -67,10 +67,16 @@ class Sampler(Scorer, Protocol):
         """The prompts as the policy's decoder reads them (cut to its prompt budget)."""
         ...
 
-    def generate_ids(
-        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, greedy: bool = False, generator: Any = None
+    def decode_ids(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        *,
+        generation: GenerationConfig | None = None,
+        greedy: bool = False,
+        generator: Any = None,
     ) -> Generation:
-        """One completion per prompt, sampled by the policy's own decoder."""
+        """One completion per prompt, sampled by the policy's own decoder with ``generation``'s settings."""
         ...
 
 
@@ -141,9 +147,8 @@ class LocalEngine:
         if tuple(settings.eos_ids) != tuple(policy.eos_ids):
             raise ConfigError(f"the local decoder ends samples at policy {policy.name!r}'s EOS ids {policy.eos_ids}")
         ids, mask = (t.to(policy.device) for t in left_padded(prompts, policy.pad_id))
-        saved, engine = policy.generation, policy.engine
-        policy.generation = dataclasses.replace(
-            saved,
+        generation = dataclasses.replace(
+            policy.generation,
             max_new_tokens=settings.max_tokens,
             temperature=settings.temperature,
             top_p=settings.top_p,
@@ -151,11 +156,7 @@ class LocalEngine:
             stop_strings=settings.stop_strings,
             allowed_tokens=settings.allowed_tokens,
         )
-        policy.engine = None
-        try:
-            gen = policy.generate_ids(ids, mask, greedy=settings.greedy, generator=self.generator)
-        finally:
-            policy.generation, policy.engine = saved, engine
+        gen = policy.decode_ids(ids, mask, generation=generation, greedy=settings.greedy, generator=self.generator)
         out = []
         for row, m, lp, text in zip(gen.completion_ids.tolist(), gen.completion_mask.tolist(), gen.logprobs, gen.texts):
             n = int(sum(m))
@@ -201,6 +202,18 @@ class EngineClient:
         """Seconds the last weight sync took."""
         self.stats = EngineStats()
 
+    @property
+    def open(self) -> bool:
+        """Whether the engine still serves requests (`close` ends that; the policy then samples itself)."""
+        return self.engine is not None
+
+    def close(self) -> None:
+        """Shut the engine down (a shared engine may already be: closing twice is harmless) and let go of it."""
+        engine, self.engine = self.engine, None
+        close = getattr(engine, "close", None)
+        if callable(close):
+            close()
+
     def __deepcopy__(self, memo: dict) -> None:
         """A copied policy (a frozen reference, a comparator) samples with its own decoder: no engine."""
         return None
@@ -223,8 +236,8 @@ class EngineClient:
             [c.logprobs for c in done],
             [[1] * len(c.ids) for c in done],
             policy.pad_id,
+            [plain_text(policy, c, settings.stop_strings) for c in done],
         )
-        gen.texts = [plain_text(policy, c, settings.stop_strings) for c in done]
         return self._rescore(policy, gen, greedy)
 
     def generate_script(
@@ -240,10 +253,10 @@ class EngineClient:
         rows = prompt_rows(ids, mask)
         base = SamplingSettings.of(policy, greedy)
         written, sections = run_scripts(lambda r, s: self._complete(r, s), rows, scripts, base, policy)
+        texts = policy.tokenizer.batch_decode([w[0] for w in written], skip_special_tokens=True)
         gen = to_generation(
-            ids, mask, [w[0] for w in written], [w[1] for w in written], [w[2] for w in written], policy.pad_id
+            ids, mask, [w[0] for w in written], [w[1] for w in written], [w[2] for w in written], policy.pad_id, texts
         )
-        gen.texts = policy.tokenizer.batch_decode([w[0] for w in written], skip_special_tokens=True)
         return self._rescore(policy, gen, greedy), sections
 
     def _rescore(self, policy: Sampler, gen: Generation, greedy: bool) -> Generation:
@@ -256,8 +269,7 @@ class EngineClient:
         self.stats.trainer.append(trainer.detach().cpu())
         self.stats.engine.append(engine.detach().cpu())
         self.stats.mask.append(gen.completion_mask.detach().cpu().to(engine.dtype))
-        gen.logprobs, gen.engine_logprobs = trainer, engine
-        return gen
+        return dataclasses.replace(gen, logprobs=trainer, engine_logprobs=engine)
 
     def drain(self) -> EngineStats:
         """The statistics recorded since the last call (and start afresh)."""
@@ -291,8 +303,10 @@ def to_generation(
     logprobs: list[list[float]],
     masks: list[list[int]],
     pad_id: int,
+    texts: list[str] | None = None,
 ) -> Generation:
-    """A `Generation` of per-row completions (right-padded with ``pad_id``; log-probs 0 off the mask)."""
+    """A `Generation` of per-row completions (right-padded with ``pad_id``; log-probs 0 off the mask) and
+    their ``texts``."""
     S, C = len(ids), max((len(r) for r in ids), default=0)
     device = prompt_ids.device
     completion = torch.full((S, C), pad_id, dtype=torch.long)
@@ -304,7 +318,7 @@ def to_generation(
             mask[i, : len(m)] = torch.tensor(m)
             lp[i, : len(l)] = torch.tensor(l, dtype=torch.float32)
     lp = lp.masked_fill(mask == 0, 0.0)
-    return Generation(prompt_ids, prompt_mask, completion.to(device), mask.to(device), lp.to(device), [])
+    return Generation(prompt_ids, prompt_mask, completion.to(device), mask.to(device), lp.to(device), texts or [])
 
 
 def plain_text(policy: Sampler, c: Completion, stop_strings: Sequence[str]) -> str:

@@ -217,30 +217,42 @@ class VLLMEngine:
 
     # ---- building ----------------------------------------------------------------------------
     @classmethod
-    def for_policy(cls, policy: Any, settings: EngineConfig, seed: int = 0) -> VLLMEngine:
-        """An engine over a copy of ``policy``'s whole model (a fully fine-tuned agent)."""
+    def for_model(
+        cls, model: Any, tokenizer: Any, computes: torch.dtype, settings: EngineConfig, name: str = "", seed: int = 0
+    ) -> VLLMEngine:
+        """An engine over a copy of ``model``'s whole weights (a fully fine-tuned agent's), serving in
+        ``computes``, the dtype the trainer computes in, when ``settings.dtype`` is "auto"."""
         _check_sleep(_vllm(), settings)
         folder = _private_dir("textzoo-engine-")
-        policy.model.save_pretrained(folder)
-        policy.tokenizer.save_pretrained(folder)
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        return cls(folder, settings, name=name, seed=seed, weights=computes)
+
+    @classmethod
+    def for_policy(cls, policy: Any, settings: EngineConfig, seed: int = 0) -> VLLMEngine:
+        """An engine over a copy of ``policy``'s whole model (`for_model`)."""
         computes = policy.autocast or next(policy.model.parameters()).dtype
-        return cls(folder, settings, name=policy.name, seed=seed, weights=computes)
+        return cls.for_model(policy.model, policy.tokenizer, computes, settings, policy.name, seed)
 
     @classmethod
     def for_lora_base(
         cls, base: Any, settings: EngineConfig, lora_rank: int, max_loras: int, seed: int = 0
     ) -> VLLMEngine:
-        """An engine over a LoRA `SharedBase`'s frozen weights, with room for ``max_loras`` adapters of rank up
-        to ``lora_rank``."""
+        """An engine over a LoRA `SharedBase`'s frozen weights (before or after its first adapter), with room
+        for ``max_loras`` adapters of rank up to ``lora_rank``."""
         _check_sleep(_vllm(), settings)
         folder = _private_dir("textzoo-engine-")
-        model = base.model.get_base_model()
-        model.save_pretrained(folder, state_dict=_base_state_dict(base))
+        if base.model is None:  # no adapter yet: the base is the plain model
+            model = base.base
+            model.save_pretrained(folder)
+        else:
+            model = base.model.get_base_model()
+            model.save_pretrained(folder, state_dict=_base_state_dict(base))
         base.tokenizer.save_pretrained(folder)
         from textzoo.decoding.precision import PRECISIONS
 
         computes = PRECISIONS[base.precision].compute or next(model.parameters()).dtype
-        name = getattr(base.model, "name_or_path", "") or "a LoRA base"
+        name = getattr(model, "name_or_path", "") or "a LoRA base"
         return cls(folder, settings, name=name, lora_rank=lora_rank, max_loras=max_loras, seed=seed, weights=computes)
 
     # ---- sampling ----------------------------------------------------------------------------

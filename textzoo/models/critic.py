@@ -37,6 +37,7 @@ class Critic(torch.nn.Module):
         max_tokens: int = 1024,
         seed: int = 0,
         shared_trunk: bool = False,
+        autocast: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.shared_trunk = shared_trunk
@@ -66,7 +67,7 @@ class Critic(torch.nn.Module):
         self.fast_forward = True
         """Run the plain-torch forward of `textzoo.decoding.fastlm` when the trunk supports it."""
         self._fast_decoder: FastDecoder | None = FastDecoder.build(trunk)
-        self.autocast: torch.dtype | None = None
+        self.autocast = autocast
         """Run the trunk under ``torch.autocast`` to this dtype (bf16-mixed precision); None = off."""
 
     @classmethod
@@ -76,9 +77,7 @@ class Critic(torch.nn.Module):
         A model without a `base_model` (e.g. a LoRA agent's view of its shared base) is read whole."""
         model = policy.model
         trunk = model.base_model if isinstance(getattr(model, "base_model", None), torch.nn.Module) else LMTrunk(model)
-        critic = cls(trunk, policy.tokenizer, **kwargs)
-        critic.autocast = policy.autocast
-        return critic
+        return cls(trunk, policy.tokenizer, autocast=policy.autocast, **kwargs)
 
     @property
     def device(self) -> torch.device:
