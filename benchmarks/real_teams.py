@@ -127,11 +127,11 @@ def cell_config(args: Args, model: str, task: str, algo: str, mode: str, seed: i
     from textzoo.algorithms.actor_critic.family import ActorCriticConfig
     from textzoo.algorithms.preference.config import PreferenceConfig
     from textzoo.algorithms.reinforce.family import ReinforceConfig
-    from textzoo.config import AgentConfig, TrainConfig
+    from textzoo.config import AgentConfig, LoRAConfig, TrainConfig
 
     env, preset = preset_of(task)
     agent = AgentConfig(
-        model=model, lora_rank=args.lora_rank, lora_alpha=2 * args.lora_rank, lr=args.lr,
+        model=model, lora=LoRAConfig(rank=args.lora_rank, alpha=2 * args.lora_rank), lr=args.lr,
         max_prompt_tokens=args.max_prompt_tokens,
     )  # fmt: skip
     fields = preset.train_fields(mode, agent=agent)

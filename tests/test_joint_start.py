@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from textzoo.config import AgentConfig, TrainConfig
+from textzoo.decoding.generation import GenerationConfig
 from textzoo.envs import make
 from textzoo.envs.debate_v0 import PRESETS
 from textzoo.models.joint import JointActor
-from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.models.policy import Policy
 from textzoo.models.team import AgentActor
 from textzoo.runners.build import build_actors, env_factory
 from textzoo.runners.rollout import Collector, prompt_seed

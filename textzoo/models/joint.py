@@ -91,14 +91,17 @@ import functools
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
+from textzoo.decoding.generation import Generation
+from textzoo.decoding.sampling import Segment
 from textzoo.errors import ConfigError
-from textzoo.models.policy import Generation, Policy
+from textzoo.models.policy import Policy
 from textzoo.models.prompting import PromptFormat
-from textzoo.models.sampling import Segment
 from textzoo.models.settings import JOINT_FORMATS
+from textzoo.models.team import frozen_policy_copy
 
 PromptBuilder = Callable[[dict[str, str]], str]
 """Observations of the active roles (in role order) -> the joint prompt."""
@@ -262,6 +265,61 @@ def _fenced_sections(text: str, roles: tuple[str, ...]) -> dict[str, str]:
     return dict(zip(roles, unnamed))
 
 
+def structured_script(
+    observations: dict[str, str],
+    tokenizer: Any,
+    prompt_format: PromptFormat,
+    budgets: Sequence[int],
+    stop_strings: Sequence[str] = (),
+    eos_ids: Sequence[int] = (),
+) -> list[Segment]:
+    """The structured decoding script of one joint completion (module docstring): each role's section sampled
+    (up to its entry of `budgets` tokens, ending at EOS or one of `stop_strings`; tagged sections also at a
+    role tag), everything between them forced: with a chat `prompt_format` the template's next user turn
+    (ending the section's own turn unless it wrote its end, an id of `eos_ids`, itself), else the tags and
+    the next role's task. A lone role's script is one section."""
+    roles = list(observations)
+    stops = tuple(stop_strings)
+    if len(roles) == 1:
+        return [Segment(budget=budgets[0], stop_strings=stops)]
+
+    def ids(text: str) -> tuple[int, ...]:
+        return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    if prompt_format.chat:  # one conversation: each later role's observation is the next user turn
+        script = []
+        for budget, role in zip(budgets, roles[1:]):
+            script.append(Segment(budget=budget, stop_strings=stops, eos_is_stop=True))
+            turn = ids(prompt_format.next_turn(tokenizer, observations[role]))
+            ended = turn[1:] if turn[:1] and turn[0] in eos_ids else turn  # the section wrote the end itself
+            script.append(Segment(forced=turn, after_stop=ended))
+        return [*script, Segment(budget=budgets[-1], stop_strings=stops)]
+    tags = [tag for r in roles for tag in (f"<{r}>", f"</{r}>")]
+    stops = tuple(dict.fromkeys([*tags, *stops]))
+    script = [Segment(forced=ids(f"\n<{roles[0]}>"))]
+    for budget, prev, role in zip(budgets, roles, roles[1:]):
+        script.append(Segment(budget=budget, stop_strings=stops))
+        after = f"\n{task(role, observations[role])}\n<{role}>"
+        script.append(Segment(forced=ids(f"</{prev}>{after}"), after_stop=ids(after)))
+    script.append(Segment(budget=budgets[-1], stop_strings=stops))
+    return script
+
+
+def structured_overhead(roles: Sequence[str], tokenizer: Any, prompt_format: PromptFormat) -> tuple[int, int]:
+    """What a structured joint answer spends besides its sections and the roles' tasks, in tokens of
+    `tokenizer`: (the forced part of its completion, its prompt's own words: a chat prompt's template too),
+    both with every task empty. What a builder subtracts from the model's positions to size the prompt and
+    each task."""
+    empty = dict.fromkeys(roles, "")
+    forced = sum(len(s) for s in structured_script(empty, tokenizer, prompt_format, [1] * len(roles)) if s.forced)
+    prompt = joint_prompt(empty, "structured", open_first=not prompt_format.chat, chat=prompt_format.chat)
+    if prompt_format.chat:
+        intro = len(prompt_format.chat_ids(tokenizer, prompt, 1 << 30))
+    else:
+        intro = len(tokenizer(prompt_format.raw_text(prompt))["input_ids"])
+    return forced, intro
+
+
 # ---- the actor ----------------------------------------------------------------------------------
 class JointActor:
     """One policy answering for all `roles`: a joint prompt in, one completion out, split per role.
@@ -368,35 +426,29 @@ class JointActor:
         return self.section_tokens or even
 
     def script(self, observations: dict[str, str]) -> list[Segment]:
-        """The structured decoding script of one joint completion (module docstring): each role's section
-        sampled, everything between them forced (a lone role: one section)."""
-        policy = self.policy
-        roles = list(observations)
-        stops = tuple(policy.generation.stop_strings)
-        if len(roles) == 1:
-            return [Segment(budget=self.budget(roles[0], 1), stop_strings=stops)]
-        budgets = [self.budget(r, len(roles)) for r in roles]
+        """The structured decoding script of one joint completion (`structured_script`), each section's budget
+        `budget` (a lone role's too)."""
+        generation = self.policy.generation
+        budgets = [self.budget(r, len(observations)) for r in observations]
+        return structured_script(
+            observations, self.policy.tokenizer, self.prompt_format, budgets, generation.stop_strings,
+            self.policy.eos_ids,
+        )  # fmt: skip
 
-        def ids(text: str) -> tuple[int, ...]:
-            return tuple(policy.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-        if self.prompt_format.chat:  # one conversation: each later role's observation is the next user turn
-            script = []
-            for budget, role in zip(budgets, roles[1:]):
-                script.append(Segment(budget=budget, stop_strings=stops, eos_is_stop=True))
-                turn = ids(self.prompt_format.next_turn(policy.tokenizer, observations[role]))
-                ended = turn[1:] if turn[:1] and turn[0] in policy.eos_ids else turn  # the section wrote the end
-                script.append(Segment(forced=turn, after_stop=ended))
-            return [*script, Segment(budget=budgets[-1], stop_strings=stops)]
-        tags = [tag for r in roles for tag in (f"<{r}>", f"</{r}>")]
-        stops = tuple(dict.fromkeys([*tags, *stops]))
-        script = [Segment(forced=ids(f"\n<{roles[0]}>"))]
-        for budget, prev, role in zip(budgets, roles, roles[1:]):
-            script.append(Segment(budget=budget, stop_strings=stops))
-            after = f"\n{task(role, observations[role])}\n<{role}>"
-            script.append(Segment(forced=ids(f"</{prev}>{after}"), after_stop=ids(after)))
-        script.append(Segment(budget=budgets[-1], stop_strings=stops))
-        return script
+    def frozen_copy(self) -> JointActor:
+        """A copy that answers the same and never trains (its own copy of the model: eval mode, no gradients)."""
+        return JointActor(
+            self.roles,
+            frozen_policy_copy(self.policy),
+            trainable=False,
+            prompt_builder=self.prompt_builder,
+            parser=None if self.structured else self.parser,
+            id=self.id,
+            prompt_format=self.prompt_format,
+            joint_format=self.joint_format,
+            section_tokens=self.section_tokens,
+            task_tokens=self.task_tokens,
+        )
 
     def parse(self, completion: str, roles: tuple[str, ...]) -> tuple[dict[str, str], bool]:
         if self.structured and len(roles) > 1:  # the sections in their tags: every role has one
