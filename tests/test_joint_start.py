@@ -5,7 +5,7 @@ team (decentralized) from the same base model.
 With a chat model the structured joint answer is one conversation (textzoo.models.joint): the first role's
 prompt is its decentralized agent's prompt, token for token, so its greedy answer is the agent's; each
 later role's observation comes as the next user turn of the chat template. The last test measures the
-step-0 gap on held-out items of a real preset (`textzoo.envs.debate_v0` `one-digit-sums`, all 20 held out).
+step-0 gap on held-out items of a real preset (`textzoo.envs.debate_v0` `one-digit-sums`).
 """
 
 import pytest
@@ -51,15 +51,20 @@ def test_the_first_role_answers_exactly_as_its_decentralized_agent(policy):
         assert not failed and actions["debater_0"] == plain.texts[row]  # the same greedy answer
         assert actions["debater_1"]
     # between the sections: the chat template's next user turn, the end of the first turn written once
-    eos = policy.eos_ids[0]
-    for row in range(len(prompts)):
-        ids = gen.completion_ids[row][gen.completion_mask[row].bool() | (gen.completion_ids[row] != policy.pad_id)]
-        text = policy.tokenizer.decode(ids.tolist())
-        turn = joint.prompt_format.next_turn(policy.tokenizer, observations[row]["debater_1"])
-        assert turn in text or turn.removeprefix(policy.tokenizer.decode([eos])) in text
-        assert ids.tolist().count(eos) <= 2  # the first section's end and the last one's, never doubled
-        pairs = list(zip(ids.tolist(), ids.tolist()[1:]))
-        assert (eos, eos) not in pairs
+    eos, tokenizer = policy.eos_ids, policy.tokenizer
+    endings = set()
+    for row, prompt in enumerate(prompts):
+        n = int(plain.completion_mask[row].sum())  # the first section: the agent's completion
+        ids = gen.completion_ids[row].tolist()
+        assert ids[:n] == plain.completion_ids[row, :n].tolist() and gen.completion_mask[row, :n].all()
+        ended = ids[n - 1] in eos  # the section ended its own turn
+        forced = list(joint.script(prompt.observations)[1].tokens(after_stop=ended))
+        assert ids[n : n + len(forced)] == forced and not gen.completion_mask[row, n : n + len(forced)].any()
+        turn = joint.prompt_format.next_turn(tokenizer, observations[row]["debater_1"])
+        assert tokenizer.decode(ids[n - ended : n + len(forced)]) == turn  # one end marker, then the user turn
+        assert turn.startswith(tokenizer.decode(eos[:1]))  # ChatML ends a turn with the EOS token
+        endings.add(ended)
+    assert endings == {True, False}  # a section that ended its turn, and one cut by its budget
 
 
 def test_a_lone_role_gets_its_own_section_budget(policy):
@@ -82,9 +87,11 @@ def _greedy_solved(smollm2, mode: str, n: int) -> torch.Tensor:
 
 
 def test_the_untrained_joint_actor_starts_where_the_untrained_team_starts(smollm2):
-    # All 20 held-out items of one-digit-sums, greedy, 2 turns of 2 debaters: team 0.675, joint actor 0.700
-    # when measured (the joint actor's prompt was the cause of the old gap: 0.625 against 0.325). The margin
-    # 0.15 is the issue's 0.10 plus one item's worth of noise of the 20 (0.05).
-    team, joint = _greedy_solved(smollm2, "decentralized", 20), _greedy_solved(smollm2, "centralized", 20)
+    # The first 10 of the 20 held-out items of one-digit-sums, greedy, 2 turns of 2 debaters (10, not 20, to
+    # keep the test near a minute of CPU). Measured: team 0.65, joint actor 0.60 (on all 20: 0.625 and 0.600;
+    # the two differ on one item, where one debater of the team was right); before the joint actor answered
+    # as one conversation (tagged sections in one assistant turn) it was 0.325 on the 20. The bound is the
+    # issue's, 0.10: a margin of 0.05 (one debater's answer on one item) over the measured gap.
+    team, joint = _greedy_solved(smollm2, "decentralized", 10), _greedy_solved(smollm2, "centralized", 10)
     assert team.mean() > 0.4  # the real model answers (a broken team would make the gap trivially small)
-    assert abs(float(joint.mean() - team.mean())) <= 0.15, (team.tolist(), joint.tolist())
+    assert abs(float(joint.mean() - team.mean())) <= 0.10, (team.tolist(), joint.tolist())

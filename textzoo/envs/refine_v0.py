@@ -34,7 +34,12 @@ roles) trains every agent on the task score and `credit="per_agent"` trains refi
 `infos[a]["reward_terms"]` (every agent, turn 1) = {"team": team, "refiner_i": c_i for each i}.
 
 Split: items follow the shared rule of `textzoo.envs._sources` (every fifth item held out for
-`split="eval"`); `num_items` sets the size of the pool before the split.
+`split="eval"`); `num_items` sets the size of the pool before the split. Items are drawn from 12 topics
+and 12 words per refiner (1,728 combinations), so in a large pool a held-out item can repeat a trained
+combination of topic and words.
+
+Presets (`PRESETS`, `textzoo.envs.presets`; docs/results/presets.md has the zero-shot probe):
+`two-keywords`, 2 refiners (32 tokens each) and the generator (48 tokens), 1,000 items (200 held out).
 
 Version history:
 - v0: first version.
