@@ -52,6 +52,7 @@ with mkdocs_gen_files.open("reference/index.md", "w") as out:
         " of their imports: [Package layout](../concepts/design.md).\n"
     )
     for group, rows in groups.items():
-        out.write(f"\n## `{group}`\n\n| module | what |\n| --- | --- |\n" + "\n".join(rows) + "\n")
+        table = "| module | what |\n| --- | --- |\n" + "\n".join(rows)
+        out.write(f'\n## `{group}`\n\n<div class="api-index" markdown>\n\n{table}\n\n</div>\n')
 with mkdocs_gen_files.open("reference/SUMMARY.md", "w") as out:
     out.writelines(nav.build_literate_nav())
