@@ -165,7 +165,7 @@ def markdown(rows: list[dict]) -> str:
         fmt = ", ".join(f"{t} {v:.2f}" for t, v in r["format"].items()) or "-"
         out.append(
             f"| {r['preset']} | {r['mode']} | {r['items']} | {r['greedy']:.3f} | {' | '.join(cells)} | "
-            f"{max(gaps, default=0):+.3f} | {fmt} |"
+            f"{f'{max(gaps):+.3f}' if gaps else '-'} | {fmt} |"
         )
     return "\n".join(out)
 
@@ -186,7 +186,7 @@ def main(args: Args) -> None:
 
         model = str(folder())
     out.parent.mkdir(parents=True, exist_ok=True)
-    done = {(r["preset"], r["mode"], r["requested"], r["samples"], tuple(sorted(r))) for r in rows}
+    done = {(r["preset"], r["mode"], r.get("requested", r["items"]), r["samples"], tuple(sorted(r))) for r in rows}
     wanted = tuple(sorted(f"T={t}" for t in args.temperatures))
     for spec in args.presets:
         task, name = spec.split(":")

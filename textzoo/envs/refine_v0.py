@@ -39,7 +39,8 @@ and 12 words per refiner (1,728 combinations), so in a large pool a held-out ite
 combination of topic and words.
 
 Presets (`PRESETS`, `textzoo.envs.presets`; docs/results/presets.md has the zero-shot probe):
-`two-keywords`, 2 refiners (32 tokens each) and the generator (48 tokens), 1,000 items (200 held out).
+`two-keywords`, 2 refiners (32 tokens each) and the generator (48 tokens), 1,000 items (200 held out),
+sampled at temperature 0.7.
 
 Version history:
 - v0: first version.
@@ -110,7 +111,7 @@ DONE_PROMPT = "Done: the generator answers this turn."
 ITEM_SEED = 8
 PRESETS: dict[str, TaskPreset] = {
     "two-keywords": TaskPreset(
-        {"num_refiners": 2, "num_items": 1000}, {"refiner_0": 32, "refiner_1": 32, "generator": 48}
+        {"num_refiners": 2, "num_items": 1000}, {"refiner_0": 32, "refiner_1": 32, "generator": 48}, temperature=0.7
     ),
 }
 """Settings a small model can start from (module docstring, Presets)."""
