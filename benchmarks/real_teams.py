@@ -54,17 +54,23 @@ TASKS: dict[str, tuple[str, str, str]] = {  # name -> env id, module, preset
     "refine": ("textzoo/Refine-v0", "textzoo.envs.refine_v0", "two-keywords"),
     "debate-one-digit": ("textzoo/Debate-v0", "textzoo.envs.debate_v0", "one-digit-sums"),
     "chainsum": ("textzoo/ReasoningGym-v0", "textzoo.envs.reasoning_gym_v0", "chain-sum-team"),
+    "arithmetic": ("textzoo/ReasoningGym-v0", "textzoo.envs.reasoning_gym_v0", "basic-arithmetic-team"),
     "planpath": ("textzoo/PlanPath-v0", "textzoo.envs.planpath_v0", "open-4x4"),
+    "sudoku": ("textzoo/Sudoku-v0", "textzoo.envs.sudoku_v0", "4x4-2-blanks"),
 }
 SOLVED = {"refine": "team"}
 """Task -> its success term (default `solved`): an episode's score is its mean over roles."""
-PARTNER = {"debate": "debater_1", "debate-one-digit": "debater_1", "chainsum": "agent_1", "planpath": "tool"}
+PARTNER = {
+    "debate": "debater_1", "debate-one-digit": "debater_1", "chainsum": "agent_1", "arithmetic": "agent_1",
+    "planpath": "tool", "sudoku": "tool",
+}  # fmt: skip
 """The role the single-agent row silences (budget one token); a task not named has no single-agent row
 (Refine-v0: the generator alone never sees the refiners' keywords)."""
 ALONE = {
     "debate": "role/debater_0/reward/solved",
     "debate-one-digit": "role/debater_0/reward/solved",
     "chainsum": "role/agent_0/reward/own_solved",
+    "arithmetic": "role/agent_0/reward/own_solved",
 }
 """The single-agent row's metric (default: the team's success term)."""
 FORMAT_TERMS = ("valid", "plan_valid", "tool_valid", "tool_ran", "agreement")
@@ -147,7 +153,7 @@ def cell_config(
     if label == "single":  # the partner writes one token at most: nothing it says can solve or help
         fields["agent_overrides"][PARTNER[task]] = {"max_new_tokens": 1, "trainable": False}
     label = label or f"{algo}-{mode}"
-    per_agent = task.startswith("debate") or task == "chainsum"
+    per_agent = task.startswith("debate") or task in ("chainsum", "arithmetic")
     return TrainConfig(
         env=env,
         **fields,
