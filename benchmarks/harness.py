@@ -259,7 +259,7 @@ def compare(
 
 
 def number(x: float) -> str:
-    """A figure with the digits that matter: 269, 19.7, 1.59, 0.203, 2.6e-06."""
+    """A figure with the digits that matter: 269, 19.7, 1.59, 0.203, 0.0041, 2.6e-06."""
     size = abs(x)
     if x != x or size >= 100:
         return f"{x:.0f}"
@@ -267,7 +267,7 @@ def number(x: float) -> str:
         return f"{x:.1f}"
     if size >= 1 or size == 0:
         return f"{x:.2f}"
-    return f"{x:.3f}" if size >= 0.01 else f"{x:.1e}"
+    return f"{x:.3f}" if size >= 0.01 else f"{x:.2g}"
 
 
 def host() -> dict[str, Any]:

@@ -61,8 +61,8 @@ def test_alternate_refuses_no_rounds_and_common_settings_refuse_them_on_the_comm
 
 
 def test_numbers_keep_the_digits_that_matter():
-    assert [harness.number(x) for x in (268.8, 19.74, 1.594, 0.2031, 2.6e-6, 0.0)] == [
-        "269", "19.7", "1.59", "0.203", "2.6e-06", "0.00",
+    assert [harness.number(x) for x in (268.8, 19.74, 1.594, 0.2031, 0.00412, 2.6e-6, 0.0)] == [
+        "269", "19.7", "1.59", "0.203", "0.0041", "2.6e-06", "0.00",
     ]  # fmt: skip
 
 
