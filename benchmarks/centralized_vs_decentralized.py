@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,9 @@ from textzoo.config import AgentConfig, TrainConfig
 from textzoo.errors import TextzooError
 from textzoo.models.policy import Policy
 from textzoo.runners.trainer import Trainer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
 
 MODES = ("decentralized", "centralized")
 
@@ -53,8 +57,8 @@ class Args:
     """Algorithms to compare; empty = the first algorithm of every family in ALGORITHMS."""
     envs: tuple[str, ...] = ("textzoo/Writing-v0", "textzoo/Relay-v0")
     """Tasks (Writing-v0 and Relay-v0 have tuned settings below; others use the Writing ones)."""
-    seeds: tuple[int, ...] = (0,)
-    """Seeds; every (algo, env, mode) runs each."""
+    seeds: tuple[int, ...] = (0, 1, 2)
+    """Seeds; every (algo, env, mode) runs each, the two modes alternating seed by seed (the rounds)."""
     writing_steps: int = 15
     """Training steps on Writing-v0."""
     relay_steps: int = 30
@@ -151,6 +155,32 @@ def run_one(algo: str, env: str, mode: str, seed: int, args: Args, n_layer: int,
     }
 
 
+def alternate_modes(algo: str, env: str, args: Args, layers: dict[str, int]) -> harness.Alternation:
+    """Both modes of ``algo`` on ``env``, seed after seed (decentralized, centralized, decentralized, ...): each
+    round's figures are ``{"run": run_one's dict or {"error": ...}, "train_s": ...}``."""
+    seeds = {mode: iter(args.seeds) for mode in MODES}
+
+    def side(mode: str):
+        def run() -> dict:
+            seed = next(seeds[mode])
+            run_dir = Path(args.out) / "runs" / f"{algo}-{env.split('/')[-1]}-{mode}-s{seed}"
+            try:
+                r = run_one(algo, env, mode, seed, args, layers[mode], run_dir)
+            except TextzooError as e:  # a family that refuses this setting: report it, go on
+                print(f"  {algo:8s} {mode:13s} seed {seed}: not run: {e}", flush=True)
+                return {"run": {"error": str(e)}, "train_s": float("nan")}
+            print(
+                f"  {algo:8s} {mode:13s} seed {seed}: final {r['final']:.3f} best {r['best']:.3f} "
+                f"parse fail {r['parse_fail']:.2f} ({r['wall_s']:.0f} s)",
+                flush=True,
+            )
+            return {"run": r, "train_s": r["train_s"]}
+
+        return run
+
+    return harness.alternate({mode: side(mode) for mode in MODES}, len(args.seeds))
+
+
 def mean_over_seeds(runs: list[dict]) -> dict:
     out = dict(runs[0])
     for key in (
@@ -225,7 +255,7 @@ def main(args: Args) -> None:
     for name, algorithm in ALGORITHMS.items():
         families.setdefault(algorithm.family, name)
     algos = list(args.algos) or list(families.values())
-    rows = []
+    rows, notes = [], []
     for env in args.envs:
         from textzoo.envs import make
 
@@ -238,29 +268,21 @@ def main(args: Args) -> None:
             f"joint {depth} layers = {joint_params:,} params"
         )
         for algo in algos:
+            alt = alternate_modes(algo, env, args, {"decentralized": args.n_layer, "centralized": depth})
             for mode in MODES:
-                n_layer = depth if mode == "centralized" else args.n_layer
-                runs = []
-                for seed in args.seeds:
-                    run_dir = out / "runs" / f"{algo}-{env.split('/')[-1]}-{mode}-s{seed}"
-                    try:
-                        runs.append(run_one(algo, env, mode, seed, args, n_layer, run_dir))
-                    except TextzooError as e:  # a family that refuses this setting: report it, go on
-                        print(f"  {algo:8s} {mode:13s} seed {seed}: not run: {e}", flush=True)
-                        rows.append({"algo": algo, "env": env, "mode": mode, "error": str(e)})
-                        break
-                    r = runs[-1]
-                    print(
-                        f"  {algo:8s} {mode:13s} seed {seed}: final {r['final']:.3f} best {r['best']:.3f} "
-                        f"parse fail {r['parse_fail']:.2f} ({r['wall_s']:.0f} s)",
-                        flush=True,
-                    )
-                else:
-                    rows.append(mean_over_seeds(runs))
+                runs = alt.values(mode, "run")
+                error = next((r["error"] for r in runs if "error" in r), None)
+                rows.append(
+                    {"algo": algo, "env": env, "mode": mode, "error": error} if error else mean_over_seeds(runs)
+                )
+            if not any("error" in r for mode in MODES for r in alt.values(mode, "run")):
+                ratio = alt.ratio("train_s", "centralized", "decentralized").format("x")
+                notes.append(f"{algo} on {env}: train s centralized / decentralized, seed by seed: {ratio}")
     md = table(rows)
     note = (
-        f"\n\nSeeds {list(args.seeds)}; B={args.batch_prompts} prompts x G={args.group_size} samples per step; "
-        f"width {args.n_embd}; decentralized agents {args.n_layer} layers each; CPU, 1 thread.\n"
+        f"\n\nSeeds {list(args.seeds)}, the two modes alternating seed by seed; B={args.batch_prompts} prompts x "
+        f"G={args.group_size} samples per step; width {args.n_embd}; decentralized agents {args.n_layer} layers "
+        f"each; CPU, 1 thread. Learning figures are means over the seeds.\n" + "".join(f"\n{n}" for n in notes)
     )
     (out / "results.md").write_text(md + note)
     (out / "results.json").write_text(json.dumps(rows, indent=1))

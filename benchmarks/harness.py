@@ -325,9 +325,8 @@ def report(
     figures: Any = None,
     notes: Sequence[str] = (),
 ) -> str:
-    """Print the host line, ``title``, the table (rich) and ``notes``; with a ``results`` folder also write
-    ``<results>/<date>-<name>.md`` (date, commit, host, command, table, notes) and ``.json`` (``figures``).
-    Returns the markdown."""
+    """Print the host line, ``title``, the table (rich) and ``notes``; with a ``results`` folder also write them
+    as a dated entry (`write_entry`). Returns the markdown."""
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -343,15 +342,23 @@ def report(
     console.print(table)
     for note in notes:
         console.print(note, markup=False)
-    command = shlex.join(["python", os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
     text = "\n\n".join([f"**{title}**", markdown(header, rows), *notes]) + "\n"
     if results:
-        folder = Path(results)
-        folder.mkdir(parents=True, exist_ok=True)
-        entry = f"# {name}, {info['date']}\n\n- commit: {info['commit']}\n- host: {host_line(info)}\n"
-        entry += f"- command: `{command}`\n\n{text}"
-        stem = folder / f"{info['date']}-{name}"
-        Path(f"{stem}.md").write_text(entry)
-        Path(f"{stem}.json").write_text(json.dumps({"host": info, "command": command, "figures": figures}) + "\n")
-        console.print(f"wrote {stem}.md and .json", markup=False)
+        console.print(f"wrote {write_entry(results, name, text, figures, info)}", markup=False)
     return text
+
+
+def write_entry(results: str, name: str, text: str, figures: Any = None, info: Mapping[str, Any] | None = None) -> Path:
+    """Write ``<results>/<date>-<name>.md`` (date, commit, host, command, then ``text``) and ``.json`` (the
+    host, the command and ``figures``); returns the markdown file's path."""
+    info = info or host()
+    command = shlex.join(["python", os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
+    folder = Path(results)
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = folder / f"{info['date']}-{name}"
+    head = (
+        f"# {name}, {info['date']}\n\n- commit: {info['commit']}\n- host: {host_line(info)}\n- command: `{command}`\n"
+    )
+    Path(f"{stem}.md").write_text(f"{head}\n{text}")
+    Path(f"{stem}.json").write_text(json.dumps({"host": info, "command": command, "figures": figures}) + "\n")
+    return Path(f"{stem}.md")
