@@ -16,7 +16,7 @@ total (critics, when a family has them, are built like the actors). Columns:
 - parse fail: share of joint completions with no section for any role (0 by construction when
   decentralized); tokens: completion tokens generated in training.
 
-Tasks: Writing-v0 with its pure length-ratio reward, `--writing-tokens` per agent (the joint budget
+Tasks: Writing-v0 with its pure length-ratio reward, `--max-new-tokens` per agent (the joint budget
 is N x that); Relay-v0 with messages and answers restricted to one symbol token (A-D); one role acts
 per turn there, so the joint budget is one token too.
 
@@ -48,8 +48,11 @@ MODES = ("decentralized", "centralized")
 
 
 @dataclass
-class Args:
-    """Centralized-vs-decentralized benchmark settings."""
+@harness.defaults(batch_prompts=4, max_new_tokens=24)
+class Args(harness.Rollouts, harness.TinyGPT2):
+    """Centralized-vs-decentralized benchmark settings (`max_new_tokens`: each agent's budget on Writing-v0,
+    the joint actor's N times that; `n_layer`: each decentralized agent's, the joint model's depth is matched
+    to the team's parameters)."""
 
     out: str = "runs/centralized_vs_decentralized"
     """Output folder (table, JSON, PNG, run logs); runs/ is git-ignored."""
@@ -63,16 +66,6 @@ class Args:
     """Training steps on Writing-v0."""
     relay_steps: int = 30
     """Training steps on Relay-v0."""
-    batch_prompts: int = 4
-    """Prompts per step."""
-    group_size: int = 4
-    """Samples per prompt."""
-    n_layer: int = 2
-    """Layers of each decentralized agent (the joint model's depth is matched to the team's parameters)."""
-    n_embd: int = 64
-    """Width of every model."""
-    writing_tokens: int = 24
-    """Per-agent completion budget on Writing-v0."""
     lr: float = 1e-3
     """Learning rate of every model."""
     eval_prompts: int = 8
@@ -100,12 +93,12 @@ def task_settings(env: str, args: Args) -> dict:
             "joint_max_new_tokens": 1,
             "agent": {"max_new_tokens": 1, "allowed_outputs": ("A", "B", "C", "D")},
         }
-    return {"steps": args.writing_steps, "agent": {"max_new_tokens": args.writing_tokens}}
+    return {"steps": args.writing_steps, "agent": {"max_new_tokens": args.max_new_tokens}}
 
 
 def run_one(algo: str, env: str, mode: str, seed: int, args: Args, n_layer: int, run_dir: Path) -> dict:
     task = task_settings(env, args)
-    agent = AgentConfig(n_layer=n_layer, n_embd=args.n_embd, lr=args.lr, **task.pop("agent"))
+    agent = AgentConfig(**{**args.tiny(), "n_layer": n_layer}, lr=args.lr, **task.pop("agent"))
     cfg = TrainConfig(
         env=env,
         algo=algo,
@@ -238,13 +231,8 @@ def plot(rows: list[dict], path: Path) -> None:
                         xs = range(1, len(r["curve"]) + 1) if xkey == "step" else r["curve_s"]
                         ax.plot(list(xs), r["curve"], label=r["mode"])
                 ax.set_title(f"{env.split('/')[-1]} / {algo}", fontsize=9)
-                ax.set_xlabel(xkey)
-                ax.set_ylabel("train reward (3-step MA)")
-                ax.grid(alpha=0.3)
-                ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+                harness.label(ax, xkey, "train reward (3-step MA)")
+    harness.save(fig, path, dpi=110)
 
 
 def main(args: Args) -> None:

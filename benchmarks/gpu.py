@@ -20,7 +20,7 @@ Per agent and decode mode (`Policy.decode_mode`: "dynamic" = eager steps over a 
 the prompts grouped, "static" = eager steps over the static cache, "graph" = the static cache's steps
 replayed as CUDA graphs, CUDA only):
   decode tokens/s  B x G x new tokens / time of the token loop (after the prefill; EOS disabled, so
-                   every row runs all `new_tokens`): the median of `--rounds` calls (default 3) that
+                   every row runs all `max_new_tokens`): the median of `--rounds` calls (default 3) that
                    alternate between the modes after a warm-up call of each, with its min and max;
                    `vs_<first mode>` is the speed over the first mode, taken round by round
   of HBM bound     that rate / the rate at which one step could just read what it must: every weight
@@ -92,9 +92,11 @@ TINY = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_atte
 
 
 @dataclass
-class Args(harness.Common):
+@harness.defaults(batch_prompts=16, max_new_tokens=256)
+class Args(harness.Common, harness.Rollouts):
     """GPU engine benchmark settings (`rounds`: timed decode calls per agent and mode, alternating between the
-    modes after one warm-up call each, and timed update calls per log-prob blocking; medians)."""
+    modes after one warm-up call each, and timed update calls per log-prob blocking; medians;
+    `batch_prompts` x `group_size` rows per agent, each decoding `max_new_tokens` with EOS off)."""
 
     tiny: bool = False
     """A tiny model on CPU (checks the script; its figures mean little)."""
@@ -104,12 +106,6 @@ class Args(harness.Common):
     """Agents measured one after the other (each its own random weights)."""
     precision: str = "bf16-weights"
     """The agents' precision (AgentConfig.precision): bf16-weights = random bf16 weights; bf16-mixed; fp32."""
-    batch_prompts: int = 16
-    """Prompts per agent (B)."""
-    group_size: int = 4
-    """Samples per prompt (G); B x G rows per agent."""
-    new_tokens: int = 256
-    """Tokens decoded per row."""
     prompt_tokens: int = 128
     """Prompt budget (Writing-v0 prompts are cut to their last tokens)."""
     micro_batch_size: int = 16
@@ -341,7 +337,7 @@ def update_phase(policy, learner, gen: Generation, a: Args, peak_flops: float, p
     for the default log-prob blocking and each of `Args.logp_blocks`, alternating round by round."""
     advantages = torch.linspace(-1, 1, len(gen), device=gen.prompt_ids.device)
     job = Job("agent", SampleBatch(gen, advantages), partial(reinforce_loss, policy, ReinforceConfig()),
-              max_new_tokens=a.new_tokens)  # fmt: skip
+              max_new_tokens=a.max_new_tokens)  # fmt: skip
     cfg = UpdateConfig(micro_batch_size=a.micro_batch_size)
     tokens = forwarded_tokens(gen, a.micro_batch_size)
     default = (sampling.TOKEN_LOGP_ROWS, policy.logits_chunk)
@@ -393,8 +389,8 @@ def main(a: Args | None = None) -> dict:
     for spec in a.logp_blocks:  # before any model is built
         logp_blocking(spec)
     config_class, shape = (Qwen2Config, TINY) if a.tiny else SHAPES[a.shape]
-    new_tokens = min(a.new_tokens, 16) if a.tiny else a.new_tokens
-    a.new_tokens = new_tokens
+    new_tokens = min(a.max_new_tokens, 16) if a.tiny else a.max_new_tokens
+    a.max_new_tokens = new_tokens
     modes = a.modes or (("dynamic", "static", "graph") if cuda else ("dynamic", "static"))
     compute = torch.float32 if a.precision == "fp32" else torch.bfloat16
     start = time.perf_counter()

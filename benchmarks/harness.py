@@ -66,6 +66,52 @@ class Common:
             raise SystemExit(f"--rounds and --threads take 1 or more (got {self.rounds}, {self.threads})")
 
 
+@dataclass
+class Rollouts:
+    """The shape of a training step, for scripts that train: B prompts x G samples of a token budget."""
+
+    batch_prompts: int = 32
+    """Prompts per training step (B)."""
+    group_size: int = 4
+    """Samples per prompt (G)."""
+    max_new_tokens: int = 32
+    """Completion token budget per agent and turn."""
+
+
+@dataclass
+class TinyGPT2:
+    """Agents built locally as tiny GPT-2s (random weights), for scripts that measure without a real model."""
+
+    n_layer: int = 2
+    """Layers of each tiny GPT-2."""
+    n_embd: int = 64
+    """Their width."""
+    n_head: int = 2
+    """Their attention heads."""
+
+    def tiny(self) -> dict[str, int]:
+        """The keyword arguments that build one (`Policy.tiny`, `AgentConfig`)."""
+        return {"n_layer": self.n_layer, "n_embd": self.n_embd, "n_head": self.n_head}
+
+
+def defaults(**values: Any):
+    """A class decorator, under ``@dataclass``, that gives inherited settings other defaults (their help stays
+    the parent's): ``@dataclass`` then ``@harness.defaults(batch_prompts=4)`` over ``class Args(Rollouts)``."""
+
+    def give(cls: type) -> type:
+        annotations = cls.__dict__.get("__annotations__", {})
+        for name, value in values.items():
+            owner = next((c for c in cls.__mro__[1:] if name in c.__dict__.get("__annotations__", {})), None)
+            if owner is None:
+                raise TypeError(f"{cls.__name__} inherits no setting {name!r}")
+            annotations[name] = owner.__annotations__[name]
+            setattr(cls, name, value)
+        cls.__annotations__ = annotations
+        return cls
+
+    return give
+
+
 # --- the real model ---------------------------------------------------------------------------------------
 
 
@@ -309,6 +355,23 @@ def host_line(info: Mapping[str, Any] | None = None) -> str:
         f"{h['date']}, commit {h['commit']}, {h['cpu']} ({flags}), {h['cores']} cores, torch {h['torch']}, "
         f"1-minute load {h['load_1min']}"
     )
+
+
+def label(ax, xlabel: str, ylabel: str, legend_size: int = 7) -> None:
+    """Name a plot's axes and give it a light grid and a small legend."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size)
+
+
+def save(fig, path: str | Path, dpi: int = 120) -> None:
+    """Lay ``fig`` out, write it to ``path`` and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
 
 
 def markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

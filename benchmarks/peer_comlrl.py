@@ -111,28 +111,19 @@ COMLRL_TRAINERS = {"magrpo": "MAGRPOTrainer", "iac": "IACTrainer", "maac": "MAAC
 
 
 @dataclass
-class Args(harness.Common):
-    """Benchmark settings shared by both libraries (`seed`: agent i is built with seed 1000 * seed + i, as
+class Args(harness.Common, harness.Rollouts, harness.TinyGPT2):
+    """Benchmark settings shared by both libraries (`group_size`: CoMLRL's num_generations; `batch_prompts`:
+    textzoo's second run, its lock-step batching; `seed`: agent i is built with seed 1000 * seed + i, as
     textzoo's builder does; `threads` is textzoo's per worker)."""
 
     algo: Literal["magrpo", "iac", "maac"] = "magrpo"
     """Algorithm on both sides: CoMLRL's MAGRPOTrainer / IACTrainer / MAACTrainer vs textzoo's algo of that name."""
-    group_size: int = 4
-    """Samples per prompt (CoMLRL's num_generations)."""
-    max_new_tokens: int = 32
-    """Completion token budget."""
-    n_layer: int = 2
-    """Layers of the tiny GPT-2."""
-    n_embd: int = 64
-    """Width of the tiny GPT-2."""
     lr: float = 1e-3
     """AdamW learning rate (both)."""
     steps: int = 8
     """Measured steps (prompts for CoMLRL)."""
     warmup: int = 2
     """Steps run before measuring."""
-    batch_prompts: int = 32
-    """Prompts per step of the second textzoo run (its lock-step batching)."""
     workers: int = 2
     """textzoo's threads for generating and updating agents in parallel (both cores; 1 = sequential)."""
     micro_batch_size: int = 32
@@ -167,7 +158,7 @@ def model_folder(a: Args) -> str:
 
 def textzoo_config(a: Args, batch_prompts: int) -> TrainConfig:
     folder = model_folder(a)
-    model = dict(model=folder, precision=a.precision) if folder else dict(n_layer=a.n_layer, n_embd=a.n_embd, n_head=2)
+    model = dict(model=folder, precision=a.precision) if folder else a.tiny()
     agent = AgentConfig(
         **model,
         lr=a.lr,
@@ -237,10 +228,7 @@ def run_comlrl(a: Args) -> dict:
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     else:
         gen = GenerationConfig(max_new_tokens=a.max_new_tokens)
-        policies = [
-            Policy.tiny("gpt2", n_layer=a.n_layer, n_embd=a.n_embd, n_head=2, seed=1000 * a.seed + i, generation=gen)
-            for i in range(len(roles))
-        ]
+        policies = [Policy.tiny("gpt2", **a.tiny(), seed=1000 * a.seed + i, generation=gen) for i in range(len(roles))]
         tokenizer, models = policies[0].tokenizer, [p.model for p in policies]
 
         def formatter(item, role):
@@ -325,7 +313,7 @@ def comlrl_actor_critic(a: Args, models: list, common: dict):
 
     def critic(seed: int) -> CausalLMWithValueHead:
         # a tiny GPT-2 of the agents' shape (textzoo's critic seed) with a linear value head starting at 0
-        trunk = Policy.tiny("gpt2", n_layer=a.n_layer, n_embd=a.n_embd, n_head=2, seed=seed).model
+        trunk = Policy.tiny("gpt2", **a.tiny(), seed=seed).model
         model = CausalLMWithValueHead(trunk, value_head_hidden_dim=None, attach_value_head=True)
         torch.nn.init.zeros_(model.value_head.value_projection.weight)
         torch.nn.init.zeros_(model.value_head.value_projection.bias)

@@ -67,7 +67,8 @@ import harness  # noqa: E402
 
 
 @dataclass
-class Args(harness.Common):
+@harness.defaults(batch_prompts=4, max_new_tokens=64)
+class Args(harness.Common, harness.Rollouts):
     """Real-model benchmark settings (`threads`: torch intra-op threads, the matmul peak measured at the same
     count)."""
 
@@ -78,10 +79,6 @@ class Args(harness.Common):
     steps: int = 30
     """Training steps of the real-model runs; the figures are of steps 3 on: step 1 warms up, step 2 runs
     FLOP-counted, and with --profile the last step is profiled."""
-    batch_prompts: int = 4
-    group_size: int = 4
-    max_new_tokens: int = 64
-    """Completion budget per agent and turn."""
     eval_prompts: int = 16
     eval_every: int = 10
     lora_rank: int = 16
@@ -575,13 +572,8 @@ def _plot(results: list[dict], path: Path) -> None:
         steps, greedy, sampled = zip(*r["curve"])
         ax.plot(steps, greedy, marker="o", label=f"{_label(r)}: greedy")
         ax.plot(steps, sampled, marker="x", linestyle="--", label=f"{_label(r)}: sampled")
-    ax.set_xlabel("step")
-    ax.set_ylabel("held-out reward")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    harness.label(ax, "step", "held-out reward")
+    harness.save(fig, path)
 
 
 def check(args: Args) -> None:

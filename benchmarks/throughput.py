@@ -46,20 +46,17 @@ import harness  # noqa: E402
 
 
 @dataclass
-class Args(harness.Common):
+class Args(harness.Common, harness.Rollouts, harness.TinyGPT2):
     agents: int = 2
     """Agents in the team (Team-v0 with a length-ratio reward when != 2, Writing-v0 otherwise)."""
     algo: str = "magrpo"
-    n_layer: int = 2
-    n_embd: int = 64
-    n_head: int = 2
-    group_size: int = 4
-    batch_prompts: int = 32
-    """Prompts per step (B)."""
-    max_new_tokens: int = 32
+    """The algorithm trained (`textzoo train --algo`)."""
     steps: int = 6
+    """Measured steps (after `warmup`); a side's figures are medians over them."""
     warmup: int = 2
+    """Steps run before measuring."""
     micro_batch_size: int = 32
+    """Samples per forward/backward of the update."""
     per_sample_backward: bool = False
     fast_forward: bool = True
     """Use the plain-torch forward (textzoo.models.fastlm) where the architecture supports it."""
@@ -90,7 +87,7 @@ def _writing_prompts() -> list[str]:
 
 
 def config(a: Args) -> TrainConfig:
-    agent = AgentConfig(n_layer=a.n_layer, n_embd=a.n_embd, n_head=a.n_head, max_new_tokens=a.max_new_tokens)
+    agent = AgentConfig(**a.tiny(), max_new_tokens=a.max_new_tokens)
     if a.agents == 2:
         env, env_kwargs = "textzoo/Writing-v0", {"terms": {"length_ratio": 1.0}}
     else:

@@ -29,8 +29,8 @@ def test_the_smollm2_shape_is_the_real_models(smollm2):
 def test_the_script_runs_on_cpu_with_its_decode_modes_in_agreement(tmp_path, capsys, monkeypatch):
     bench = _script()
     out = tmp_path / "gpu.json"
-    args = bench.Args(tiny=True, agents=1, precision="fp32", batch_prompts=2, new_tokens=8, profile=True, out=str(out),
-                      logp_blocks=("4:1024",))  # fmt: skip
+    args = bench.Args(tiny=True, agents=1, precision="fp32", batch_prompts=2, max_new_tokens=8, profile=True,
+                      out=str(out), logp_blocks=("4:1024",))  # fmt: skip
     scored, score = [], sampling.selected_log_probs
 
     def spy(*args, chunk, **kwargs):  # the blocking each scoring call ran with
