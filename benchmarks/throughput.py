@@ -59,7 +59,7 @@ class Args(harness.Common, harness.Rollouts, harness.TinyGPT2):
     """Samples per forward/backward of the update."""
     per_sample_backward: bool = False
     fast_forward: bool = True
-    """Use the plain-torch forward (textzoo.models.fastlm) where the architecture supports it."""
+    """Use the plain-torch forward (textzoo.decoding.fastlm) where the architecture supports it."""
     share_prompts: bool = True
     """Run each distinct prompt once per generate / score call (group prefix sharing)."""
     parallel_jobs: int = 2
