@@ -1,14 +1,15 @@
 """What every benchmark script shares: common settings, the real model, timing, the host line, alternating
 rounds and the report.
 
-A script's settings extend `Common` (threads, seed, rounds, results folder), which tyro turns into flags. A
-script that compares sides (two libraries, two settings, two checkouts) runs them with `alternate`: round
-after round, each side once per round in the same order (A B A B A B), so that a change in the machine's
-load falls on every side alike; `Alternation.spread` gives a side's median and range over the rounds and
-`Alternation.ratio` the ratio of two sides round by round, then its median and range. A side that needs a
-process of its own (its peak memory, its imports, another checkout) runs through `run_json`. `report`
-prints the host line and a table with rich, and with ``--results DIR`` also writes a dated entry (markdown
-and JSON) that a results page can hold::
+A script's settings extend `Common` (threads, seed, rounds, results folder), and where they apply `Rollouts`
+(B, G, token budget) and `TinyGPT2` (a tiny model's shape), with its own defaults through `defaults`; tyro
+turns them into flags. A script that compares sides (two libraries, two settings, two checkouts) runs them
+with `alternate`: round after round, each side once per round in the same order (A B A B A B), so that a
+change in the machine's load falls on every side alike; `Alternation.spread` gives a side's median and
+range over the rounds and `Alternation.ratio` the ratio of two sides round by round, then its median and
+range. A side that needs a process of its own (its peak memory, its imports, another checkout) runs
+through `run_json`. `report` prints the host line and a table with rich, and with ``--results DIR`` also
+writes a dated entry (markdown and JSON, `write_entry`) that a results page can hold::
 
     @dataclass
     class Args(harness.Common):

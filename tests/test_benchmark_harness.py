@@ -101,3 +101,19 @@ def test_the_report_prints_the_host_and_writes_a_dated_entry(tmp_path, capsys, m
     assert entry.endswith(text)
     saved = json.loads((tmp_path / f"{info['date']}-x.json").read_text())
     assert saved["figures"] == {"k": 1} and saved["host"]["cpu"] == info["cpu"]
+
+
+def test_a_script_gives_inherited_settings_its_own_defaults_and_keeps_their_help(capsys):
+    @dataclass
+    @harness.defaults(batch_prompts=4, n_layer=1)
+    class Script(harness.Common, harness.Rollouts, harness.TinyGPT2):
+        extra: int = 0
+
+    assert (Script().batch_prompts, Script().n_layer, Script().group_size) == (4, 1, 4)
+    assert harness.Rollouts().batch_prompts == 32  # the parent keeps its own
+    assert Script(n_embd=8).tiny() == {"n_layer": 1, "n_embd": 8, "n_head": 2}
+    with pytest.raises(SystemExit):
+        tyro.cli(Script, args=["--help"])
+    assert "Prompts per training step (B). (default: 4)" in " ".join(capsys.readouterr().out.split())
+    with pytest.raises(TypeError, match="inherits no setting 'nope'"):
+        harness.defaults(nope=1)(type("Bad", (harness.Rollouts,), {}))
