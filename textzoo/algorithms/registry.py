@@ -21,7 +21,7 @@ from textzoo.plugins import load_entry_points, split_module
 
 if TYPE_CHECKING:
     from textzoo.algorithms.family import Family
-    from textzoo.algorithms.hooks import RolloutHook
+    from textzoo.algorithms.hooks import RolloutHook, Run
     from textzoo.config import TrainConfig
     from textzoo.models.team import Actor
 
@@ -96,6 +96,6 @@ def build_family(cfg: TrainConfig, actors: list[Actor]) -> Family:
     return learner_of(cfg).build(cfg, actors)
 
 
-def build_hooks(cfg: TrainConfig) -> list[RolloutHook]:
-    """The stages `cfg.algo` runs between collection and its family's jobs."""
-    return resolve_algorithm(cfg.algo).hooks(cfg)
+def build_hooks(cfg: TrainConfig, run: Run) -> list[RolloutHook]:
+    """The stages `cfg.algo` runs between collection and its family's jobs, built next to `run`'s models."""
+    return resolve_algorithm(cfg.algo).hooks(cfg, run)
