@@ -80,14 +80,13 @@ def train(argv: list[str]) -> None:
     resume, rest = _split_option(rest, "--resume")
     explicit = resume if resume and resume != "auto" else None
     default = load_config(path) if path else _run_config(explicit) if explicit else TrainConfig()
-    cfg = tyro.cli(
-        TrainConfig,
-        default=default,
-        args=rest,
-        prog="textzoo train",
-        description="Train a team of LLM agents on a text task. Add --config FILE to start from a file, "
-        "--resume RUN_DIR|auto to continue a run.",
+    description = (
+        "Train a team of LLM agents on a text task. Add --config FILE to start from a file, "
+        "--resume RUN_DIR|auto to continue a run."
     )
+    if "-h" in rest or "--help" in rest:
+        description += "\n\n" + registered()
+    cfg = tyro.cli(TrainConfig, default=default, args=rest, prog="textzoo train", description=description)
     models = sorted({cfg.agent.model, *(cfg.agent_config(role).model for role in cfg.agent_overrides)})
     status(f"training {cfg.algo} on {cfg.env} ({', '.join(models)} models, {cfg.steps} steps): loading torch")
     from textzoo.runners.trainer import Trainer, default_run_dir
@@ -103,6 +102,15 @@ def train(argv: list[str]) -> None:
     trainer.train()
     if trainer.dist.is_main:
         _summary(trainer)
+
+
+def registered() -> str:
+    """What `--env` and `--algo` accept now: the registered tasks and algorithms, those that installed packages
+    register through entry points included (`textzoo.plugins`)."""
+    from textzoo.algorithms.registry import algorithm_names
+    from textzoo.envs import registry
+
+    return f"Tasks (--env): {', '.join(registry())}.\nAlgorithms (--algo): {', '.join(algorithm_names())}."
 
 
 def _train_replica(ctx, cfg: TrainConfig, run_dir: str, resume: str | None) -> None:

@@ -188,9 +188,7 @@ class Trainer:
         )
         self.step = 0
         # pipeline stages between collection and the family (preference rounds, reward-model rewards)
-        self.hooks = registry.build_hooks(cfg)
-        for hook in self.hooks:
-            hook.attach(self)
+        self.hooks = registry.build_hooks(cfg, self)
         self._resume_tried = resume == "auto"
         if resume == "auto":
             found = find_resumable(cfg) if self.dist.is_main else None
