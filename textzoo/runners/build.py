@@ -145,7 +145,7 @@ def build_agent_policy(
     if agent.lora.rank:
         base = shared_base(agent, seed, bases)
         engine = engines.for_adapter(agent.engine, base, agent_id, index)
-        policy = lora_policy(agent, agent_id, seed, base, settings(base.tokenizer, base.model), engine)
+        policy = lora_policy(agent, agent_id, seed, base, settings(base.tokenizer, base.base), engine)
         if engine is not None:
             engine.sync(policy, 0, force=True)  # the engine has the base: give it this agent's new adapter
         return policy
