@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import torch
 import yaml
 from helpers import tiny_config
 
-from textzoo.config import AgentConfig
+from textzoo.config import AgentConfig, LoRAConfig
 from textzoo.config_files import load_config
 from textzoo.errors import CheckpointError, ConfigError
 from textzoo.models.loading import gguf_metadata
@@ -47,7 +48,7 @@ def _train(run_dir: Path, **fields) -> Path:
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory) -> Path:
     """Two LoRA agents on one tiny GPT-2 base (Writing-v0's length ratio), checkpoints at steps 1 and 2."""
-    agent = AgentConfig(max_new_tokens=8, lora_rank=4, lr=5e-2, allowed_outputs=WORDS)
+    agent = AgentConfig(max_new_tokens=8, lora=LoRAConfig(rank=4), lr=5e-2, allowed_outputs=WORDS)
     return _train(tmp_path_factory.mktemp("lora") / "run", agent=agent)
 
 
@@ -260,6 +261,19 @@ def test_cards_and_team_json_describe_the_run(lora_run, tmp_path):
         assert (Path(__file__).parents[1] / "textzoo" / "runners" / "templates" / template).is_file()
 
 
+def test_a_run_written_before_the_config_sections_exports_through_the_migration(tmp_path, capsys):
+    old = Path(__file__).parent / "data" / "old-layout-run"  # flat lora_* / engine_* fields, an old override
+    out = export_run(old, tmp_path / "team")
+    alphas = {
+        r: json.loads((out / r / "adapter_config.json").read_text())["lora_alpha"] for r in ("summary", "elaboration")
+    }
+    assert alphas == {"summary": 8.0, "elaboration": 16.0}
+    assert json.loads((out / "training_config.json").read_text())["agent"]["lora"]["rank"] == 2  # today's layout
+    metrics, logged = _eval_team(out, capsys), _logged(old, 2)
+    assert metrics.keys() == {k for k in logged if k.startswith("eval/")}  # the run evaluated greedy only
+    assert all(metrics[k] == logged[k] for k in metrics)
+
+
 def test_a_gguf_base_names_its_hub_id_and_license_from_the_files_metadata(smollm2_file):
     meta = gguf_metadata(smollm2_file)
     assert meta["general.architecture"] == "llama" and meta["general.license"] == "apache-2.0"
@@ -296,15 +310,16 @@ def test_every_error_is_one_clear_line_before_anything_is_written(lora_run, mixe
     out = tmp_path / "out"
     empty = tmp_path / "empty"
     empty.mkdir()
+    (tmp_path / "file").write_text("not a folder")
     (empty / "config.json").write_text((lora_run / "config.json").read_text())
     cases = [
         ((empty, out), CheckpointError, "no verified checkpoint in"),
         ((tmp_path / "missing", out), CheckpointError, "does not exist"),
         ((lora_run, out, 7), CheckpointError, "no checkpoint of step 7; it has steps [1, 2]"),
-        ((mixed_run, out, None, "merge"), ConfigError, "have none (lora_rank 0"),
-        ((mixed_run, out, None, "adapters"), ConfigError, "summary has none (lora_rank 0"),
+        ((mixed_run, out, None, "merge"), ConfigError, "have none (lora.rank 0"),
+        ((mixed_run, out, None, "adapters"), ConfigError, "summary has none (lora.rank 0"),
         ((lora_run, lora_run / "checkpoints" / "x"), ConfigError, "pick a folder outside it"),
-        ((lora_run, tmp_path / "no" / "such"), ConfigError, "does not exist: create it first"),
+        ((lora_run, tmp_path / "file" / "out"), ConfigError, "which is a file, not a folder"),
     ]
     for args, error, message in cases:
         with pytest.raises(error, match=re.escape(message)):
@@ -388,11 +403,37 @@ def test_a_killed_export_leaves_out_absent_or_whole(lora_run, tmp_path):
     assert json.loads((out / "team.json").read_text())["run"]["step"] == 1
 
 
+# ---- the docs page ---------------------------------------------------------------------------------
+def test_the_export_docs_page_runs_as_written(tmp_path, monkeypatch, capsys):
+    """docs/how-to/export.md: its textzoo commands run, its Python blocks run in order (vLLM's compile)."""
+    page = (Path(__file__).parents[1] / "docs" / "how-to" / "export.md").read_text()
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    blocks = re.findall(r"```(bash|python)\n(.*?)```", page, re.DOTALL)
+    assert [lang for lang, _ in blocks].count("python") == 4
+    for lang, code in blocks:
+        if lang == "bash":
+            for line in code.splitlines():
+                if line.startswith("textzoo "):
+                    assert cli_main(shlex.split(line)[1:]) == 0, line
+        elif "vllm" in code:
+            compile(code, "docs/how-to/export.md", "exec")
+        else:
+            exec(code, namespace)
+    team = json.loads((tmp_path / "exported" / "writing" / "team.json").read_text())
+    assert team["roles"]["summary"]["kind"] == "adapter" and team["run"]["step"] == 2
+    greedy = _logged(tmp_path / "runs" / "writing", 2)["eval/greedy/reward/mean"]
+    printed = capsys.readouterr()
+    assert "(the same)" in printed.err and printed.out.splitlines()[-1] == str(greedy)  # eval --team, Python's
+    assert namespace["team"].step == 2 and (tmp_path / "exported" / "summary-merged" / "model.safetensors").is_file()
+    assert team["run"]["metrics"]["eval/greedy/reward/mean"] == greedy
+
+
 # ---- the real model ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def smollm2_run(smollm2, tmp_path_factory) -> Path:
     """One LoRA step of SmolLM2-135M-Instruct (chat template) on Writing-v0, one held-out prompt."""
-    agent = AgentConfig(model=str(smollm2), max_new_tokens=6, lora_rank=4, lr=1e-3, precision="fp32")
+    agent = AgentConfig(model=str(smollm2), max_new_tokens=6, lora=LoRAConfig(rank=4), lr=1e-3, precision="fp32")
     fields = dict(steps=1, batch_prompts=1, group_size=2, eval_prompts=1, eval_every=0, save_every=0)
     return _train(tmp_path_factory.mktemp("smollm2") / "run", agent=agent, **fields)
 

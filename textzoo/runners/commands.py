@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import tyro
 
@@ -248,9 +248,9 @@ def _compare_with_run(logged: dict[str, float], metrics: dict[str, float], step:
 class ExportArgs:
     """Export a run's trained models as transformers folders or PEFT adapters, with model cards and team.json."""
 
-    run_dir: tyro.conf.Positional[str]
+    run_dir: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]
     """A run directory written by `textzoo train`."""
-    out: str
+    out: Annotated[str, tyro.conf.arg(metavar="DIR")]
     """The folder to write (it appears whole or not at all)."""
     step: int | None = None
     """The checkpoint step to export (default: the newest verified checkpoint)."""
@@ -274,9 +274,12 @@ def export(argv: list[str]) -> None:
         raise ConfigError("--merge-lora and --adapters exclude each other: pass one (default: adapters)")
     lora = "merge" if args.merge_lora else "adapters" if args.adapters else "auto"
     status(f"exporting {args.run_dir} to {args.out}: loading torch")
+    from transformers.utils import logging as transformers_logging
+
     from textzoo.runners.export import export_run
     from textzoo.runners.exported import TEAM_FILE
 
+    transformers_logging.disable_progress_bar()  # the command's output says what was written
     out = export_run(
         args.run_dir, args.out, args.step, lora, args.with_critics, args.overwrite, dict(args.base_model_ids)
     )

@@ -63,7 +63,7 @@ from textzoo.runners.checkpoint import (
     step_name,
     verify,
 )
-from textzoo.runners.exported import TEAM_FILE, TRAINING_CONFIG, with_engine
+from textzoo.runners.exported import TEAM_FILE, TRAINING_CONFIG, with_agents
 from textzoo.runners.provenance import rows_until
 
 logger = logging.getLogger(__name__)
@@ -166,18 +166,18 @@ def plan_export(
     for actor_id, actor_roles, agent in actors:
         kind = "frozen"
         if actor_id in trained:
-            kind = "adapter" if agent.lora_rank and lora != "merge" else "merged"
+            kind = "adapter" if agent.lora.rank and lora != "merge" else "merged"
         models.append(ModelPlan(actor_id, actor_roles, agent, kind))
     learned = [m for m in models if m.kind != "frozen"]
-    if lora == "merge" and not any(m.agent.lora_rank for m in learned):
+    if lora == "merge" and not any(m.agent.lora.rank for m in learned):
         raise ConfigError(
             f"--merge-lora merges LoRA adapters, and the models this run trained ({', '.join(m.id for m in learned)}) "
-            "have none (lora_rank 0: fully fine-tuned, exported whole anyway): drop --merge-lora"
+            "have none (lora.rank 0: fully fine-tuned, exported whole anyway): drop --merge-lora"
         )
-    if lora == "adapters" and any(not m.agent.lora_rank for m in learned):
-        full = ", ".join(m.id for m in learned if not m.agent.lora_rank)
+    if lora == "adapters" and any(not m.agent.lora.rank for m in learned):
+        full = ", ".join(m.id for m in learned if not m.agent.lora.rank)
         raise ConfigError(
-            f"--adapters exports LoRA adapters, and {full} has none (lora_rank 0: fully fine-tuned, exported as a "
+            f"--adapters exports LoRA adapters, and {full} has none (lora.rank 0: fully fine-tuned, exported as a "
             "whole model): drop --adapters (LoRA models are exported as adapters by default)"
         )
     for m in models:
@@ -196,8 +196,9 @@ def _check_out(run_dir: Path, out: Path, overwrite: bool) -> None:
         raise ConfigError(f"--out {out} already exists: pass --overwrite to replace it, or pick another folder")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder: pick another path")
-    if not out.parent.is_dir():
-        raise ConfigError(f"the folder --out {out} goes into, {out.parent}, does not exist: create it first")
+    above = next((p for p in out.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ConfigError(f"--out {out} lies under {above}, which is a file, not a folder: pick another path")
 
 
 def _check_folder_name(name: str) -> None:
@@ -219,7 +220,7 @@ def export_run(
     ``base_model`` in the cards for a base given by the run as a .gguf file or a folder (by that setting)."""
     plan = plan_export(run_dir, out, step, lora, with_critics, overwrite)
     ck = read_checkpoint(plan.checkpoint)
-    cfg = with_engine(plan.cfg, "local")  # an export samples nothing: no engine is started
+    cfg = with_agents(plan.cfg, {"engine": {"kind": "local"}})  # an export samples with no engine
     actors = build_actors(cfg, plan.roles)
     critics = _critics(cfg, actors, plan.critics)
     by_id = {a.id: a for a in actors}
@@ -234,6 +235,7 @@ def export_run(
     for name, module in critics.items():
         apply_weights(module, ck.weights[name])
     out = plan.out
+    out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(out)
     staging = out.parent / f".{out.name}{STAGING}{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -296,15 +298,11 @@ class _Bases:
     def of(self, m: ModelPlan, policy: Policy) -> modelcard.BaseModel:
         view = policy.model if isinstance(policy.model, AdapterView) else None
         key = id(view.shared) if view is not None else id(policy.model)
-        if key in self.seen:
-            return self.seen[key]
-        base = modelcard.describe_base(m.agent.model, self.ids.get(m.agent.model, ""))
-        needs_copy = base.only_in_run and (m.kind == "frozen" or (m.kind == "adapter"))
-        if needs_copy:
-            taken = {b.folder for b in self.seen.values() if b.folder}
+        base = self.seen.get(key) or modelcard.describe_base(m.agent.model, self.ids.get(m.agent.model, ""))
+        if base.only_in_run and base.folder is None and m.kind in ("adapter", "frozen"):  # it must load without the run
+            taken = {b.folder for b in self.seen.values()}
             name = base.slug if f"bases/{base.slug}" not in taken else f"{base.slug}-{m.id}"
-            folder = self.root / "bases" / name
-            save_base(policy, folder)
+            save_base(policy, self.root / "bases" / name)
             base = dataclasses.replace(base, folder=f"bases/{name}", load_path=str(self.final / "bases" / name))
         self.seen[key] = base
         return base

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from textzoo.config import TrainConfig
+from textzoo.config import TrainConfig, replaced
 from textzoo.config_files import load_config
 from textzoo.errors import ConfigError
 
@@ -32,10 +32,25 @@ FORMATS = (1,)
 
 
 def with_engine(cfg: TrainConfig, engine: str) -> TrainConfig:
-    """`cfg` with every agent sampling on `engine` ("local" or "vllm")."""
-    overrides = {role: {**values, "engine": engine} for role, values in cfg.agent_overrides.items()}
-    agent = dataclasses.replace(cfg.agent, engine=engine)
-    return dataclasses.replace(cfg, agent=agent, agent_overrides=overrides)
+    """`cfg` with every agent sampling on `engine` (`agent.engine.kind`: "local" or "vllm")."""
+    return with_agents(cfg, {"engine": {"kind": engine}})
+
+
+def with_agents(cfg: TrainConfig, changes: dict[str, Any]) -> TrainConfig:
+    """`cfg` with `changes` (AgentConfig fields; a section as a table) on `agent` and every override."""
+    overrides = {role: _merged(values, changes) for role, values in cfg.agent_overrides.items()}
+    return dataclasses.replace(cfg, agent=replaced(cfg.agent, changes), agent_overrides=overrides)
+
+
+def _merged(values: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """An `agent_overrides` entry with `changes` on top, a section's table (engine, lora) key by key."""
+    out = dict(values)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out
 
 
 @dataclass
@@ -72,15 +87,15 @@ def read_team(root: str | Path, engine: str = "local") -> ExportedTeam:
     weights = {}
     for model_id, model in manifest["models"].items():
         if model["kind"] == "merged":
-            values: dict[str, Any] = {"model": str(root / model["folder"]), "lora_rank": 0}
+            values: dict[str, Any] = {"model": str(root / model["folder"]), "lora": {"rank": 0}}
         else:  # an adapter on its base, or a frozen model: its base
             values = {"model": _base_path(root, model["base"])}
         if model["kind"] == "adapter":
             weights[model_id] = _adapter(root / model["folder"])
         if cfg.collaboration == "centralized":
-            agent = dataclasses.replace(agent, **values)
+            agent = replaced(agent, values)
         else:
-            overrides[model_id] = {**overrides.get(model_id, {}), **values}
+            overrides[model_id] = _merged(overrides.get(model_id, {}), values)
     cfg = dataclasses.replace(
         cfg, agent=agent, agent_overrides=overrides, run_dir="", num_processes=1, sharding="replicate", report_to=()
     )
