@@ -74,6 +74,8 @@ FORMAT = 1
 """The team.json format this textzoo writes and reads."""
 STAGING = ".export-"
 """Infix of the hidden folder an export is written into, beside OUT (`.OUT.export-<pid>`)."""
+OLD = ".old-"
+"""Infix of the hidden folder an --overwrite moves the previous export to, just before its rename."""
 
 
 @dataclass
@@ -384,8 +386,9 @@ def save_critic(module: torch.nn.Module, folder: Path) -> None:
 
 # ---- atomic placement ------------------------------------------------------------------------------
 def _remove_stale_staging(out: Path) -> None:
-    """Delete what exports to `out` killed before their rename left beside it (their process is gone)."""
-    for stale in out.parent.glob(f".{out.name}{STAGING}*"):
+    """Delete what exports to `out` that were killed left beside it (their process is gone): a staging folder,
+    or the previous export an --overwrite had moved aside just before its rename."""
+    for stale in [*out.parent.glob(f".{out.name}{STAGING}*"), *out.parent.glob(f".{out.name}{OLD}*")]:
         pid = stale.name.rsplit("-", 1)[-1]
         if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
             continue  # another export to the same folder is under way
@@ -415,7 +418,7 @@ def _replace(staging: Path, out: Path) -> None:
     """Rename `staging` to `out`; an existing `out` (overwrite) is moved aside first and deleted after."""
     old = None
     if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        old = out.parent / f".{out.name}{OLD}{os.getpid()}"
         shutil.rmtree(old, ignore_errors=True)
         out.rename(old)
     staging.rename(out)
