@@ -283,6 +283,7 @@ def test_cards_and_team_json_describe_the_run(lora_run, tmp_path):
         "rank": 4,
         "alpha": 16.0,
         "target_modules": ["c_attn"],
+        "vllm_max_lora_rank": 8,
     }
     card = (out / "summary" / "README.md").read_text()
     front = _front_matter(card)

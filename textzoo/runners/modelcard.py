@@ -36,6 +36,8 @@ from textzoo.runners.rollout import prompt_seed
 logger = logging.getLogger(__name__)
 
 TINY_ARCH = {"tiny": "gpt2", "tiny-gpt2": "gpt2", "tiny-llama": "llama"}
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM accepts as `max_lora_rank` (a card's vLLM snippet names the smallest that holds the rank)."""
 _QUANT_SUFFIX = re.compile(r"[.-](?:I?Q\d[\w]*|F16|F32|BF16)$", re.IGNORECASE)
 
 
@@ -207,6 +209,7 @@ def model_facts(m: Any, actor: Any, base: BaseModel, out: Path, observations: di
             "rank": peft_config.r,
             "alpha": peft_config.lora_alpha,
             "target_modules": sorted(peft_config.target_modules),
+            "vllm_max_lora_rank": next((r for r in VLLM_LORA_RANKS if r >= peft_config.r), peft_config.r),
         }
     g = policy.generation
     facts: dict[str, Any] = {
