@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,14 +178,11 @@ def main(args: Args) -> None:
         print(markdown(rows))
         return
     torch.set_num_threads(args.threads)
-    model = args.model
-    if not model:
-        import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    import harness
 
-        sys.path.insert(0, str(Path(__file__).parent))
-        from smollm2 import folder
-
-        model = str(folder())
+    model = harness.model_folder(args.model)
+    print(harness.host_line(), flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     done = {(r["preset"], r["mode"], r.get("requested", r["items"]), r["samples"], tuple(sorted(r))) for r in rows}
     wanted = tuple(sorted(f"T={t}" for t in args.temperatures))
