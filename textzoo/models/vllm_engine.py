@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from textzoo.errors import ConfigError, ModelError
+from textzoo.errors import ConfigError, EngineError
 from textzoo.models.engine import Completion, SamplingSettings
 
 logger = logging.getLogger(__name__)
@@ -59,10 +59,6 @@ INSTALL = (
     "pip uninstall -y torchvision torchaudio torchcodec if `import transformers` fails on torchvision; "
     "or use --agent.engine local"
 )
-
-
-class EngineError(ModelError):
-    """The rollout engine could not start, or a weight sync failed or timed out."""
 
 
 def _vllm():

@@ -1,4 +1,5 @@
-"""`textzoo train | eval | plot | sft | bench`: the command line over the same dataclass configs as the Python API.
+"""`textzoo train | eval | plot | sft | bench | serve-engine`: the command line over the same dataclass configs
+as the Python API.
 
 `textzoo train --config run.toml --steps 200` loads the file, then applies the flags on top.
 `textzoo train` with no arguments trains the embedded default (two tiny GPT-2 agents on
@@ -11,7 +12,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-COMMANDS = ("train", "eval", "plot", "sft", "bench")
+COMMANDS = ("train", "eval", "plot", "sft", "bench", "serve-engine")
 
 
 def main(argv: list[str] | None = None) -> int:
