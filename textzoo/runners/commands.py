@@ -252,7 +252,7 @@ def bench(argv: list[str]) -> None:
 
 def serve_engine(argv: list[str]) -> None:
     """Start a vLLM server with the settings textzoo's server engine needs and serve until interrupted."""
-    from textzoo.models.vllm_serve import ServeConfig, ServerProcess
+    from textzoo.decoding.vllm_serve import ServeConfig, ServerProcess
 
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
@@ -264,7 +264,16 @@ def serve_engine(argv: list[str]) -> None:
         "Arguments after -- go to vLLM's server as they are.",
     )
     args.extra = extra
-    server = ServerProcess(args)
+    folder = ""
+    if args.model.endswith(".gguf"):  # vLLM serves a transformers folder
+        import tempfile
+
+        from textzoo.models.loading import convert_gguf
+
+        status(f"converting {args.model} to a transformers folder")
+        folder = str(Path(tempfile.mkdtemp(prefix="textzoo-serve-")) / "model")
+        convert_gguf(args.model, folder)
+    server = ServerProcess(args, folder=folder)
     flag = "" if not args.api_key else " (and its API key: --agent.engine.api-key or $TEXTZOO_ENGINE_API_KEY)"
     status(f"starting vLLM for {args.model} on {server.url}: loading the model")
     try:
@@ -276,6 +285,10 @@ def serve_engine(argv: list[str]) -> None:
         status("stopping the server")
     finally:
         server.stop()
+        if folder:
+            import shutil
+
+            shutil.rmtree(Path(folder).parent, ignore_errors=True)
 
 
 HANDLERS = {

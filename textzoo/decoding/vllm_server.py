@@ -1,7 +1,7 @@
-"""`VLLMServerEngine`: a `textzoo.models.engine.RolloutEngine` on a running vLLM OpenAI-compatible server.
+"""`VLLMServerEngine`: a `textzoo.decoding.engine.RolloutEngine` on a running vLLM OpenAI-compatible server.
 
 ``--agent.engine vllm-server --agent.engine-url URL`` samples from a server that another process runs
-(``textzoo serve-engine MODEL``, `textzoo.models.vllm_serve`; or ``vllm serve``), on this machine or
+(``textzoo serve-engine MODEL``, `textzoo.decoding.vllm_serve`; or ``vllm serve``), on this machine or
 another. The trainer needs no vLLM: it speaks HTTP (the standard library's ``urllib``) to:
 
 - ``/v1/completions``: token ids in (``prompt`` a list of id lists, nothing re-tokenized), token ids out
@@ -49,8 +49,8 @@ from typing import Any
 
 import torch
 
+from textzoo.decoding.engine import Completion, SamplingSettings
 from textzoo.errors import EngineError
-from textzoo.models.engine import Completion, SamplingSettings
 
 logger = logging.getLogger(__name__)
 
@@ -229,7 +229,7 @@ class VLLMServerEngine:
 
     # ---- weights ------------------------------------------------------------------------------------
     def _folder(self, prefix: str) -> Path:
-        from textzoo.models.vllm_engine import _private_dir
+        from textzoo.decoding.vllm_engine import _private_dir
 
         if self.sync_dir is None:
             return _private_dir(prefix)

@@ -1,6 +1,6 @@
 """`textzoo serve-engine`: a vLLM OpenAI-compatible server with the settings textzoo's server engine needs.
 
-`ServerProcess` starts ``python -m textzoo.models.vllm_serve`` (vLLM's own API server, `serve` below,
+`ServerProcess` starts ``python -m textzoo.decoding.vllm_serve`` (vLLM's own API server, `serve` below,
 after one change) with:
 
 - ``--logprobs-mode processed_logprobs``: a sampled token's log-prob is of the distribution it was drawn
@@ -17,8 +17,8 @@ The one change: vLLM's ``--api-key`` guards only ``/v1``-style routes, so its de
 replace the served weights, would answer anyone who reaches the port. The server textzoo starts guards
 every route (``/health`` too) with the key. A server on another interface than loopback must have a key.
 
-A ``.gguf`` model file is converted to a transformers folder first (`textzoo.models.loading.convert_gguf`,
-a temporary folder deleted when the server stops).
+The server loads a model folder or hub id (``textzoo serve-engine`` converts a ``.gguf`` file to a temporary
+folder first and serves it under the file's name).
 """
 
 from __future__ import annotations
@@ -26,12 +26,10 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -81,7 +79,7 @@ class ServeConfig:
             raise ConfigError(
                 "serve-engine: --max-loras and --max-lora-rank must be >= 1, --max-model-len and --kv-cache-gb >= 0"
             )
-        from textzoo.models.vllm_server import resolve_api_key
+        from textzoo.decoding.vllm_server import resolve_api_key
 
         self.api_key = resolve_api_key(self.api_key)
         if not self.api_key and not _loopback(self.host):
@@ -115,20 +113,14 @@ def _cpu() -> bool:
 class ServerProcess:
     """A vLLM server textzoo started (`ServeConfig`): its URL, readiness and stop."""
 
-    def __init__(self, cfg: ServeConfig, log: Path | None = None):
-        """Start the server (its output to ``log``, else to this process's stdout and stderr); `wait_ready` waits."""
+    def __init__(self, cfg: ServeConfig, log: Path | None = None, folder: str = ""):
+        """Start the server (its output to ``log``, else to this process's stdout and stderr) on ``folder``, the
+        model's weights (default ``cfg.model``), served under the name ``cfg.model``; `wait_ready` waits."""
         self.cfg = cfg
         port = cfg.port or _free_port(cfg.host)
         self.url = f"http://{cfg.host if ':' not in cfg.host else '[' + cfg.host + ']'}:{port}"
-        self._converted: Path | None = None
-        model = cfg.model
-        if model.endswith(".gguf"):
-            from textzoo.models.loading import convert_gguf
-
-            self._converted = Path(tempfile.mkdtemp(prefix="textzoo-serve-"))
-            convert_gguf(model, self._converted / "model")
-            model = str(self._converted / "model")
-        argv = [sys.executable, "-m", "textzoo.models.vllm_serve", "--model", model, "--served-model-name", cfg.model]
+        model = folder or cfg.model
+        argv = [sys.executable, "-m", "textzoo.decoding.vllm_serve", "--model", model, "--served-model-name", cfg.model]
         argv += ["--host", cfg.host, "--port", str(port), "--dtype", cfg.dtype]
         argv += ["--logprobs-mode", "processed_logprobs"]
         if "--distributed-executor-backend" not in cfg.extra:
@@ -164,7 +156,6 @@ class ServerProcess:
         headers = {"Authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
         while time.monotonic() - start < timeout:
             if self.proc.poll() is not None:
-                self._cleanup()
                 where = f" (its log: {self.log})" if self.log else " (its messages are above)"
                 raise EngineError(
                     f"the vLLM server for {self.cfg.model!r} exited with code {self.proc.returncode}{where}"
@@ -188,7 +179,6 @@ class ServerProcess:
                 self.proc.wait()
             except ProcessLookupError:
                 pass
-        self._cleanup()
 
     def kill(self) -> None:
         """Kill the server at once (SIGKILL to its process group), as a crash would."""
@@ -198,11 +188,6 @@ class ServerProcess:
             except ProcessLookupError:
                 pass
             self.proc.wait()
-
-    def _cleanup(self) -> None:
-        if self._converted is not None:
-            shutil.rmtree(self._converted, ignore_errors=True)
-            self._converted = None
 
 
 def serve() -> None:
