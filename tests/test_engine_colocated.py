@@ -16,7 +16,7 @@ from replicas import run_script
 
 pytest.importorskip("vllm")
 
-SCRIPT = '''
+SCRIPT = """
 import json
 import sys
 from pathlib import Path
@@ -38,7 +38,7 @@ from textzoo.runners.trainer import Trainer
 def replica(ctx, mode, model, out):
     torch.set_num_threads(1)
     engine = EngineConfig(kind="vllm", kv_cache_gb=0.125, max_model_len=1024)
-    agent = AgentConfig(model=model, engine=engine, max_new_tokens=8, lr=1e-4)
+    agent = AgentConfig(model=model, engine=engine, precision="fp32", max_new_tokens=8, lr=1e-4)
     cfg = TrainConfig(
         env="textzoo/Writing-v0", agent=agent, collaboration="centralized", steps=3, batch_prompts=2,
         group_size=2, eval_prompts=1, eval_every=0, threads=1, progress=False, plot=False,
@@ -70,7 +70,7 @@ def replica(ctx, mode, model, out):
 if __name__ == "__main__":
     mode, out, model = sys.argv[1:]
     launch(replica, 2, mode, model, out)
-'''
+"""
 
 
 @pytest.fixture(scope="module")

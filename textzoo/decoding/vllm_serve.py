@@ -9,6 +9,8 @@ after one change) with:
   ``lora=True``: LoRA agents' adapters are loaded at run time;
 - ``VLLM_SERVER_DEV_MODE=1``: the routes a fully fine-tuned agent's weight sync uses (``/collective_rpc``
   ``reload_weights``, ``/reset_prefix_cache``, ``/update_weight_version``, ``/server_info``);
+- ``--worker-extension-cls textzoo.decoding.vllm_worker.WeightSync``: a weight reload that keeps a tied LM
+  head tied (vLLM's own leaves it on the old embedding);
 - ``--distributed-executor-backend uni`` (one process for the engine, unless ``extra`` says otherwise),
   ``--enforce-eager`` on CPU, ``--host 127.0.0.1`` unless told otherwise;
 - the API key through the environment (``VLLM_API_KEY``, never on the command line other users can read).
@@ -123,11 +125,15 @@ class ServerProcess:
         argv = [sys.executable, "-m", "textzoo.decoding.vllm_serve", "--model", model, "--served-model-name", cfg.model]
         argv += ["--host", cfg.host, "--port", str(port), "--dtype", cfg.dtype]
         argv += ["--logprobs-mode", "processed_logprobs"]
+        if "--worker-extension-cls" not in cfg.extra:  # textzoo_reload: a reload that keeps tied embeddings tied
+            argv += ["--worker-extension-cls", "textzoo.decoding.vllm_worker.WeightSync"]
         if "--distributed-executor-backend" not in cfg.extra:
             argv += ["--distributed-executor-backend", "uni"]
         if cfg.max_model_len:
             argv += ["--max-model-len", str(cfg.max_model_len)]
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+        root = str(Path(__file__).resolve().parents[2])  # the server runs this textzoo, wherever it was imported from
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         if _cpu():
             argv.append("--enforce-eager")
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")

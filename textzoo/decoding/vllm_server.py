@@ -13,10 +13,10 @@ another. The trainer needs no vLLM: it speaks HTTP (the standard library's ``url
   tmpfs folder, or ``agent.engine_sync_dir`` when the server runs on another machine), is loaded under
   a new name per weight version (``<agent>-<run>-v<version>``), and the previous version is unloaded;
   the server must allow it (``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``, which ``serve-engine --lora`` sets).
-- ``/collective_rpc`` (``reload_weights`` from a written folder), ``/reset_prefix_cache`` and
-  ``/update_weight_version``: a fully fine-tuned agent's weights (vLLM's development-mode routes,
-  ``VLLM_SERVER_DEV_MODE=1``, which ``serve-engine`` sets). A server holds one model's weights, so each
-  fully fine-tuned agent needs its own server; LoRA agents of one base share one.
+- ``/collective_rpc`` (``textzoo_reload`` from a written folder, `textzoo.decoding.vllm_worker`),
+  ``/reset_prefix_cache`` and ``/update_weight_version``: a fully fine-tuned agent's weights (vLLM's
+  development-mode routes, ``VLLM_SERVER_DEV_MODE=1``, which ``serve-engine`` sets). A server holds one
+  model's weights, so each fully fine-tuned agent needs its own server; LoRA agents of one base share one.
 
 Every sync is verified: the server scores a fixed probe completion (prompt log-probs) and its per-token
 log-probs must match the trainer's within the engine's precision (mean/max |Δ log p| 1e-3/1e-2 for a
@@ -59,8 +59,9 @@ API_KEY_ENV = "TEXTZOO_ENGINE_API_KEY"
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog, and the sea is calm tonight."
 """The fixed text a sync is verified on: its first tokens the prompt, the rest the scored completion."""
 TOLERANCE = {"float32": (1e-3, 1e-2), "half": (0.1, 0.5)}
-"""Per-token |Δ log p| (mean, max) a verified sync may leave, by the server's weight dtype (measured on
-SmolLM2-135M: 7e-6 / 3e-5 float32 against the float32 trainer; bf16 0.03 mean)."""
+"""Per-token |Δ log p| (mean, max) a verified sync may leave: "float32" when the server and the trainer both
+compute in float32, else "half" (measured on SmolLM2-135M: 7e-6 / 3e-5 float32 server against float32
+trainer; 0.04 / 0.08 float32 server against a bf16-mixed trainer; bf16 engine 0.03 mean)."""
 
 
 def resolve_api_key(api_key: str) -> str:
@@ -70,6 +71,9 @@ def resolve_api_key(api_key: str) -> str:
 
 class VLLMServerEngine:
     """A vLLM server's completions and weight routes as a rollout engine (module docstring)."""
+
+    starts_with_weights = False
+    """The server holds whatever it was started with or given last: the trainer gives it its weights first."""
 
     def __init__(
         self,
@@ -93,6 +97,7 @@ class VLLMServerEngine:
         self._adapters: dict[str, str] = {}  # adapter key -> its served name
         self._adapter_dirs: dict[str, Path] = {}
         self._weights_tag: str | None = None  # the weight version tag the server holds (full weights)
+        self._reload_method = "textzoo_reload"
         self._dtype: str | None = None
         models = self._call("GET", "/v1/models", what="a check that it serves a model")
         bases = [m["id"] for m in models.get("data", []) if not m.get("parent")]
@@ -249,17 +254,35 @@ class VLLMServerEngine:
             state = state.state_dict()
         from safetensors.torch import save_file
 
+        from textzoo.decoding.vllm_engine import untied
+
         folder = self._folder("textzoo-weights-")
         try:
-            save_file(_untied(state), str(folder / "model.safetensors"))
-            rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}, "timeout": timeout}
-            self._call("POST", "/collective_rpc", rpc, timeout=timeout, what="a weight reload")
+            save_file(untied(state), str(folder / "model.safetensors"))
+            self._reload(str(folder), timeout)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         self._call("POST", "/reset_prefix_cache", {}, what="a prefix-cache reset")
         tag = self._tag(version)
         self._call("POST", "/update_weight_version", {"new_version": tag}, what="a weight version update")
         self._weights_tag = tag
+
+    def _reload(self, folder: str, timeout: float) -> None:
+        """``textzoo_reload`` (`textzoo.decoding.vllm_worker.WeightSync`, on servers `serve-engine` starts), else
+        vLLM's own ``reload_weights`` (a tied LM head then keeps its old weights: the sync's check says so)."""
+        rpc = {"method": self._reload_method, "kwargs": {"weights_path": folder}, "timeout": timeout}
+        try:
+            self._call("POST", "/collective_rpc", rpc, timeout=timeout, what="a weight reload")
+        except EngineError as e:
+            if self._reload_method != "textzoo_reload" or "textzoo_reload" not in str(e):
+                raise
+            logger.warning(
+                "the vLLM server at %s has no textzoo_reload (not started by textzoo serve-engine): reloading with "
+                "vLLM's reload_weights, which leaves a tied LM head on its old weights",
+                self.url,
+            )
+            self._reload_method = "reload_weights"
+            self._reload(folder, timeout)
 
     def update_adapter(self, key: str, view: Any, version: int, timeout: float) -> None:
         """Write LoRA adapter ``key`` (an `AdapterView`'s) to a new folder, load it under a new name, unload the
@@ -284,6 +307,10 @@ class VLLMServerEngine:
             self._call("POST", "/v1/unload_lora_adapter", {"lora_name": name}, what=f"unloading adapter {name}")
         except EngineError as e:  # a restarted server no longer has it: nothing to unload
             logger.info("adapter %s not unloaded: %s", name, e)
+
+    def forget_weights(self) -> None:
+        """Stop checking the weight version (`stale`): what was pushed last is not a trainer version (a LoRA base)."""
+        self._weights_tag = None
 
     def _tag(self, version: int) -> str:
         return f"textzoo-{self.run_token}-v{version}"
@@ -312,22 +339,29 @@ class VLLMServerEngine:
         return "float32" if self._dtype == "float32" else "half"
 
     def verify(
-        self, trainer: Callable[[list[int], list[int]], list[float]], tokenizer: Any, adapter: Any = None
+        self,
+        trainer: Callable[[list[int], list[int]], list[float]],
+        tokenizer: Any,
+        adapter: Any = None,
+        trainer_half: bool = False,
     ) -> float:
         """Score the probe on the server and with ``trainer(prompt_ids, completion_ids)``; the mean |Δ log p|,
-        or `EngineError` when it exceeds the server's precision (the sync did not take)."""
+        or `EngineError` when it exceeds what the two precisions allow (the sync did not take): the float32
+        tolerance when both compute in float32, else the half one (``trainer_half``: the trainer computes in
+        bf16 or fp16)."""
         ids = list(tokenizer(PROBE_TEXT)["input_ids"])
         prompt, completion = ids[: len(ids) // 3], ids[len(ids) // 3 :]
         served = torch.tensor(self.score([prompt], [completion], adapter)[0])
         expected = torch.tensor(trainer(prompt, completion), dtype=served.dtype)
         gap = (served - expected).abs()
-        mean_tol, max_tol = TOLERANCE[self.dtype()]
+        precision = "half" if trainer_half else self.dtype()
+        mean_tol, max_tol = TOLERANCE[precision]
         if float(gap.mean()) > mean_tol or float(gap.max()) > max_tol:
             raise EngineError(
                 f"the vLLM server at {self.url} did not take the weights it was sent: on a fixed probe its log-probs "
                 f"{'(adapter ' + str(adapter) + ') ' if adapter else ''}differ from the trainer's by "
-                f"{float(gap.mean()):.3g} mean / {float(gap.max()):.3g} max per token (its {self.dtype()} precision "
-                f"allows {mean_tol:g} / {max_tol:g}); check that it serves the agent's model (textzoo serve-engine "
+                f"{float(gap.mean()):.3g} mean / {float(gap.max()):.3g} max per token ({precision} precision allows "
+                f"{mean_tol:g} / {max_tol:g}); check that it serves the agent's model (textzoo serve-engine "
                 "MODEL) and that no other run syncs weights to it"
             )
         return float(gap.mean())
@@ -344,19 +378,6 @@ class VLLMServerEngine:
             shutil.rmtree(folder, ignore_errors=True)
         self._adapters.clear()
         self._adapter_dirs.clear()
-
-
-def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``state`` with each shared tensor once (tied embeddings: the first name), contiguous, for safetensors."""
-    seen: set[tuple[int, int]] = set()
-    out = {}
-    for name, t in state.items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset())
-        if key in seen:
-            continue
-        seen.add(key)
-        out[name] = t.detach().contiguous()
-    return out
 
 
 def _error_text(e: urllib.error.HTTPError) -> str:

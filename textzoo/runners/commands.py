@@ -18,7 +18,7 @@ import tyro
 
 from textzoo.config import JsonDict, SFTArgs, TrainConfig
 from textzoo.config_files import load_config
-from textzoo.errors import CheckpointError
+from textzoo.errors import CheckpointError, EngineError
 from textzoo.runners.console import console
 
 
@@ -280,7 +280,8 @@ def serve_engine(argv: list[str]) -> None:
         seconds = server.wait_ready()
         console().print(f"serving {args.model} at {server.url} (ready in {seconds:.0f} s)")
         console().print(f"train with --agent.engine.kind vllm-server --agent.engine.url {server.url}{flag}")
-        server.proc.wait()
+        if server.proc.wait() != 0:
+            raise EngineError(f"the vLLM server at {server.url} stopped (exit code {server.proc.returncode})")
     except KeyboardInterrupt:
         status("stopping the server")
     finally:
