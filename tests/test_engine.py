@@ -268,9 +268,10 @@ class _SleepyLLM:
     def wake_up(self):
         self.calls.append(("wake_up",))
 
-    def collective_rpc(self, name, kwargs):
-        self.calls.append((name,))
-        list(kwargs["weights_iterator"])
+    def collective_rpc(self, method, kwargs=None):
+        self.calls.append((getattr(method, "__name__", method),))
+        if kwargs:
+            list(kwargs["weights_iterator"])
 
     def reset_prefix_cache(self):
         pass
@@ -289,8 +290,9 @@ def test_sleep_mode_sleeps_after_the_rollout_and_wakes_before_the_sync(policy):
     sleep_engines(actors)
     assert engine.llm.calls == [("sleep", 1)]  # asleep already
     row = sync_engines(actors, {"a": 1})  # after the update: awake, then the new weights
-    assert engine.llm.calls == [("sleep", 1), ("wake_up",), ("reload_weights",)] and not engine.asleep
+    calls = [("sleep", 1), ("wake_up",), ("reload_weights",), ("retie_worker",)]  # the tied LM head follows
+    assert engine.llm.calls == calls and not engine.asleep
     assert row["engine/a/wake_s"] >= 0 and row["engine/a/weight_version"] == 1.0
     assert "engine/a/wake_s" not in sync_engines(actors, {"a": 1})  # awake: nothing to wake
     engine.sleeps = False  # engine.sleep off (the default): no calls at all
-    assert sleep_engines(actors) == {} and len(engine.llm.calls) == 3
+    assert sleep_engines(actors) == {} and len(engine.llm.calls) == 4

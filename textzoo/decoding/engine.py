@@ -175,10 +175,6 @@ class EngineStats:
     trainer: list[torch.Tensor] = field(default_factory=list)
     engine: list[torch.Tensor] = field(default_factory=list)
     mask: list[torch.Tensor] = field(default_factory=list)
-    completions: int = 0
-    """Sampled completions (rows of sampled requests; greedy ones are not counted)."""
-    tokens: int = 0
-    """Their sampled tokens."""
 
 
 class EngineClient:
@@ -278,8 +274,6 @@ class EngineClient:
         self.stats.trainer.append(trainer.detach().cpu())
         self.stats.engine.append(engine.detach().cpu())
         self.stats.mask.append(gen.completion_mask.detach().cpu().to(engine.dtype))
-        self.stats.completions += len(gen)
-        self.stats.tokens += int(gen.completion_mask.sum())
         return dataclasses.replace(gen, logprobs=trainer, engine_logprobs=engine)
 
     def drain(self) -> EngineStats:

@@ -249,8 +249,8 @@ def engine_metrics(actors: Sequence[Any], rank: int | None = None) -> dict[str, 
         client = actor.policy.engine
         s = client.drain()
         where = f"engine/{actor.id}/" + (f"rank{rank}/" if rank is not None else "")
-        row[where + "completions"] = float(s.completions)
-        row[where + "tokens"] = float(s.tokens)
+        row[where + "completions"] = float(sum(m.shape[0] for m in s.mask))  # sampled rows (greedy ones are not kept)
+        row[where + "tokens"] = float(sum(m.sum() for m in s.mask))
         if not s.mask:
             continue
         C = max(m.shape[1] for m in s.mask)
