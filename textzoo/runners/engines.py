@@ -25,7 +25,7 @@ from textzoo.decoding.precision import PRECISIONS
 from textzoo.decoding.settings import EngineConfig
 from textzoo.decoding.vllm_engine import VLLMEngine, _base_state_dict
 from textzoo.decoding.vllm_server import VLLMServerEngine
-from textzoo.errors import ConfigError
+from textzoo.errors import ConfigError, EngineError
 from textzoo.models.build import Loaded
 from textzoo.models.lora import SharedBase, adapter_name
 from textzoo.runners.distributed import DistContext
@@ -107,8 +107,6 @@ def _serve_base(engine: VLLMServerEngine, base: SharedBase, timeout: float, dist
                 logits = plain(input_ids=ids).logits
         lp = logits[0].float().log_softmax(-1)
         return [float(lp[len(prompt) - 1 + i, t]) for i, t in enumerate(completion)]
-
-    from textzoo.errors import EngineError
 
     half = next(plain.parameters()).dtype in (torch.bfloat16, torch.float16)
     try:
