@@ -142,14 +142,15 @@ class AgentConfig(SamplingConfig):
             )
         if not isinstance(self.chat_template_kwargs, dict):
             raise ConfigError(f"agent.chat_template_kwargs must be a JSON object, got {self.chat_template_kwargs!r}")
-        if self.engine.kind == "vllm" and self.model in TINY_MODELS:
+        kind = self.engine.kind
+        if kind != "local" and self.model in TINY_MODELS:
             raise ConfigError(
-                f"agent.engine.kind='vllm' serves pretrained models (a hub id, folder or .gguf file); {self.model!r} "
+                f"agent.engine.kind={kind!r} serves pretrained models (a hub id, folder or .gguf file); {self.model!r} "
                 "is built in memory with a byte-level tokenizer vLLM cannot load: use agent.engine.kind='local'"
             )
-        if self.engine.kind == "vllm" and self.lora.rank and self.lora.dropout:
+        if kind != "local" and self.lora.rank and self.lora.dropout:
             raise ConfigError(
-                "agent.engine.kind='vllm' samples with the adapter's weights, never with LoRA dropout: set "
+                f"agent.engine.kind={kind!r} samples with the adapter's weights, never with LoRA dropout: set "
                 "agent.lora.dropout=0 or use agent.engine.kind='local'"
             )
 
@@ -390,20 +391,16 @@ class TrainConfig:
         self._check_engines()
 
     def _check_engines(self) -> None:
-        """What a vLLM rollout engine does not cover, rejected before any model is built."""
+        """What the rollout engines do not cover, rejected before any model is built: LoRA agents share their
+        base's engine (one kind, one server). Under data parallelism (num_processes > 1, torchrun) each process
+        runs its own in-process engines (colocated); a server serves every process. (That a server holds one
+        model's weights is checked once the roles are known, `textzoo.runners.engines.check_servers`.)"""
         agents = [self.agent, *(self.agent_config(role) for role in self.agent_overrides)]
-        if not any(a.engine.kind == "vllm" for a in agents):
-            return
-        if self.num_processes > 1 or self.sharding == "fsdp":
-            raise ConfigError(
-                "agent.engine.kind='vllm' runs one engine per agent in this process; data-parallel replicas "
-                "(num_processes > 1, sharding='fsdp') would each start their own: use num_processes=1, or "
-                "agent.engine.kind='local'"
-            )
-        lora = {a.engine.kind for a in agents if a.lora.rank}
+        lora = {(a.engine.kind, a.engine.url if a.engine.kind == "vllm-server" else "") for a in agents if a.lora.rank}
         if len(lora) > 1:
             raise ConfigError(
-                "LoRA agents share one base, so they share its engine: give every LoRA agent the same agent.engine.kind"
+                "LoRA agents share one base, so they share its engine: give every LoRA agent the same "
+                "agent.engine.kind (and agent.engine.url)"
             )
 
     def _check_fsdp(self) -> None:

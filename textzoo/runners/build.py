@@ -29,7 +29,8 @@ from textzoo.models.lora import SharedBase
 from textzoo.models.policy import Policy
 from textzoo.models.prompting import PromptFormat
 from textzoo.models.team import Actor, AgentActor
-from textzoo.runners.engines import TeamEngines
+from textzoo.runners.distributed import DistContext
+from textzoo.runners.engines import TeamEngines, check_servers
 from textzoo.runners.update import Learner
 
 if TYPE_CHECKING:
@@ -62,9 +63,10 @@ def env_factory(cfg: TrainConfig, eval: bool = False):
     return build
 
 
-def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
+def build_actors(cfg: TrainConfig, roles: list[str], dist: DistContext | None = None) -> list[Actor]:
     """One actor per role (decentralized) or one joint actor for all roles (centralized), each built with
-    everything it holds (`build_agent_policy`): nothing is set on an actor or a policy after it is built."""
+    everything it holds (`build_agent_policy`): nothing is set on an actor or a policy after it is built.
+    ``dist``: this process's place in a data-parallel run (its engines are colocated, or share a server)."""
     for name in ("agent_overrides", "joint_section_tokens"):
         unknown = sorted(set(getattr(cfg, name)) - set(roles))
         if unknown:
@@ -75,9 +77,11 @@ def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
                 "agent_overrides set per-role models, but collaboration='centralized' has one joint model: "
                 "put its settings in `agent` and drop agent_overrides"
             )
-        return [build_joint_actor(cfg, roles)]
+        check_servers(["joint"], [cfg.agent])
+        return [build_joint_actor(cfg, roles, dist)]
     agents = [cfg.agent_config(role) for role in roles]
-    engines = team_engines(cfg.seed, agents)
+    check_servers(roles, agents)
+    engines = team_engines(cfg.seed, agents, dist)
     bases: dict[tuple, SharedBase] = {}  # LoRA agents of one model share its base
     actors: list[Actor] = []
     for i, (role, agent) in enumerate(zip(roles, agents)):
@@ -86,7 +90,7 @@ def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
     return actors
 
 
-def build_joint_actor(cfg: TrainConfig, roles: list[str]) -> JointActor:
+def build_joint_actor(cfg: TrainConfig, roles: list[str], dist: DistContext | None = None) -> JointActor:
     """The centralized team: one policy answering for every role, with N roles' budgets. A structured joint
     answer also holds forced tags and the later roles' tasks: its prompt budget leaves room for the tags
     (2 tokens per role of slack for re-tokenized cut observations), and each task gets an equal share of it."""
@@ -105,7 +109,8 @@ def build_joint_actor(cfg: TrainConfig, roles: list[str]) -> JointActor:
         )
         return dataclasses.replace(room, max_new_tokens=budget)
 
-    policy = build_agent_policy(agent, "joint", cfg.seed, 0, {}, team_engines(cfg.seed, [agent]), generation)
+    engines = team_engines(cfg.seed, [agent], dist)
+    policy = build_agent_policy(agent, "joint", cfg.seed, 0, {}, engines, generation)
     fmt = prompt_format(agent, policy)
     task_tokens = 0
     if structured:
@@ -123,10 +128,10 @@ def _prompt_format(agent: AgentConfig, tokenizer: Any) -> PromptFormat:
     return PromptFormat.resolve(tokenizer, agent.prompt_format, agent.system_prompt, agent.chat_template_kwargs)
 
 
-def team_engines(seed: int, agents: list[AgentConfig]) -> TeamEngines:
+def team_engines(seed: int, agents: list[AgentConfig], dist: DistContext | None = None) -> TeamEngines:
     """The rollout engines of a team of `agents` (its LoRA agents on an engine share their base's)."""
     loras = [a for a in agents if a.lora.rank and a.engine.kind != "local"]
-    return TeamEngines(seed, max_loras=len(loras), lora_rank=max((a.lora.rank for a in loras), default=0))
+    return TeamEngines(seed, len(loras), max((a.lora.rank for a in loras), default=0), dist)
 
 
 def build_agent_policy(
@@ -146,18 +151,19 @@ def build_agent_policy(
         base = shared_base(agent, seed, bases)
         engine = engines.for_adapter(agent.engine, base, agent_id, index)
         policy = lora_policy(agent, agent_id, seed, base, settings(base.tokenizer, base.base), engine)
-        if engine is not None:
-            engine.sync(policy, 0, force=True)  # the engine has the base: give it this agent's new adapter
-        return policy
-    loaded = load_model(agent, seed, build_device(agent.device))
-    return Policy(
-        loaded.model,
-        loaded.tokenizer,
-        settings(loaded.tokenizer, loaded.model),
-        name=loaded.name,
-        precision=loaded.precision,
-        engine=engines.for_model(agent.engine, loaded, index),
-    )
+    else:
+        loaded = load_model(agent, seed, build_device(agent.device))
+        policy = Policy(
+            loaded.model,
+            loaded.tokenizer,
+            settings(loaded.tokenizer, loaded.model),
+            name=loaded.name,
+            precision=loaded.precision,
+            engine=engines.for_model(agent.engine, loaded, index),
+        )
+    if policy.engine is not None:  # a shared base's engine gets this agent's adapter, a server the weights
+        policy.engine.attach(policy, verify=not engines.dist.enabled)
+    return policy
 
 
 def resolved_config(cfg: TrainConfig, actors: list[Actor]) -> TrainConfig:

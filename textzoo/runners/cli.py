@@ -1,4 +1,5 @@
-"""`textzoo train | eval | export | plot | sft | bench`: the command line over the Python API's dataclass configs.
+"""`textzoo train | eval | export | plot | sft | bench | serve-engine`: the command line over the Python API's
+dataclass configs.
 
 `textzoo train --config run.toml --steps 200` loads the file, then applies the flags on top.
 `textzoo train` with no arguments trains the embedded default (two tiny GPT-2 agents on
@@ -12,7 +13,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-COMMANDS = ("train", "eval", "export", "plot", "sft", "bench")
+COMMANDS = ("train", "eval", "export", "plot", "sft", "bench", "serve-engine")
 
 
 def main(argv: list[str] | None = None) -> int:

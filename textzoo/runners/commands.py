@@ -1,4 +1,5 @@
-"""The `textzoo` commands (train, eval, export, plot, sft, bench) over the same dataclass configs as the Python API.
+"""The `textzoo` commands (train, eval, export, plot, sft, bench, serve-engine) over the same dataclass configs
+as the Python API.
 
 `textzoo.runners.cli` parses the command name and imports this module only when a command runs.
 Results are printed with rich (`textzoo.runners.console`); the library's log records show on stderr.
@@ -18,7 +19,7 @@ import tyro
 
 from textzoo.config import JsonDict, SFTArgs, TrainConfig
 from textzoo.config_files import load_config
-from textzoo.errors import CheckpointError, ConfigError
+from textzoo.errors import CheckpointError, ConfigError, EngineError
 from textzoo.runners.console import console
 
 
@@ -339,5 +340,55 @@ def bench(argv: list[str]) -> None:
     run_bench(argv)
 
 
-HANDLERS = {"train": train, "eval": evaluate, "export": export, "plot": plot, "sft": sft, "bench": bench}
+def serve_engine(argv: list[str]) -> None:
+    """Start a vLLM server with the settings textzoo's server engine needs and serve until interrupted."""
+    from textzoo.decoding.vllm_serve import ServeConfig, ServerProcess
+
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    args = tyro.cli(
+        ServeConfig,
+        args=argv,
+        prog="textzoo serve-engine",
+        description="Serve MODEL with vLLM for --agent.engine.kind vllm-server (its rollouts and weight syncs). "
+        "Arguments after -- go to vLLM's server as they are.",
+    )
+    args.extra = extra
+    folder = ""
+    if args.model.endswith(".gguf"):  # vLLM serves a transformers folder
+        import tempfile
+
+        from textzoo.models.loading import convert_gguf
+
+        status(f"converting {args.model} to a transformers folder")
+        folder = str(Path(tempfile.mkdtemp(prefix="textzoo-serve-")) / "model")
+        convert_gguf(args.model, folder)
+    server = ServerProcess(args, folder=folder)
+    flag = "" if not args.api_key else " (and its API key: --agent.engine.api-key or $TEXTZOO_ENGINE_API_KEY)"
+    status(f"starting vLLM for {args.model} on {server.url}: loading the model")
+    try:
+        seconds = server.wait_ready()
+        console().print(f"serving {args.model} at {server.url} (ready in {seconds:.0f} s)")
+        console().print(f"train with --agent.engine.kind vllm-server --agent.engine.url {server.url}{flag}")
+        if server.proc.wait() != 0:
+            raise EngineError(f"the vLLM server at {server.url} stopped (exit code {server.proc.returncode})")
+    except KeyboardInterrupt:
+        status("stopping the server")
+    finally:
+        server.stop()
+        if folder:
+            import shutil
+
+            shutil.rmtree(Path(folder).parent, ignore_errors=True)
+
+
+HANDLERS = {
+    "train": train,
+    "eval": evaluate,
+    "export": export,
+    "plot": plot,
+    "sft": sft,
+    "bench": bench,
+    "serve-engine": serve_engine,
+}
 """Command name -> handler of its arguments."""
