@@ -1,7 +1,7 @@
 """benchmarks/compiled_decode.py: its static-cache decode step is the transformers model's forward, step by
 step, eager and compiled, and the script runs end to end on a tiny model."""
 
-import pytest
+import features
 import torch
 from helpers import load_benchmark
 
@@ -27,7 +27,7 @@ def test_the_static_step_decodes_as_the_transformers_forward():
     assert keys[0][:, :, prompt.shape[1] :].abs().sum() == 0  # positions not reached yet stay empty
 
 
-@pytest.mark.skipif(not compiled.compiler_available(), reason="inductor needs a C++ compiler")
+@features.requires("compiler", compiled.compiler_available(), "inductor needs a C++ compiler")
 def test_the_script_times_each_variant_and_their_agreement(capsys):
     bench = _script()
     figures = bench.main(bench.Args(model="tiny-llama", rows=4, steps=2, rounds=1, dtype="float32"))

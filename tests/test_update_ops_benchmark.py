@@ -1,6 +1,7 @@
 """benchmarks/update_ops.py: its op timer counts the matrix products' FLOPs as torch's FlopCounterMode does,
 and the script runs end to end on a tiny model."""
 
+import features
 import pytest
 import torch
 from helpers import load_benchmark
@@ -55,7 +56,7 @@ def test_the_script_reports_a_tiny_models_micro_batch(capsys):
     assert first.calls[("add_",)] == 0
 
 
-@pytest.mark.skipif(not mixed_gemm.available(), reason="this torch has no MKL mixed GEMM")
+@features.requires("mkl", mixed_gemm.available(), "this torch has no MKL mixed GEMM")
 def test_the_script_times_the_mixed_gemm_beside_the_bf16_products(capsys):
     ops = _script()
     timer = ops.main(ops.Args(model="tiny-llama", precision="bf16-mixed", repeats=1, top=3))
