@@ -5,6 +5,7 @@ subprocesses. Equality is exact: torch.equal on every trained weight, and identi
 apart from the `time/*` fields.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -91,16 +92,23 @@ sys.exit(main(["train", *sys.argv[4:]]))
 """
 
 
-def _start_gated(tmp_path: Path, step: int, phase: str) -> tuple[subprocess.Popen, Path, Path]:
+@contextlib.contextmanager
+def _gated(tmp_path: Path, step: int, phase: str):
     """The CLI training `CFG` in a subprocess that stops, and waits, when it enters `phase` of step
-    `step + 1` (`step` steps and their checkpoints done): (process, run dir, gate file written then)."""
+    `step + 1` (`step` steps and their checkpoints done): (process, run dir, gate file written then).
+    A process still waiting when the test ends (it failed) is killed."""
     run_dir, config, gate = tmp_path / "run", tmp_path / "config.json", tmp_path / "gate"
     save_config(dataclasses.replace(CFG, run_dir=str(run_dir)), config)
     script = tmp_path / "gated.py"
     script.write_text(textwrap.dedent(GATED))
     args = [sys.executable, str(script), str(step), phase, str(gate), "--config", str(config)]
     proc = subprocess.Popen(args, env=ENV, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return proc, run_dir, gate
+    try:
+        yield proc, run_dir, gate
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def _wait_for(path: Path, proc: subprocess.Popen) -> None:
@@ -119,10 +127,10 @@ KILL_STEP, KILL_PHASE = (lambda r: (r.randint(1, CFG.steps - 1), r.choice(["gene
 
 
 def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path, reference):
-    proc, run_dir, gate = _start_gated(tmp_path, KILL_STEP, KILL_PHASE)
-    _wait_for(gate, proc)
-    proc.send_signal(signal.SIGKILL)
-    out, _ = proc.communicate(timeout=60)
+    with _gated(tmp_path, KILL_STEP, KILL_PHASE) as (proc, run_dir, gate):
+        _wait_for(gate, proc)
+        proc.send_signal(signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL, out
     # killed inside step KILL_STEP + 1: the newest checkpoint and the last metrics row are step KILL_STEP's
     newest = ck.list_checkpoints(run_dir)[-1]
@@ -320,13 +328,13 @@ def test_a_signal_finishes_the_step_checkpoints_and_resume_auto_is_bit_identical
 def test_a_second_signal_stops_at_once_and_the_last_checkpoint_survives(tmp_path, reference):
     from textzoo.runners.preemption import DUPLICATE_S
 
-    proc, run_dir, gate = _start_gated(tmp_path, 2, "update")  # held inside step 3
-    _wait_for(gate, proc)
-    proc.send_signal(signal.SIGTERM)  # a graceful stop, which waits for the step to end
-    _wait_for(gate.with_suffix(".signalled"), proc)
-    time.sleep(DUPLICATE_S + 0.2)  # a second signal, not a copy of the first
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
+    with _gated(tmp_path, 2, "update") as (proc, run_dir, gate):  # held inside step 3
+        _wait_for(gate, proc)
+        proc.send_signal(signal.SIGTERM)  # a graceful stop, which waits for the step to end
+        _wait_for(gate.with_suffix(".signalled"), proc)
+        time.sleep(DUPLICATE_S + 0.2)  # a second signal, not a copy of the first
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGTERM, out
     assert "second SIGTERM: stopping at once" in out
     assert [p.name for p in ck.list_checkpoints(run_dir)] == ["step-00000001", "step-00000002"]

@@ -2,7 +2,6 @@
 and the script runs end to end on a tiny model."""
 
 import features
-import pytest
 import torch
 from helpers import load_benchmark
 from torch.utils.flop_counter import FlopCounterMode
