@@ -128,7 +128,8 @@ class AgentConfig(SamplingConfig):
     chat_template_kwargs: JsonDict = field(default_factory=dict)
     """Extra variables of the chat template (JSON), e.g. {"enable_thinking": false}."""
     engine: EngineConfig = field(default_factory=EngineConfig)
-    """Where rollouts are sampled (`engine.kind`: local | vllm) and the vLLM engine's settings (README "Engines")."""
+    """Where rollouts are sampled (`engine.kind`: local | vllm) and the vLLM engine's settings
+    (docs/concepts/engines.md)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -2,7 +2,7 @@
 
 Families only route a rollout's tensors to these functions; nothing else computes a return, an
 advantage or a loss. Each function names its paper and is checked against hand-computed values in
-`tests/test_rlmath.py` (the README's algorithm table says which function each algorithm uses).
+`tests/test_rlmath.py` (the math table of docs/concepts/algorithms.md says which function each algorithm uses).
 
 Notation: E = B·G env copies (B prompts x G samples, e = b·G + g), R roles, A actors, T turns;
 S samples (or pairs) of one learner, C completion tokens; ℓ_k a token's log-prob.

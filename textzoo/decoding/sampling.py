@@ -88,7 +88,7 @@ def nucleus_floor(logp: torch.Tensor, top_p: float, renormalise: bool = False) -
     ``renormalise``: the row's mass is not 1 (after top-k), so probabilities are divided by it.
 
     Ranks the `NUCLEUS_K` most probable tokens of each row instead of sorting the whole vocabulary
-    (SmolLM2's nucleus at top-p 0.9: 18 of 49,152 tokens at the median, `benchmarks/nucleus.py`); the rows
+    (SmolLM2's nucleus at top-p 0.9: 18 of 49,152 tokens at the median, docs/results/retired-nucleus.md); the rows
     whose nucleus is larger rank 16x as many, or sort the vocabulary at once when the tokens ranked so far
     show that their nucleus is larger still (a nearly flat distribution)."""
     S, V = logp.shape

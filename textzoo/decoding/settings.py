@@ -75,7 +75,7 @@ class SamplingConfig:
 
 @dataclass
 class EngineConfig:
-    """Where an agent's rollouts are sampled (`kind`) and the settings of a vLLM engine (README "Engines").
+    """Where an agent's rollouts are sampled (`kind`) and the settings of a vLLM engine (docs/concepts/engines.md).
 
     The vLLM settings apply to ``kind="vllm"``; with ``kind="local"`` the policy's own decoder samples and
     they are unused. An engine kind that needs other settings (a server's address) adds its fields here.
