@@ -362,7 +362,11 @@ def writing_gain(rewards: list[float]) -> float:
 @pytest.mark.parametrize("algo", ["iac", "maac"])
 def test_writing_reward_rises(algo, tmp_path):
     gains = [writing_gain(writing_rewards(algo, seed, tmp_path / f"seed-{seed}")) for seed in range(6)]
-    # MEASURED
+    # One seed cannot tell learning from noise here, six can. Measured gain per seed over seeds 0-11
+    # (transformers 5.19, torch 2.13): iac +0.113 mean, 0.059 sd (-0.002 to +0.216); maac +0.105, 0.045 sd
+    # (+0.045 to +0.167); not learning (lr 1e-9, the same rollouts for both): +0.009, 0.042 sd (-0.082 to
+    # +0.061). Means of 6 seeds, over every 6 of the 12: iac +0.070 to +0.156 (seeds 0-5: +0.121), maac
+    # +0.068 to +0.143 (+0.094), not learning -0.022 to +0.041 (-0.008). The bar +0.05 sits between the two.
     assert sum(gains) / len(gains) > 0.05, gains
 
 
