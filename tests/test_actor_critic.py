@@ -330,10 +330,6 @@ def test_cli_flags_reach_the_config():
 
 
 # ---- learning ---------------------------------------------------------------------------------------
-CONTROL_LR = 1e-9
-"""A learning rate at which nothing moves: the non-learning control every learning test is measured beside."""
-
-
 def writing_rewards(algo: str, seed: int, run_dir, lr: float = 1e-2, steps: int = 20) -> list[float]:
     """The training reward of each step of one seeded run of two tiny GPT-2s on Writing-v0's length ratio."""
     from textzoo.runners.trainer import Trainer

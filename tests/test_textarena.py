@@ -119,10 +119,6 @@ def _legal_rate(row, prefix=""):
     return legal / (legal + illegal)
 
 
-CONTROL_LR = 1e-9
-"""A learning rate at which nothing moves: the non-learning control the learning test is measured beside."""
-
-
 def legal_rates(
     seed: int, run_dir, lr: float = 1e-2, steps: int = 6, eval_every: int = 0
 ) -> tuple[list[float], list[float]]:
@@ -169,8 +165,14 @@ def test_self_play_on_tictactoe_raises_the_legal_move_rate(tmp_path):
     # The joint actor's budget is 2 tokens, so the tiny model starts out writing two digits ("45": an
     # illegal cell) and learns to stop after one: it learns the move format, not to read the board (with
     # one-token moves the legal rate stays at random play's ~0.63 over 30 steps, measured).
-    gains = [legal_rate_gain(*legal_rates(seed, tmp_path / f"seed-{seed}", steps=STEPS)) for seed in SEEDS]
+    # Measured over seeds 0-9 (transformers 5.19, torch 2.13; 6 steps, B=8, G=4, lr 1e-2), the rise of the
+    # training samples' legal-move rate from step 1 to the mean of steps 5-6: +0.213 mean, 0.077 sd (+0.043
+    # to +0.310); not learning (lr 1e-9): +0.008 mean, 0.036 sd (-0.066 to +0.042). Means of 3 seeds: every
+    # triple of learning seeds at least +0.127 (seeds 0-2: +0.205), of control seeds at most +0.038 (seeds
+    # 0-2: -0.005). The bar +0.08 sits between the two. The held-out rate (8 games, step 0 -> 6) rose by
+    # +0.228 mean but 0.124 sd, and by +0.025 (0.110 sd) without learning: 3-seed means overlap (learning
+    # down to +0.090, control up to +0.120), so it is printed, not asserted.
+    gains = [legal_rate_gain(*legal_rates(seed, tmp_path / f"seed-{seed}")) for seed in (0, 1, 2)]
     train, held_out = [g[0] for g in gains], [g[1] for g in gains]
-    # MEASURED
-    assert sum(train) / len(train) > 0.1, gains
-    assert sum(held_out) / len(held_out) > 0.1, gains
+    print(f"legal-move rate rise, training samples {train}, held out {held_out}")
+    assert sum(train) / len(train) > 0.08, gains
