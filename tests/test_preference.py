@@ -11,7 +11,7 @@ import torch
 torch.set_num_threads(1)
 
 from helpers import tiny_config  # noqa: E402
-from toy import CategoricalPolicy, TargetWordEnv  # noqa: E402
+from toy import CategoricalPolicy, TargetWordEnv, shuffled_rewards  # noqa: E402
 
 from textzoo.algorithms.preference.madpo import (  # noqa: E402
     MADPOFamily,
@@ -156,17 +156,30 @@ def test_all_ties_give_no_jobs():
     assert jobs == [] and stats["pairs/new"] == 0
 
 
-def test_madpo_learns_each_agents_target_word():
-    """Known optimum: each agent's chosen word is its target, so DPO raises p(target) for both."""
-    torch.manual_seed(0)
+def madpo_words(seed: int = 0, control: bool = False) -> list[float]:
+    """Each agent's target probability (from 1/3) after 30 MADPO rounds of 4 prompts x 4 on TargetWordEnv;
+    `control` pairs on shuffled rewards (`toy.shuffled_rewards`)."""
+    torch.manual_seed(seed)
     actors, collector = toy_team(2, [[0.0] * 3, [0.0] * 3])
     family = MADPOFamily(PreferenceConfig(beta=1.0, reference="none", epochs=2), actors)
     learners = {a.id: Learner(a.policy.model, torch.optim.Adam(a.policy.model.parameters(), lr=0.1)) for a in actors}
-    for _ in range(30):
-        jobs, _ = family.jobs(collector.collect(list(range(4)), list(range(4)), 4))
+    shuffle = torch.Generator().manual_seed(seed)
+    for step in range(30):
+        rollout = collector.collect(list(range(4)), [seed * 1000 + step * 10 + b for b in range(4)], 4)
+        jobs, _ = family.jobs(shuffled_rewards(rollout, shuffle) if control else rollout)
         for job in jobs:
             run_job(job, learners[job.learner], UpdateConfig())
-    assert actors[0].policy.probs()[0] > 0.9 and actors[1].policy.probs()[1] > 0.9
+    return [float(actors[0].policy.probs()[0]), float(actors[1].policy.probs()[1])]
+
+
+def test_madpo_learns_each_agents_target_word():
+    """Known optimum: each agent's chosen word is its target, so DPO raises p(target) for both."""
+    learned = [p for seed in (0, 1) for p in madpo_words(seed)]
+    control = madpo_words(0, control=True)
+    # Measured (transformers 5.19, torch 2.13), both agents' final target probability over seeds 0-5:
+    # 0.965-0.981 (mean 0.973); pairs from shuffled rewards 0.220-0.553 (mean 0.31; seed 0: 0.22, 0.31).
+    # The bar 0.9 sits between the two.
+    assert min(learned) > 0.9 and max(control) < 0.9, (learned, control)
 
 
 def test_replay_store_keeps_newest_token_ids_and_round_trips():
@@ -232,10 +245,6 @@ def test_centralized_team_is_one_actor_with_joint_pairs():
 WRITING = {"terms": {"length_ratio": 1.0}, "max_prompt_chars": 128}
 
 
-CONTROL_LR = 1e-9
-"""A learning rate at which nothing moves: the non-learning control the learning test is measured beside."""
-
-
 def madpo_rewards(seed: int, run_dir, lr: float = 5e-3, steps: int = 30) -> list[float]:
     """The training reward of each step of one seeded MADPO run of two tiny GPT-2s on Writing-v0."""
     cfg = tiny_config(
@@ -258,10 +267,14 @@ def madpo_gain(rewards: list[float]) -> float:
 
 
 def test_madpo_raises_the_writing_reward(tmp_path):
-    """Two tiny GPT-2s trained with MADPO raise Writing-v0's length-ratio reward (3 seeds, CI-sized)."""
-    gains = [madpo_gain(madpo_rewards(seed, tmp_path / f"seed-{seed}")) for seed in (0, 1, 2)]
-    # MEASURED
-    assert sum(gains) / len(gains) > 0.05, gains
+    """Two tiny GPT-2s trained with MADPO raise Writing-v0's length-ratio reward (4 seeds, CI-sized)."""
+    gains = [madpo_gain(madpo_rewards(seed, tmp_path / f"seed-{seed}")) for seed in range(4)]
+    # One seed is too noisy to test. Measured gain per seed (steps 16-30 against steps 1-5) over seeds 0-8
+    # (transformers 5.19, torch 2.13): +0.100 mean, 0.050 sd (+0.004 to +0.180); not learning (lr 1e-9,
+    # seeds 0-5): +0.013, 0.028 sd (-0.017 to +0.065). Means of 3 seeds overlap too closely (learning down to
+    # +0.045, control up to +0.030); means of 4: learning +0.061 to +0.156 (seeds 0-3: +0.078), control at
+    # most +0.024. The bar +0.04 sits between the two. (Under transformers 5.24: +0.117 mean, 0.034 sd.)
+    assert sum(gains) / len(gains) > 0.04, gains
 
 
 def small(tmp_path, **kw) -> TrainConfig:
