@@ -239,16 +239,17 @@ class TrainConfig:
     """Everything a training run needs. `textzoo train` with no arguments runs these defaults."""
 
     env: str = "textzoo/WritingRatio-v0"
-    """Registered env id (see textzoo.envs.registry()); the default is Writing-v0's length-ratio reward."""
+    """A registered task id (`--help` lists them; MODULE:ID, e.g. my_pkg.tasks:me/Echo-v0, imports MODULE
+    first); the default is Writing-v0's length-ratio reward."""
     env_kwargs: JsonDict = field(default_factory=dict)
     """Keyword arguments of the env (JSON on the command line)."""
     eval_env_kwargs: JsonDict = field(default_factory=lambda: {"split": "eval"})
     """Extra env arguments for held-out evaluation (merged over env_kwargs)."""
     algo: str = "magrpo"
-    """magrpo | marloo | maremax | mareinforce | atgrpo | iac | maac | ippo | mappo | madpo | marlhf (ippo/mappo =
-    iac/maac with actor_critic.clip_range 0.2 and epochs 2 unless those are set; marlhf trains
-    `preference.rl_algo` on a reward model's rewards). The algorithm's defaults and rules are applied when
-    the run is built (`textzoo.algorithms.registry.configure`)."""
+    """A registered algorithm (`--help` lists them; MODULE:NAME imports MODULE first). Its defaults and rules
+    are applied when the run is built (`textzoo.algorithms.registry.configure`): e.g. ippo/mappo are iac/maac
+    with actor_critic.clip_range 0.2 and epochs 2 unless those are set; marlhf trains `preference.rl_algo` on
+    a reward model's rewards."""
     collaboration: Literal["decentralized", "centralized"] = "decentralized"
     """decentralized (one model per role) | centralized (one joint actor answers for every role)."""
     joint_max_new_tokens: int = 0

@@ -21,6 +21,7 @@ import torch
 from textzoo.decoding.generation import GenerationConfig
 from textzoo.decoding.precision import AUTO
 from textzoo.envs import make as make_env
+from textzoo.envs.registry import takes
 from textzoo.errors import ConfigError, EnvError
 from textzoo.models.build import build_device, generation_config, load_model, lora_policy, prompt_format, shared_base
 from textzoo.models.joint import JointActor, structured_overhead
@@ -42,7 +43,12 @@ def env_factory(cfg: TrainConfig, eval: bool = False):
     """A zero-argument constructor of the configured env (validated once here)."""
     kwargs = dict(cfg.env_kwargs)
     if eval:
-        kwargs.update(cfg.eval_env_kwargs)
+        extra = dict(cfg.eval_env_kwargs)
+        if "split" in extra and not takes(cfg.env, "split"):
+            # a task with one set of items (no `split`): evaluation plays its training items
+            logger.warning("%s takes no `split`: held-out evaluation plays its training items", cfg.env)
+            del extra["split"]
+        kwargs.update(extra)
 
     def build():
         return make_env(cfg.env, **kwargs)
@@ -139,7 +145,7 @@ def build_agent_policy(
     if agent.lora.rank:
         base = shared_base(agent, seed, bases)
         engine = engines.for_adapter(agent.engine, base, agent_id, index)
-        policy = lora_policy(agent, agent_id, seed, base, settings(base.tokenizer, base.model), engine)
+        policy = lora_policy(agent, agent_id, seed, base, settings(base.tokenizer, base.base), engine)
         if engine is not None:
             engine.sync(policy, 0, force=True)  # the engine has the base: give it this agent's new adapter
         return policy

@@ -44,6 +44,7 @@ from textzoo.runners.distributed import DistContext, merge_rows
 from textzoo.runners.engines import engine_metrics, sleep_engines, sync_engines
 from textzoo.runners.placement import format_placement, place_models, team_models, visible_devices
 from textzoo.runners.preemption import GracefulStop, agree
+from textzoo.runners.provenance import record_start
 from textzoo.runners.resources import (
     as_write_error,
     check_run_dir,
@@ -188,9 +189,7 @@ class Trainer:
         )
         self.step = 0
         # pipeline stages between collection and the family (preference rounds, reward-model rewards)
-        self.hooks = registry.build_hooks(cfg)
-        for hook in self.hooks:
-            hook.attach(self)
+        self.hooks = registry.build_hooks(cfg, self)
         self._resume_tried = resume == "auto"
         if resume == "auto":
             found = find_resumable(cfg) if self.dist.is_main else None
@@ -350,6 +349,7 @@ class Trainer:
         if main:
             check_run_dir(self.run_dir, *checkpoint_bytes(self.learners))  # writable, with room for a checkpoint
             save_config(cfg, self.run_dir / "config.json")
+            record_start(self.run_dir, self.step)  # the command and source commit, for an export's card
             (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=2) + "\n")
             logger.info(format_placement(self.placement))
         trackers = build_trackers(cfg.report_to, self.run_dir, to_dict(cfg), self.step) if main else []
@@ -553,15 +553,20 @@ class Trainer:
             detail = "; ".join(damage) if damage else "it has no checkpoints"
             raise CheckpointError(f"cannot load final weights from {self.run_dir}: {detail}")
         ck = read_checkpoint(path)
-        unknown = sorted(set(ck.weights) - set(self.learners))
-        if unknown:
-            raise CheckpointError(f"{path} holds weights of {unknown}, which this config does not train")
-        for name, weights in ck.weights.items():
-            check_weights(self._checkpointed(self.learners[name].model), weights, name)
-        for name, weights in ck.weights.items():
-            apply_weights(self._checkpointed(self.learners[name].model), weights)
-        sync_engines(self.actors, {k: v.version for k, v in self.learners.items()}, force=True)
+        self.load_weights(ck.weights, str(path))
         return ck.step
+
+    def load_weights(self, weights: dict[str, dict[str, torch.Tensor]], source: str) -> None:
+        """Copy trained weights (learner name -> tensors, as a checkpoint or an exported adapter holds them)
+        into this run's models, every one checked before any is copied; the engines get them too."""
+        unknown = sorted(set(weights) - set(self.learners))
+        if unknown:
+            raise CheckpointError(f"{source} holds weights of {unknown}, which this config does not train")
+        for name, tensors in weights.items():
+            check_weights(self._checkpointed(self.learners[name].model), tensors, name)
+        for name, tensors in weights.items():
+            apply_weights(self._checkpointed(self.learners[name].model), tensors)
+        sync_engines(self.actors, {k: v.version for k, v in self.learners.items()}, force=True)
 
 
 def rollout_metrics(rollout: Rollout) -> dict[str, float]:
