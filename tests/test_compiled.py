@@ -2,6 +2,7 @@
 
 import logging
 
+import features
 import pytest
 import torch
 from helpers import tiny_llama_grads
@@ -11,7 +12,7 @@ from textzoo.decoding import compiled, fastlm
 
 torch.set_num_threads(1)
 
-needs_compiler = pytest.mark.skipif(not compiled.compiler_available(), reason="inductor needs a C++ compiler")
+needs_compiler = features.requires("compiler", compiled.compiler_available(), "inductor needs a C++ compiler")
 
 
 def _flat(grads: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -1,9 +1,14 @@
 """Pinned samples: fixed seeds give these exact tokens, masks, texts and log-probs (plain and scripted).
 
-The pins in ``tests/data/decode_pins.json`` were written by the decode loop as it stood before plain
-and scripted decoding became one loop, so a change to the loop that alters what a seed samples fails
-here. Regenerate them (``python tests/test_decode_pins.py``) only for a change that is meant to alter
-samples, and say so in its commit.
+How the pins were derived: ``tests/data/decode_pins.json`` is the output of `_record` below (this file's
+``__main__``) as the decode loop stood before plain and scripted decoding became one loop, on tiny
+randomly initialised models (fixed seeds) in float32 on CPU, log-probs rounded to 5 decimals. They are
+regression pins, not values from a paper: a change to the loop that alters what a seed samples fails
+here. One case is also re-derived independently of the decode loop
+(`test_the_greedy_pins_are_the_float64_forwards_argmax_and_log_probs`): the transformers module in
+float64 on each whole sequence, without cache, padding or sampling code. Regenerate the pins
+(``python tests/test_decode_pins.py``) only for a change that is meant to alter samples, and say so in
+its commit.
 """
 
 import json
@@ -94,6 +99,31 @@ def test_fixed_seeds_give_the_pinned_samples(case):
     torch.testing.assert_close(torch.tensor(now["logprobs"]), torch.tensor(pinned["logprobs"]), atol=2e-5, rtol=0)
     if case != "qwen2_top_k_greedy":  # the sampled cases have rows that end early or forced tokens
         assert any(0 in row for row in now["completion_mask"])
+
+
+def test_the_greedy_pins_are_the_float64_forwards_argmax_and_log_probs():
+    """The greedy case's pinned tokens and log-probs, derived again without the decode loop: each row's
+    prompt (an empty one conditioned on BOS, as `Policy.prepare_prompts` does) and pinned completion
+    through the transformers module in float64 at once; each pinned token is the argmax of the logits
+    before it (top_k=3 keeps the argmax) and its pinned log-prob is the full softmax's, to the pins' 5
+    decimals."""
+    pinned = json.loads(PINS.read_text())["qwen2_top_k_greedy"]
+    policy = Policy.tiny("qwen2", seed=5, generation=GenerationConfig(max_new_tokens=20, top_k=3))
+    model = policy.model.double().eval()
+    prompt_ids, prompt_mask = policy.encode(PROMPTS)
+    for row, text in enumerate(PROMPTS):
+        prompt = prompt_ids[row][prompt_mask[row].bool()].tolist() or [policy.tokenizer.bos_token_id]
+        n = sum(pinned["completion_mask"][row])
+        completion = pinned["completion_ids"][row][:n]
+        assert n > 0 and pinned["completion_mask"][row][:n] == [1] * n
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]  # [n, V]
+        logp = torch.log_softmax(logits, -1)
+        assert logits.argmax(-1).tolist() == completion, text
+        want = logp.gather(1, torch.tensor(completion)[:, None])[:, 0]
+        torch.testing.assert_close(
+            torch.tensor(pinned["logprobs"][row][:n], dtype=torch.float64), want, atol=6e-6, rtol=0
+        )
 
 
 if __name__ == "__main__":  # regenerate the pins (see the module docstring)

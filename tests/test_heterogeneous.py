@@ -15,7 +15,7 @@ import tyro
 torch.set_num_threads(1)
 
 from helpers import tiny_config  # noqa: E402
-from toy import CategoricalPolicy  # noqa: E402
+from toy import CategoricalPolicy, shuffled_rewards  # noqa: E402
 
 from textzoo.algorithms.reinforce.family import ReinforceConfig, ReinforceFamily  # noqa: E402
 from textzoo.algorithms.rlmath import credited_rewards  # noqa: E402
@@ -62,9 +62,11 @@ def target_prob(actor: AgentActor, i: int) -> float:
     return float(actor.policy.probs()[actor.policy.words.index(KEYWORDS[i])])
 
 
-def train_toy(actors, credit: str, steps: int, trainable_agents=(), every: int = 0, seed: int = 0):
-    """Collect -> jobs -> (schedule) -> run_job, as the trainer does; return learners and per-step stats."""
+def train_toy(actors, credit: str, steps: int, trainable_agents=(), every: int = 0, seed: int = 0, control=False):
+    """Collect -> jobs -> (schedule) -> run_job, as the trainer does; return learners and per-step stats.
+    `seed` picks the rollouts' seeds; `control` trains on shuffled rewards (`toy.shuffled_rewards`)."""
     torch.manual_seed(seed)
+    shuffle = torch.Generator().manual_seed(seed)
     n = len(actors) - 1
     env_fn = lambda: make("textzoo/Refine-v0", num_refiners=n, keywords=[[k] for k in KEYWORDS[:n]])  # noqa: E731
     collector = Collector(env_fn, actors)
@@ -78,7 +80,9 @@ def train_toy(actors, credit: str, steps: int, trainable_agents=(), every: int =
     schedule = build_schedule(trainable_agents, every, [a.id for a in actors], learners)
     history = []
     for step in range(steps):
-        rollout = collector.collect(list(range(4)), [step * 10 + b for b in range(4)], 8)
+        rollout = collector.collect(list(range(4)), [seed * 1000 + step * 10 + b for b in range(4)], 8)
+        if control:
+            rollout = shuffled_rewards(rollout, shuffle)
         jobs, _ = family.jobs(rollout)
         stats = {
             job.learner: run_job(job, learners[job.learner], UpdateConfig()) for job in schedule.filter(jobs, step)
@@ -94,59 +98,76 @@ def train_toy(actors, credit: str, steps: int, trainable_agents=(), every: int =
 
 
 # ---- learning: the N-expert scenario with known optima ---------------------------------------
-@pytest.mark.parametrize("n", [1, 3, 4])
-def test_per_agent_credit_every_refiner_learns_its_own_keyword(n):
-    actors = toy_team(n)
+# Each learning test trains seeds 0 and 1 and, beside them, seed 0 on shuffled rewards (`control`: no reward
+# follows its sample); the bars, 0.9 for a refiner's keyword and 0.98 for the generator's copying (both from
+# 0.2 and 0.5), sit between the two. Measured (transformers 5.19, torch 2.13), final probabilities over seeds
+# 0-7, learning | shuffled rewards:
+#   per_agent, 40 steps, N = 1, 3, 4: refiners 0.978-0.992 (mean 0.985) | 0.037-0.745 (mean 0.22);
+#                                     generator 0.992-0.996 | 0.043-0.951
+#   shared, N = 3, 40 steps:          refiners 0.977-0.988 (mean 0.984) | 0.051-0.541 (mean 0.21)
+#   frozen generator, N = 2, 30 steps (seeds 0-5): refiners 0.969-0.976 | 0.036-0.301 (mean 0.13)
+# Shuffled seed 0 ends at most at 0.515 (a refiner) and 0.292 (the generator).
+LEARNED, COPIES = 0.9, 0.98
+
+
+def run_team(n: int, credit: str, steps: int, seed: int, control: bool = False, **team):
+    """A fresh toy team trained by `train_toy`: (keyword probability before and after, per refiner;
+    the generator's copy probability before and after; learners; history)."""
+    actors = toy_team(n, **team)
     before = [target_prob(a, i) for i, a in enumerate(actors[:n])]
     copy_before = float(actors[-1].policy.probs()[0])
-    learners, history = train_toy(actors, "per_agent", steps=40)
+    learners, history = train_toy(actors, credit, steps=steps, seed=seed, control=control)
     after = [target_prob(a, i) for i, a in enumerate(actors[:n])]
-    copy_after = float(actors[-1].policy.probs()[0])
+    copy = (copy_before, float(actors[-1].policy.probs()[0]))
     print(
-        f"\nper_agent N={n}: target p {[round(p, 3) for p in before]} -> {[round(p, 3) for p in after]}, "
-        f"generator p(copy) {copy_before:.3f} -> {copy_after:.3f}, team reward "
+        f"\n{credit} N={n} seed {seed}{' shuffled' if control else ''}: target p {[round(p, 3) for p in before]} -> "
+        f"{[round(p, 3) for p in after]}, generator p(copy) {copy[0]:.3f} -> {copy[1]:.3f}, team reward "
         f"{history[0]['team']:.3f} -> {history[-1]['team']:.3f}, versions {history[-1]['versions']}"
     )
-    for i in range(n):
-        assert after[i] > 0.5 and after[i] - before[i] > 0.2, (i, before[i], after[i])
-    assert copy_after > copy_before + 0.2  # the generator learns to pass the refiners' words on
-    # every expert has its own version: its own optimizer steps, counted by its own learner
-    assert set(learners) == {a.id for a in actors}
-    for agent_id, learner in learners.items():
-        steps = sum(h["stats"][agent_id]["optimizer_steps"] for h in history if agent_id in h["stats"])
-        assert learner.version == steps > 0
-    assert [learners[a.id].max_grad_norm for a in actors] == [1.0 + i for i in range(n + 1)]
+    return before, after, copy, learners, history
 
 
-def test_shared_credit_runs_with_independent_versions_and_an_expert_learns():
+@pytest.mark.parametrize("n", [1, 3, 4])
+def test_per_agent_credit_every_refiner_learns_its_own_keyword(n):
+    for seed in (0, 1):
+        before, after, copy, learners, history = run_team(n, "per_agent", 40, seed)
+        assert min(after) > LEARNED and min(before) < 0.25, (before, after)  # every refiner, from 0.2
+        assert copy[1] > COPIES and copy[0] < 0.55  # the generator learns to pass the refiners' words on
+        # every expert has its own version: its own optimizer steps, counted by its own learner
+        assert set(learners) == {f"refiner_{i}" for i in range(n)} | {"generator"}
+        for agent_id, learner in learners.items():
+            steps = sum(h["stats"][agent_id]["optimizer_steps"] for h in history if agent_id in h["stats"])
+            assert learner.version == steps > 0
+        assert [learners[f"refiner_{i}"].max_grad_norm for i in range(n)] == [1.0 + i for i in range(n)]
+    _, after, copy, _, _ = run_team(n, "per_agent", 40, 0, control=True)
+    assert max(after) < LEARNED and copy[1] < COPIES, (after, copy)
+
+
+def test_shared_credit_every_expert_learns_with_independent_versions():
     n = 3
-    actors = toy_team(n)
-    before = [target_prob(a, i) for i, a in enumerate(actors[:n])]
-    learners, history = train_toy(actors, "shared", steps=40)
-    after = [target_prob(a, i) for i, a in enumerate(actors[:n])]
-    print(
-        f"\nshared N={n}: target p {[round(p, 3) for p in before]} -> {[round(p, 3) for p in after]}, "
-        f"team reward {history[0]['team']:.3f} -> {history[-1]['team']:.3f}, versions {history[-1]['versions']}"
-    )
-    assert any(a > 0.5 and a - b > 0.2 for a, b in zip(after, before))
-    for agent_id, learner in learners.items():
-        steps = sum(h["stats"][agent_id]["optimizer_steps"] for h in history if agent_id in h["stats"])
-        assert learner.version == steps
-    assert len({id(learner) for learner in learners.values()}) == n + 1
+    for seed in (0, 1):
+        before, after, _, learners, history = run_team(n, "shared", 40, seed)
+        assert min(after) > LEARNED and min(before) < 0.25, (before, after)  # each expert, not one of them
+        for agent_id, learner in learners.items():
+            steps = sum(h["stats"][agent_id]["optimizer_steps"] for h in history if agent_id in h["stats"])
+            assert learner.version == steps
+        assert len({id(learner) for learner in learners.values()}) == n + 1
+    _, after, _, _, _ = run_team(n, "shared", 40, 0, control=True)
+    assert max(after) < LEARNED, after
 
 
 def test_frozen_generator_is_bit_identical_and_refiners_still_learn():
     n = 2
-    actors = toy_team(n, generator_trainable=False, copy_logit=2.0)
-    generator = actors[-1].policy.model.logits.detach().clone()
-    before = [target_prob(a, i) for i, a in enumerate(actors[:n])]
-    learners, history = train_toy(actors, "per_agent", steps=30)
-    after = [target_prob(a, i) for i, a in enumerate(actors[:n])]
-    print(f"\nprompt-only N={n}: target p {[round(p, 3) for p in before]} -> {[round(p, 3) for p in after]}")
-    assert "generator" not in learners and all("generator" not in h["stats"] for h in history)
-    assert torch.equal(actors[-1].policy.model.logits, generator)
-    for i in range(n):
-        assert after[i] > 0.5 and after[i] - before[i] > 0.2
+    for seed in (0, 1):
+        actors = toy_team(n, generator_trainable=False, copy_logit=2.0)
+        generator = actors[-1].policy.model.logits.detach().clone()
+        learners, history = train_toy(actors, "per_agent", steps=30, seed=seed)
+        after = [target_prob(a, i) for i, a in enumerate(actors[:n])]
+        assert "generator" not in learners and all("generator" not in h["stats"] for h in history)
+        assert torch.equal(actors[-1].policy.model.logits, generator)
+        assert min(after) > LEARNED, after
+    _, after, _, _, _ = run_team(n, "per_agent", 30, 0, control=True, generator_trainable=False, copy_logit=2.0)
+    assert max(after) < LEARNED, after
 
 
 def test_schedule_freezes_an_agent_without_loss_step_or_version_bump():

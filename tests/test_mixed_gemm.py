@@ -3,6 +3,7 @@ bf16 layers' weight gradients through it straight into the float32 ``.grad`` (`f
 
 import shutil
 
+import features
 import pytest
 import torch
 from helpers import metrics_rows, tiny_config, tiny_llama_grads
@@ -13,7 +14,7 @@ from textzoo.runners import checkpoint as ck
 from textzoo.runners.trainer import Trainer
 
 torch.set_num_threads(1)
-pytestmark = pytest.mark.skipif(not mixed_gemm.available(), reason="this torch has no MKL mixed GEMM")
+pytestmark = features.requires("mkl", mixed_gemm.available(), "this torch has no MKL mixed GEMM")
 
 
 def _exact(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

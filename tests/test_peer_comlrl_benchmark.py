@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+import features
 import tyro
 from helpers import load_benchmark
 
@@ -43,7 +43,7 @@ def test_the_textzoo_sides_alternate_in_fresh_processes():
     assert (ratio.low, ratio.high) == (min(per_round), max(per_round))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("comlrl") is None, reason="CoMLRL 1.4.3 is not installed")
+@features.requires("comlrl", importlib.util.find_spec("comlrl") is not None, "CoMLRL 1.4.3 is not installed")
 def test_the_comparison_prints_the_median_ratio_and_its_range(tmp_path):
     command = [sys.executable, "benchmarks/peer_comlrl.py", *TINY, "--rounds", "3", "--results", str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=1200)

@@ -3,6 +3,7 @@
 import importlib.util
 import re
 
+import features
 import pytest
 
 from textzoo.config import AgentConfig, TrainConfig
@@ -16,6 +17,7 @@ from textzoo.envs.refine_v0 import PRESETS as REFINE
 from textzoo.envs.sudoku_v0 import PRESETS as SUDOKU
 from textzoo.errors import ConfigError, EnvError
 
+HAS_REASONING_GYM = importlib.util.find_spec("reasoning_gym") is not None
 ALL = [
     ("textzoo/Debate-v0", DEBATE),
     ("textzoo/Refine-v0", REFINE),
@@ -24,7 +26,7 @@ ALL = [
     pytest.param(
         "textzoo/ReasoningGym-v0",
         REASONING_GYM,
-        marks=pytest.mark.skipif(not importlib.util.find_spec("reasoning_gym"), reason="needs textzoo[reasoning-gym]"),
+        marks=features.requires("reasoning-gym", HAS_REASONING_GYM, "reasoning_gym is not installed"),
     ),
 ]
 
@@ -76,7 +78,7 @@ def test_the_presets_are_the_easy_settings_they_name():
     assert len(env.puzzle.blanks) == 2
 
 
-@pytest.mark.skipif(not importlib.util.find_spec("reasoning_gym"), reason="needs textzoo[reasoning-gym]")
+@features.requires("reasoning-gym", HAS_REASONING_GYM, "reasoning_gym is not installed")
 def test_the_reasoning_gym_presets_ask_two_small_terms_never_trained_on():
     for name, ops in (("chain-sum-team", "+-"), ("basic-arithmetic-team", "+-*")):
         kwargs = REASONING_GYM[name].env_kwargs

@@ -1,10 +1,11 @@
 """textzoo/ReasoningGym-v0: reasoning-gym's generators and verifiers in textzoo's arrangements."""
 
+import features
 import pytest
 import torch
 
 torch.set_num_threads(1)
-pytest.importorskip("reasoning_gym")
+features.importorskip("reasoning-gym", "reasoning_gym")
 
 from helpers import tiny_config  # noqa: E402
 

@@ -1,10 +1,11 @@
-"""Exact resume: SIGKILL at a random moment (and inside a save), config checks, damaged checkpoints.
+"""Exact resume: SIGKILL at a seeded moment mid-run (and inside a save), config checks, damaged checkpoints.
 
 The reference is an uninterrupted run in this process; killed and resumed runs go through the CLI in
 subprocesses. Equality is exact: torch.equal on every trained weight, and identical metrics rows
 apart from the `time/*` fields.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -67,21 +68,74 @@ def _start_cli(run_dir: Path, *args: str) -> subprocess.Popen:
     )
 
 
-def test_sigkill_at_a_random_moment_then_resume_is_bit_identical(tmp_path, reference):
-    run_dir = tmp_path / "run"
-    config = tmp_path / "config.json"
+GATED = """
+import os, sys, time
+from pathlib import Path
+from textzoo.runners import preemption, trainer
+from textzoo.runners.cli import main
+
+step, phase, gate = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+enter = trainer.Trainer._phase
+def gated(self, name):
+    if self.step == step and name == phase:  # `step` steps done, the next one in `phase`: wait for the test
+        gate.write_text(str(os.getpid()))
+        while True:
+            time.sleep(1)
+    return enter(self, name)
+trainer.Trainer._phase = gated
+handle = preemption.GracefulStop._handle
+def handled(self, signum, frame):  # says when the first signal was taken (the second one ends the process)
+    handle(self, signum, frame)
+    gate.with_suffix(".signalled").write_text(str(signum))
+preemption.GracefulStop._handle = handled
+sys.exit(main(["train", *sys.argv[4:]]))
+"""
+
+
+@contextlib.contextmanager
+def _gated(tmp_path: Path, step: int, phase: str):
+    """The CLI training `CFG` in a subprocess that stops, and waits, when it enters `phase` of step
+    `step + 1` (`step` steps and their checkpoints done): (process, run dir, gate file written then).
+    A process still waiting when the test ends (it failed) is killed."""
+    run_dir, config, gate = tmp_path / "run", tmp_path / "config.json", tmp_path / "gate"
     save_config(dataclasses.replace(CFG, run_dir=str(run_dir)), config)
-    proc = _start_cli(run_dir, "--config", str(config))
+    script = tmp_path / "gated.py"
+    script.write_text(textwrap.dedent(GATED))
+    args = [sys.executable, str(script), str(step), phase, str(gate), "--config", str(config)]
+    proc = subprocess.Popen(args, env=ENV, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        yield proc, run_dir, gate
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def _wait_for(path: Path, proc: subprocess.Popen) -> None:
     deadline = time.time() + 300
-    while not (run_dir / "checkpoints" / "step-00000001").exists():
+    while not path.exists():
         assert proc.poll() is None, proc.stdout.read()
         assert time.time() < deadline
         time.sleep(0.02)
-    delay = random.Random().uniform(0.0, 1.5)
-    time.sleep(delay)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    print(f"killed {delay:.2f}s after step 1's checkpoint; checkpoints then: {ck.list_checkpoints(run_dir)}")
+
+
+# the moment of the kill: a seeded draw of a step after the first checkpoint and before the last step,
+# and of the phase of the step the kill falls in
+KILL_STEP, KILL_PHASE = (lambda r: (r.randint(1, CFG.steps - 1), r.choice(["generate", "score", "update"])))(
+    random.Random(2024)
+)
+
+
+def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path, reference):
+    with _gated(tmp_path, KILL_STEP, KILL_PHASE) as (proc, run_dir, gate):
+        _wait_for(gate, proc)
+        proc.send_signal(signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, out
+    # killed inside step KILL_STEP + 1: the newest checkpoint and the last metrics row are step KILL_STEP's
+    newest = ck.list_checkpoints(run_dir)[-1]
+    assert newest.name == f"step-{KILL_STEP:08d}" and KILL_STEP < CFG.steps and ck.verify(newest) is None
+    assert len(metrics_rows(run_dir)) == KILL_STEP + 1
     resumed = _start_cli(run_dir, "--resume", str(run_dir))
     out, _ = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, out
@@ -272,22 +326,20 @@ def test_a_signal_finishes_the_step_checkpoints_and_resume_auto_is_bit_identical
 
 
 def test_a_second_signal_stops_at_once_and_the_last_checkpoint_survives(tmp_path, reference):
-    run_dir = tmp_path / "run"
-    config = tmp_path / "config.json"
-    save_config(dataclasses.replace(CFG, run_dir=str(run_dir)), config)  # a checkpoint every step
-    proc = _start_cli(run_dir, "--config", str(config))
-    _wait_rows(run_dir, 3, proc)
-    proc.send_signal(signal.SIGTERM)
-    time.sleep(1.2)  # a second signal, not a copy of the first
-    sent = time.time()
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=60)
-    if proc.returncode == 0:  # the step finished before the second signal came: a graceful stop
-        assert "stopped by SIGTERM" in proc.stdout.read()
-    else:
-        assert proc.returncode == -signal.SIGTERM and time.time() - sent < 10
+    from textzoo.runners.preemption import DUPLICATE_S
+
+    with _gated(tmp_path, 2, "update") as (proc, run_dir, gate):  # held inside step 3
+        _wait_for(gate, proc)
+        proc.send_signal(signal.SIGTERM)  # a graceful stop, which waits for the step to end
+        _wait_for(gate.with_suffix(".signalled"), proc)
+        time.sleep(DUPLICATE_S + 0.2)  # a second signal, not a copy of the first
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM, out
+    assert "second SIGTERM: stopping at once" in out
+    assert [p.name for p in ck.list_checkpoints(run_dir)] == ["step-00000001", "step-00000002"]
     path, damage = ck.latest_intact(run_dir)
-    assert path is not None and not damage
+    assert path.name == "step-00000002" and not damage
     Trainer(dataclasses.replace(CFG, run_dir=str(run_dir)), resume="auto").train()
     _assert_same_run(run_dir, reference)
 

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import shutil
 
+import features
 import pytest
 import torch
 from helpers import tiny_config
@@ -136,7 +137,7 @@ def test_eval_show_prints_held_out_completions(run, capsys):
     assert "held-out completions" in err and "elaboration" in err and "summary" in err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is an optional extra (textzoo[tracking])")
+@features.requires("tracking", importlib.util.find_spec("wandb") is not None, "wandb is not installed")
 def test_wandb_gets_a_samples_table(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     Trainer(dataclasses.replace(CFG, steps=1, report_to=("wandb",), run_dir=str(tmp_path))).train()

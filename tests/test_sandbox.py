@@ -11,6 +11,7 @@ import textwrap
 import threading
 import time
 
+import features
 import pytest
 from confined import run_unprivileged
 from conftest import wait_until
@@ -34,7 +35,13 @@ ACTIVE = set(HERE.mechanisms)
 
 def needs(*mechanisms):
     missing = sorted(set(mechanisms) - ACTIVE)
-    return pytest.mark.skipif(bool(missing), reason=f"this machine lacks {missing}: {HERE.missing}")
+    return features.requires("sandbox", not missing, f"this machine lacks {missing}: {HERE.missing}")
+
+
+def need(*mechanisms) -> None:
+    """`needs` inside a test."""
+    missing = sorted(set(mechanisms) - ACTIVE)
+    features.need("sandbox", not missing, f"this machine lacks {missing}: {HERE.missing}")
 
 
 def only(*mechanisms: str) -> SandboxLimits:
@@ -114,8 +121,24 @@ def _wait_gone(pids, seconds: float = 60.0) -> list[int]:
 
 def _assert_clean(result) -> None:
     assert not result.passed
-    if "uid" in ACTIVE:
-        assert _wait_gone(_sandbox_pids()) == []
+    # a program's leftover processes are found by its private uid
+    need("uid")
+    assert _wait_gone(_sandbox_pids()) == []
+
+
+def _named(name: str) -> list[int]:
+    """Live processes whose name (comm) is `name`."""
+    return [pid for pid in _parents() if _comm(pid) == name]
+
+
+def _daemon(name: str) -> str:
+    """A program that leaves a daemon behind: a forked child in a session of its own, named `name`
+    (prctl PR_SET_NAME), which sleeps a minute; the program ends once the daemon has its name."""
+    return (
+        "import ctypes, os, time\nr, w = os.pipe()\nif os.fork() == 0:\n    os.setsid()\n"
+        f"    ctypes.CDLL(None).prctl(15, {name.encode()!r}, 0, 0, 0)\n    os.write(w, b'x')\n    time.sleep(60)\n"
+        "os.read(r, 1)"
+    )
 
 
 # ---- outcomes ----------------------------------------------------------------------------------
@@ -204,7 +227,7 @@ def test_cpu_limit_kills_busy_program():
     _assert_clean(r)
 
 
-@pytest.mark.skipif(not ACTIVE & {"uid", "userns"}, reason="RLIMIT_NPROC needs a private uid or user namespace")
+@features.requires("sandbox", bool(ACTIVE & {"uid", "userns"}), "RLIMIT_NPROC needs a private uid or user namespace")
 def test_fork_bomb_is_bounded_and_cleaned_up():
     t = time.monotonic()
     r = run(Program("import os\nwhile True:\n    os.fork()"), SandboxLimits(timeout_s=2.0, cpu_s=2, max_processes=16))
@@ -212,15 +235,28 @@ def test_fork_bomb_is_bounded_and_cleaned_up():
     _assert_clean(r)
 
 
-@pytest.mark.parametrize("iso", [ISOLATION, ("uid",)], ids=["pid-namespace", "uid-only"])
-def test_escaped_daemon_is_killed(iso):
-    if not set(iso) & ACTIVE & {"uid", "pidns"}:
-        pytest.skip("needs a pid namespace or a private uid")
-    src = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint(os.getpid())"
-    r = run(Program(src, ["assert True"]), only(*iso))
-    assert r.finished
-    if "uid" in ACTIVE:
-        assert _wait_gone(_sandbox_pids()) == []
+@pytest.mark.parametrize(
+    "iso, ender",
+    [(ISOLATION, "pidns"), (("uid",), "uid"), (("pidns",), "pidns")],
+    ids=["all", "uid-only", "pidns-only"],
+)
+def test_escaped_daemon_is_killed(iso, ender):
+    need(ender)
+    name = f"tzd{os.urandom(5).hex()}"
+    r = run(Program(_daemon(name), ["assert True"]), only(*iso))
+    assert r.passed
+    # ended at once by its pid namespace's end, a moment later by the kill of the program's uid
+    assert wait_until(lambda: not _named(name)), _named(name)
+
+
+def test_escaped_daemon_outlives_a_run_without_isolation():
+    # the positive control of the test above: the daemon is there, under its name, when nothing ends it
+    name = f"tzd{os.urandom(5).hex()}"
+    r = run(Program(_daemon(name), ["assert True"]), only())
+    alive = _named(name)
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert r.passed and len(alive) == 1
 
 
 def test_huge_allocation_fails():
@@ -274,9 +310,10 @@ def test_cannot_read_user_files(tmp_path):
     assert r.source_error in ("PermissionError", "FileNotFoundError") and "SECRET" not in r.stdout
 
 
-@pytest.mark.skipif(
-    not ACTIVE & {"pidns", "uid"} and not ("landlock" in ACTIVE and HERE.landlock_abi >= 6),
-    reason="needs a pid namespace, a private uid or Landlock's signal scope (ABI >= 6)",
+@features.requires(
+    "sandbox",
+    bool(ACTIVE & {"pidns", "uid"}) or ("landlock" in ACTIVE and HERE.landlock_abi >= 6),
+    "needs a pid namespace, a private uid or Landlock's signal scope (ABI >= 6)",
 )
 def test_cannot_kill_parent():
     # in a pid namespace the parent is the keeper (root, pid 1): a signal from inside is refused or dropped
@@ -324,8 +361,9 @@ NETWORK = [("netns",), ("landlock",), ("seccomp",)]
 @pytest.mark.parametrize("mechanism", NETWORK, ids=lambda m: m[0])
 def test_each_network_layer_alone_blocks_a_local_connection(mechanism, listener):
     port, received = listener
-    if not set(mechanism) <= ACTIVE or (mechanism == ("landlock",) and HERE.landlock_abi < 4):
-        pytest.skip(f"{mechanism} is not available here")
+    need(*mechanism)
+    landlock_net = mechanism != ("landlock",) or HERE.landlock_abi >= 4
+    features.need("sandbox", landlock_net, "Landlock's network rules need ABI 4")
     r = run(Program(_connect(port)), only(*mechanism))
     time.sleep(0.3)  # grace for a late connection to show up: an absence cannot be waited for
     assert r.source_error in ("PermissionError", "OSError", "ConnectionRefusedError") and received == []
@@ -341,21 +379,30 @@ def test_without_any_network_layer_the_connection_works(listener):
 
 @pytest.mark.parametrize("mechanism", [("mountns",), ("landlock",)], ids=lambda m: m[0])
 def test_each_file_layer_alone_keeps_tmp_and_shm_private(mechanism, tmp_path):
-    if not set(mechanism) <= ACTIVE:
-        pytest.skip(f"{mechanism} is not available here")
+    need(*mechanism)
     name = f"textzoo-test-{os.getpid()}-{mechanism[0]}"
-    src = f"for d in ('/tmp', '/dev/shm'):\n    try:\n        open(d + '/{name}', 'w').write('x')\n"
-    src += "    except OSError:\n        pass"
-    run(Program(src), only(*mechanism))
-    assert not os.path.exists(f"/tmp/{name}") and not os.path.exists(f"/dev/shm/{name}")
-    seen = run(Program(f"import os\nprint(os.path.exists('/tmp/{name}'))"), only(*mechanism))
-    assert seen.stdout.strip() in ("False", "")
+    paths = [f"/tmp/{name}", f"/dev/shm/{name}"]
+    # each write is tried; the program itself never fails
+    write = f"for p in {paths!r}:\n    try:\n        open(p, 'w').write('x')\n    except OSError:\n        pass"
+    look = f"import os\nprint([os.path.exists(p) for p in {paths!r}])"
+    assert run(Program(write), only(*mechanism)).passed
+    assert [os.path.exists(p) for p in paths] == [False, False]
+    seen = run(Program(look), only(*mechanism))
+    assert seen.passed and seen.stdout == "[False, False]\n", seen
+    # the positive control: with no layer the same writes land on the host and a later program sees them
+    try:
+        assert run(Program(write), only()).passed
+        assert [os.path.exists(p) for p in paths] == [True, True]
+        assert run(Program(look), only()).stdout == "[True, True]\n"
+    finally:
+        for p in paths:
+            if os.path.exists(p):
+                os.remove(p)
 
 
 @pytest.mark.parametrize("mechanism", [("mountns",), ("landlock",)], ids=lambda m: m[0])
 def test_each_file_layer_alone_hides_world_readable_files(mechanism, world_readable):
-    if not set(mechanism) <= ACTIVE:
-        pytest.skip(f"{mechanism} is not available here")
+    need(*mechanism)
     r = run(Program(f"print(open({str(world_readable)!r}).read())"), only(*mechanism))
     assert r.source_error in ("FileNotFoundError", "PermissionError") and "SECRET" not in r.stdout
     control = run(Program(f"print(open({str(world_readable)!r}).read())"), only())
@@ -406,14 +453,26 @@ def test_the_whole_standard_library_imports():
     assert len(json.loads(r.stdout)) > 150
 
 
+REQUIRE_UID = """
+from textzoo.errors import SandboxError
+from textzoo.sandbox import Program, SandboxLimits, run
+try:
+    print(run(Program("x = 1"), SandboxLimits(timeout_s=10, cpu_s=10, require=("uid",))).passed)
+except SandboxError as e:
+    print(e)
+"""
+
+
 def test_require_refuses_a_missing_mechanism():
-    absent = next((m for m in ISOLATION if m not in ACTIVE), None)
-    if absent is None:
-        pytest.skip("every mechanism is available here")
-    with pytest.raises(SandboxError, match=absent):
-        run(Program("x = 1"), dataclasses.replace(FAST, require=(absent,)))
     present = tuple(m for m in ISOLATION if m in ACTIVE)
     assert run(Program("x = 1"), dataclasses.replace(FAST, require=present)).passed
+    absent = [m for m in ISOLATION if m not in ACTIVE]
+    if absent:
+        with pytest.raises(SandboxError, match=absent[0]):
+            run(Program("x = 1"), dataclasses.replace(FAST, require=(absent[0],)))
+    else:  # nothing is missing here; a caller that is not root has no private uids
+        proc = run_unprivileged(REQUIRE_UID)
+        assert "SandboxLimits.require asks for ['uid'], not available here" in proc.stdout, proc
 
 
 def test_isolation_is_logged_once(caplog):
@@ -518,15 +577,16 @@ print(json.dumps(out))
 """
 
 
-def test_non_root_callers_get_user_namespaces_and_are_told(tmp_path):
-    proc = run_unprivileged(textwrap.dedent(NONROOT), tmp_path)
+def test_non_root_callers_get_user_namespaces_and_are_told():
+    proc = run_unprivileged(textwrap.dedent(NONROOT))
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["uid"] != 0
     assert "not available here: uid" in proc.stderr  # the fallback says so
     mechanisms = out["isolation"].split("+")
-    if "userns" not in mechanisms:
-        pytest.skip(f"user namespaces are not allowed for non-root users here: {proc.stderr[-500:]}")
+    features.need(
+        "sandbox", "userns" in mechanisms, f"user namespaces are not allowed for non-root users: {proc.stderr[-500:]}"
+    )
     assert {"userns", "netns", "mountns", "pidns"} <= set(mechanisms) and "uid" not in mechanisms
     assert out["connect"] and not out["accepted"]
     assert out["tmp"] and not out["tmp_left"]

@@ -2,11 +2,12 @@
 
 import importlib
 
+import features
 import pytest
 import torch
 
 torch.set_num_threads(1)
-pytest.importorskip("textarena")
+features.importorskip("textarena", "textarena")
 
 from textzoo.envs import check_env, make  # noqa: E402
 from textzoo.errors import ConfigError, EnvError  # noqa: E402
@@ -118,16 +119,11 @@ def _legal_rate(row, prefix=""):
     return legal / (legal + illegal)
 
 
-def test_self_play_on_tictactoe_raises_the_legal_move_rate(tmp_path):
-    # One policy plays both sides (the joint actor; a lone active role gets its plain prompt), credited
-    # as the side it played (credit acting_role) against a per-role baseline (RAE). Tiny models get a
-    # short move format: cell digits only, and the board's last 64 characters (the available moves).
-    # The joint actor's budget is 2 tokens, so the tiny model starts out writing two digits ("45": an
-    # illegal cell) and learns to stop after one: it learns the move format, not to read the board (with
-    # one-token moves the legal rate stays at random play's ~0.63 over 30 steps, measured).
-    # Measured over seeds 0-4 (6 steps, B=8, G=4, lr 1e-2): train legal rate at step 1 -> the mean of
-    # steps 5-6: 0.13 -> 0.41, 0.20 -> 0.33, 0.14 -> 0.36, 0.08 -> 0.35, 0.15 -> 0.46 (smallest rise 0.13);
-    # held-out (sampled) 0.06 -> 0.41, 0.00 -> 0.38, 0.21 -> 0.29, 0.14 -> 0.35, 0.20 -> 0.44.
+def legal_rates(
+    seed: int, run_dir, lr: float = 1e-2, steps: int = 6, eval_every: int = 0
+) -> tuple[list[float], list[float]]:
+    """One seeded self-play run of the joint actor on TicTacToe: the legal-move rate of each step's
+    training samples, and of the held-out games at step 0, every `eval_every` steps and at the end."""
     from textzoo.config import AgentConfig, ReinforceConfig, TrainConfig
     from textzoo.runners.trainer import Trainer
 
@@ -138,19 +134,45 @@ def test_self_play_on_tictactoe_raises_the_legal_move_rate(tmp_path):
         collaboration="centralized",
         credit="acting_role",
         reinforce=ReinforceConfig(reinforce_baseline="per_role", advantage_scale="none"),
-        steps=6,
+        steps=steps,
         batch_prompts=8,
         group_size=4,
         eval_prompts=8,
         eval_modes=("sampled",),
-        seed=0,
+        eval_every=eval_every,
+        seed=seed,
         progress=False,
         plot=False,
-        run_dir=str(tmp_path),
-        agent=AgentConfig(max_new_tokens=1, allowed_outputs=tuple("012345678"), lr=1e-2),
+        run_dir=str(run_dir),
+        agent=AgentConfig(max_new_tokens=1, allowed_outputs=tuple("012345678"), lr=lr),
     )
     history = Trainer(cfg).train()
     train = [_legal_rate(r) for r in history if "reward/legal" in r]
     held_out = [_legal_rate(r, "eval/sampled/") for r in history if "eval/sampled/reward/legal" in r]
-    assert sum(train[-2:]) / 2 > train[0] + 0.1, train
-    assert held_out[-1] > held_out[0], held_out
+    return train, held_out
+
+
+def legal_rate_gain(train: list[float], held_out: list[float]) -> tuple[float, float]:
+    """The rise of the legal-move rate: step 1 to the mean of the last 2 steps (training samples), and
+    step 0 to the end (held out)."""
+    return sum(train[-2:]) / 2 - train[0], held_out[-1] - held_out[0]
+
+
+def test_self_play_on_tictactoe_raises_the_legal_move_rate(tmp_path):
+    # One policy plays both sides (the joint actor; a lone active role gets its plain prompt), credited
+    # as the side it played (credit acting_role) against a per-role baseline (RAE). Tiny models get a
+    # short move format: cell digits only, and the board's last 64 characters (the available moves).
+    # The joint actor's budget is 2 tokens, so the tiny model starts out writing two digits ("45": an
+    # illegal cell) and learns to stop after one: it learns the move format, not to read the board (with
+    # one-token moves the legal rate stays at random play's ~0.63 over 30 steps, measured).
+    # Measured over seeds 0-9 (transformers 5.19, torch 2.13; 6 steps, B=8, G=4, lr 1e-2), the rise of the
+    # training samples' legal-move rate from step 1 to the mean of steps 5-6: +0.213 mean, 0.077 sd (+0.043
+    # to +0.310); not learning (lr 1e-9): +0.008 mean, 0.036 sd (-0.066 to +0.042). Means of 3 seeds: every
+    # triple of learning seeds at least +0.127 (seeds 0-2: +0.205), of control seeds at most +0.038 (seeds
+    # 0-2: -0.005). The bar +0.08 sits between the two. The held-out rate (8 games, step 0 -> 6) rose by
+    # +0.228 mean but 0.124 sd, and by +0.025 (0.110 sd) without learning: 3-seed means overlap (learning
+    # down to +0.090, control up to +0.120), so it is printed, not asserted.
+    gains = [legal_rate_gain(*legal_rates(seed, tmp_path / f"seed-{seed}")) for seed in (0, 1, 2)]
+    train, held_out = [g[0] for g in gains], [g[1] for g in gains]
+    print(f"legal-move rate rise, training samples {train}, held out {held_out}")
+    assert sum(train) / len(train) > 0.08, gains

@@ -3,13 +3,14 @@
 import re
 from types import SimpleNamespace
 
+import features
 import numpy as np
 import pytest
 import torch
 
 torch.set_num_threads(1)
 
-pytest.importorskip("tianshou", reason="the tianshou extra is not installed (pip install 'textzoo[tianshou]')")
+features.importorskip("tianshou", "tianshou")
 
 from tianshou.data import Collector, VectorReplayBuffer  # noqa: E402
 from tianshou.env import DummyVectorEnv  # noqa: E402

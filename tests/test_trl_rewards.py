@@ -4,6 +4,7 @@ import dataclasses
 import json
 import re
 
+import features
 import pytest
 import torch
 
@@ -252,7 +253,7 @@ def test_a_conversational_function_called_with_text_says_to_declare_it():
 
 
 def test_conversational_rewards_in_reasoning_gym():
-    pytest.importorskip("reasoning_gym")
+    features.importorskip("reasoning-gym", "reasoning_gym")
 
     def exact(completions, answer, **kwargs):  # reasoning-gym's reference answer is a column
         return [float(c[0]["content"].rsplit("####", 1)[-1].strip() == a) for c, a in zip(completions, answer)]

@@ -92,3 +92,17 @@ class TargetWordEnv(TextParallelEnv):
         own = {a: float(actions[a].strip() == self.targets[a]) for a in self.possible_agents}
         terms = {a: {"own_hit": own[a]} for a in self.possible_agents}
         return StepResult(rewards=own, reward_terms=terms)
+
+
+def shuffled_rewards(rollout, generator: torch.Generator):
+    """`rollout` with its episodes' rewards permuted at random: no reward follows the sample that earned
+    it. Training on it is the non-learning control of a learning test (what the update does without a
+    signal, e.g. a drift towards the first word, which is every refiner's keyword in
+    tests/test_heterogeneous.py)."""
+    import dataclasses
+
+    order = torch.randperm(rollout.rewards.shape[0], generator=generator)
+    cross = rollout.cross_rewards
+    if cross is not None:  # each prompt's joint combinations, likewise
+        cross = cross[:, torch.randperm(cross.shape[1], generator=generator)]
+    return dataclasses.replace(rollout, rewards=rollout.rewards[order], cross_rewards=cross)
