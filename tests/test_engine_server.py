@@ -17,10 +17,11 @@ import threading
 import urllib.request
 from pathlib import Path
 
+import features
 import pytest
 import torch
 
-pytest.importorskip("vllm")
+features.importorskip("vllm", "vllm")
 
 from textzoo.config import AgentConfig, TrainConfig  # noqa: E402
 from textzoo.decoding.engine import to_generation  # noqa: E402
