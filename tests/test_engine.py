@@ -90,6 +90,23 @@ def test_a_missing_vllm_is_a_config_error_that_says_what_to_install(monkeypatch)
         vllm_engine._vllm()
 
 
+def test_vllm_on_cpu_from_a_path_with_a_space_is_a_config_error_that_says_where(monkeypatch, tmp_path):
+    from textzoo.decoding import vllm_engine
+    from textzoo.decoding.vllm_serve import ServeConfig, ServerProcess
+
+    vllm_engine.check_cpu_install_path("/opt/venv/lib/python3.11/site-packages/torch")  # no space: passes
+    with pytest.raises(ConfigError, match=r"path has a space \('/home/me/my env/torch'\).*no spaces"):
+        vllm_engine.check_cpu_install_path("/home/me/my env/torch")
+    # both ways vLLM starts on CPU check torch's own folder before anything starts
+    monkeypatch.setattr(torch, "__file__", "/home/me/my env/torch/__init__.py")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="my env"):
+        vllm_engine._vllm()
+    with pytest.raises(ConfigError, match="my env"):
+        ServerProcess(ServeConfig(model=str(tmp_path)), log=tmp_path / "log")
+    assert not (tmp_path / "log").exists()  # no server was started
+
+
 # ---- the local engine and the script runner on a tiny model ----------------------------------------
 @pytest.fixture
 def policy() -> Policy:

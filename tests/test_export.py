@@ -204,10 +204,11 @@ def test_the_joint_actors_structured_completion_is_reproduced_by_its_cards_snipp
         for r in ("summary", "elaboration")
     }
     joint = team["models"]["joint"]["joint"]
-    assert joint["format"] == "structured" and joint["section_tokens"] == 6
+    assert joint["format"] == "structured" and joint["section_tokens"] == {"summary": 6, "elaboration": 6}
     card = (out / "joint" / "README.md").read_text()
-    assert joint["layout"][0] == {"prompt": '<task role="summary">\n{task of summary}\n</task>'}
-    assert [part.get("sampled") for part in joint["layout"]] == [None, None, "summary", None, "elaboration"]
+    assert joint["layout"][0] == {"prompt": "{task of summary}"}  # a chat prompt: one conversation, no tags
+    assert [part.get("sampled") for part in joint["layout"]] == [None, "summary", None, "elaboration"]
+    assert "[user calm] {task of elaboration}" in joint["layout"][2]["forced"]  # the next user turn
     assert "  {task of summary}\n" in card and "the answer of `elaboration` (at most 6 tokens)" in card
     namespace = _run_snippet(out / "joint")
     example = team["models"]["joint"]["example"]
@@ -223,7 +224,8 @@ def test_the_joint_actors_structured_completion_is_reproduced_by_its_cards_snipp
     }
     assert model["chat_template"] == CHAT_TEMPLATE and (out / "joint" / "generation_config.json").is_file()
     text = bytes(i - 3 for i in example["prompt_ids"] if 3 <= i < 259).decode()  # the byte tokenizer's ids
-    assert text.startswith('[system calm] Be brief.\n[user calm] <task role="summary">') and text.endswith("] ")
+    assert text.startswith("[system calm] Be brief.\n[user calm] ") and text.endswith("[assistant] ")
+    assert "<task" not in text
     assert len(namespace["context"]) == len(example["prompt_ids"]) + len(example["completion_ids"])
     assert list(namespace["sections"]) == ["summary", "elaboration"]
     metrics = _eval_team(out, capsys)

@@ -283,8 +283,13 @@ def test_held_out_pairs_come_from_prompts_the_model_never_trains_on(monkeypatch)
 
     cfg = TrainConfig(algo="marlhf", batch_prompts=5, group_size=4, steps=2)
     cfg.preference.rm_batches, cfg.preference.rm_holdout = 2, 0.3
-    rounds = pipeline.RewardModelRounds(cfg)
-    rounds.reward_model, rounds.rm_learner = RewardModel([tiny_member(0)], "mean"), None  # fit is captured
+    # the rounds are built as a run builds them, on a stand-in run: a tiny reward model, no learner (the fit
+    # is captured below), no comparator
+    monkeypatch.setattr(pipeline, "build_reward_model", lambda *a: (RewardModel([tiny_member(0)], "mean"), None))
+    device = SimpleNamespace(policy=SimpleNamespace(device=torch.device("cpu")))
+    built = SimpleNamespace(actors=[device], build_learner=lambda *a: None, run_job=None)
+    rounds = pipeline.RewardModelRounds(cfg, built)
+    assert rounds.comparator is None and rounds.rm_learner is None
     targets = {"p0": "alpha", "p1": "beta"}
     actors = [AgentActor(r, CategoricalPolicy(["alpha", "beta"])) for r in targets]
     collector = Collector(lambda: TargetWordEnv(targets, items=10), actors)

@@ -258,4 +258,4 @@ def test_help_answers_without_importing_torch_or_transformers():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert "usage: textzoo {train,eval,plot,sft,bench}" in done.stdout
+    assert "usage: textzoo {train,eval,export,plot,sft,bench,serve-engine}" in done.stdout

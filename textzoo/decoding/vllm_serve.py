@@ -135,6 +135,9 @@ class ServerProcess:
         root = str(Path(__file__).resolve().parents[2])  # the server runs this textzoo, wherever it was imported from
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         if _cpu():
+            from textzoo.decoding.vllm_engine import check_cpu_install_path
+
+            check_cpu_install_path()
             argv.append("--enforce-eager")
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         if cfg.kv_cache_gb:

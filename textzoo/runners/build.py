@@ -116,10 +116,11 @@ def build_joint_actor(cfg: TrainConfig, roles: list[str], dist: DistContext | No
     if structured:
         _, intro = structured_overhead(roles, policy.tokenizer, fmt)
         task_tokens = max((policy.generation.max_prompt_tokens - intro) // len(roles), 1)
-    sections = {r: cfg.joint_section_tokens.get(r, budget // len(roles)) for r in roles}
+    # a role without its own budget gets an even share of the joint budget among the roles answering together
+    # (`JointActor.budget`): all of it when it answers alone, as in a turn-based game
     return JointActor(
         roles, policy, trainable=agent.trainable, prompt_format=fmt, joint_format=cfg.joint_format,
-        section_tokens=sections, task_tokens=task_tokens,
+        section_tokens=dict(cfg.joint_section_tokens), task_tokens=task_tokens,
     )  # fmt: skip
 
 

@@ -286,7 +286,7 @@ def joint_facts(actor: JointActor) -> dict[str, Any]:
     return {
         "format": actor.joint_format,
         "roles": list(actor.roles),
-        "section_tokens": actor.section_tokens or max(actor.policy.generation.max_new_tokens // len(actor.roles), 1),
+        "section_tokens": {r: actor.budget(r, len(actor.roles)) for r in actor.roles},
         "task_tokens": actor.task_tokens,
         "max_new_tokens": actor.policy.generation.max_new_tokens,
         "layout": layout,
