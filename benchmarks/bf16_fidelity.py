@@ -1,5 +1,5 @@
 """How far bf16-mixed log-probs and gradients land from float32's on a real model, and the update pass's
-time; with ``--switch NAME``, for a switch of `textzoo.models.fastlm` or `textzoo.models.compiled` on and off
+time; with ``--switch NAME``, for a switch of `textzoo.decoding.fastlm` or `textzoo.decoding.compiled` on and off
 side by side in one run.
 
 For each seed it samples ``--prompts`` Writing-v0 prompts x ``--group`` completions, then scores them
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import tyro
 
-from textzoo.models import compiled, fastlm
+from textzoo.decoding import compiled, fastlm
 
 HERE = Path(__file__).resolve().parent
 
@@ -38,8 +38,8 @@ class Args:
     seeds: list[int] = field(default_factory=lambda: [0, 100, 200])
     """Each seed draws other prompts and completions."""
     switch: str = ""
-    """A switch of `textzoo.models.fastlm` (e.g. FUSE_PROJECTIONS, GRAD_INTO_WEIGHTS: True, False or None for
-    the default) or of `textzoo.models.compiled` (COMPILE_UPDATE) to measure forced on and off, alternated;
+    """A switch of `textzoo.decoding.fastlm` (e.g. FUSE_PROJECTIONS, GRAD_INTO_WEIGHTS: True, False or None for
+    the default) or of `textzoo.decoding.compiled` (COMPILE_UPDATE) to measure forced on and off, alternated;
     empty = the code as it is."""
     repeats: int = 3
     """Timed passes per setting (alternated); the best is printed."""
@@ -92,7 +92,7 @@ def main(args: Args) -> dict[int, dict[bool | None, dict[str, float]]]:
     owner = next((m for m in (fastlm, compiled) if isinstance(vars(m).get(args.switch, 0), bool | None)), None)
     if args.switch and owner is None:
         raise SystemExit(
-            f"--switch {args.switch}: not a boolean switch of textzoo.models.fastlm or textzoo.models.compiled"
+            f"--switch {args.switch}: not a boolean switch of textzoo.decoding.fastlm or textzoo.decoding.compiled"
         )
     initial = getattr(owner, args.switch) if args.switch else None
     torch.set_num_threads(args.threads)

@@ -13,7 +13,7 @@ prompt token), then times greedy decode steps of each in alternating rounds: CPU
 rate against the peak of the run's dtype measured in the same run, minor page faults, each one's first
 (compiling) call.
 
-It measures; training does not use `StaticStep`. textzoo's decoder (`textzoo.models.fastlm`) keeps one
+It measures; training does not use `StaticStep`. textzoo's decoder (`textzoo.decoding.fastlm`) keeps one
 copy of each prompt's keys per group, lets finished rows go and keeps a float32 residual stream under
 autocast; this step keeps every row, a fixed capacity and the model's dtype throughout::
 
@@ -38,11 +38,11 @@ import tyro
 from torch import nn
 
 from textzoo.config import AgentConfig
-from textzoo.models import fastlm
+from textzoo.decoding import fastlm
+from textzoo.decoding.modes import eval_mode
+from textzoo.decoding.precision import autocast
 from textzoo.models.build import build_policy
-from textzoo.models.modes import eval_mode
 from textzoo.models.policy import Policy
-from textzoo.models.precision import autocast
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

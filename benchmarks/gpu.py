@@ -62,11 +62,11 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 from textzoo.algorithms.batch import Job, SampleBatch
 from textzoo.algorithms.reinforce.family import ReinforceConfig, reinforce_loss
 from textzoo.config import AgentConfig
+from textzoo.decoding import fastlm, sampling
+from textzoo.decoding.generation import Generation
+from textzoo.decoding.precision import autocast
 from textzoo.envs import make
-from textzoo.models import fastlm, sampling
 from textzoo.models.build import build_policy
-from textzoo.models.generation import Generation
-from textzoo.models.precision import autocast
 from textzoo.models.tokenizer import byte_tokenizer
 from textzoo.runners.build import build_learner
 from textzoo.runners.update import UpdateConfig, run_job

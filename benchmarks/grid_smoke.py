@@ -30,9 +30,7 @@ from textzoo.runners.bench import Grid, load_grid, run_grid, write_report
 _MODEL_KEYS = (
     "model",
     "precision",
-    "dtype",
     "prompt_format",
-    "lora_target_modules",
     "max_new_tokens",
     "max_prompt_tokens",
 )
@@ -68,15 +66,17 @@ def tiny_config(cfg: TrainConfig, args: Args, run_dir: Path) -> TrainConfig:
         n_embd=args.n_embd,
         n_head=2,
         precision="fp32",  # the field itself: a grid's precision (or its migrated legacy dtype) is replaced
-        dtype=None,
         prompt_format="auto",  # a tiny model has no chat template: "chat" would be refused
-        lora_target_modules=(),
+        lora=dataclasses.replace(cfg.agent.lora, target_modules=()),
         max_new_tokens=min(cfg.agent.max_new_tokens, args.max_new_tokens),
         max_prompt_tokens=min(cfg.agent.max_prompt_tokens, args.max_prompt_tokens),
     )
     overrides = {
         role: {k: v for k, v in fields.items() if k not in _MODEL_KEYS} for role, fields in cfg.agent_overrides.items()
     }
+    for fields in overrides.values():  # a real model's module names: the tiny model has others
+        if isinstance(fields.get("lora"), dict):
+            fields["lora"] = {k: v for k, v in fields["lora"].items() if k != "target_modules"}
     for role, fields in cfg.agent_overrides.items():  # keep a role's smaller token budget
         if "max_new_tokens" in fields:
             overrides[role]["max_new_tokens"] = min(fields["max_new_tokens"], args.max_new_tokens)

@@ -16,9 +16,10 @@ import time
 
 import torch
 
+from textzoo.decoding.generation import GenerationConfig
 from textzoo.envs import make
 from textzoo.models.joint import JOINT_FORMATS, JointActor
-from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.models.policy import Policy
 from textzoo.models.prompting import PromptFormat
 from textzoo.runners.rollout import Collector, prompt_seed
 from textzoo.runners.trainer import rollout_metrics

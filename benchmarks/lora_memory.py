@@ -6,9 +6,9 @@
 Each (mode, N) runs in a fresh process: it builds N agents from an `AgentConfig` (Refine-v0 roles),
 gives each a learner, and runs one training step per agent (generate, score, backward, AdamW step),
 so gradients and optimizer moments exist. Modes:
-- `full`: every agent its own model, all weights trained (`lora_rank=0`);
+- `full`: every agent its own model, all weights trained (`lora.rank=0`);
 - `lora-separate`: every agent its own copy of the base plus one adapter (no sharing);
-- `lora-shared`: one base shared by all agents, one adapter each (`lora_rank>0`, textzoo's builder).
+- `lora-shared`: one base shared by all agents, one adapter each (`lora.rank>0`, textzoo's builder).
 Columns: `weights MiB` = bytes of every distinct parameter storage (base copies counted once each);
 `train MiB` = gradients + AdamW moments; `RSS MiB` = the process's resident memory after the step
 minus its resident memory before building (on CUDA, `cuda MiB` = peak allocated there).
@@ -58,7 +58,7 @@ def _storage_bytes(tensors) -> int:
 
 
 def measure(args: Args, mode: str, n: int) -> dict:
-    from textzoo.config import AgentConfig, TrainConfig
+    from textzoo.config import AgentConfig, LoRAConfig, TrainConfig
     from textzoo.models.build import build_policy, generation_config
     from textzoo.models.lora import SharedBase
     from textzoo.runners.build import build_actors, build_learner
@@ -75,7 +75,7 @@ def measure(args: Args, mode: str, n: int) -> dict:
         n_embd=args.n_embd,
         n_head=args.n_head,
         max_new_tokens=8,
-        lora_rank=0 if mode == "full" else args.rank,
+        lora=LoRAConfig(rank=0 if mode == "full" else args.rank),
         device=args.device,
     )
     roles = [f"refiner_{i}" for i in range(n - 1)] + ["generator"]
@@ -83,8 +83,8 @@ def measure(args: Args, mode: str, n: int) -> dict:
         policies = []
         for i, role in enumerate(roles):
             shared = SharedBase(build_policy(agent, i, device))
-            policies.append(shared.add(role, agent.lora_rank, agent.lora_alpha, seed=i))
-            policies[-1].generation = generation_config(agent, policies[-1].tokenizer, policies[-1].model)
+            generation = generation_config(agent, shared.tokenizer, shared.base)
+            policies.append(shared.add(role, agent.lora.rank, agent.lora.alpha, generation=generation, seed=i))
     else:
         cfg = TrainConfig(env="textzoo/Refine-v0", agent=agent)
         policies = [a.policy for a in build_actors(cfg, roles)]

@@ -13,7 +13,7 @@ hide the other's. Figures per mode:
 Then both modes run here on one batch and the largest |gradient difference| is printed.
 
 The Qwen-vocabulary case (`--preset qwen-vocab`, part of the default run) measures the selected-token
-log-probs (`textzoo.models.sampling.selected_log_probs`) with a vocabulary of V = 151,936 on a narrow
+log-probs (`textzoo.decoding.sampling.selected_log_probs`) with a vocabulary of V = 151,936 on a narrow
 2-layer Qwen2 model (width 64, so it runs on CPU): the peak of a scoring pass (no gradients) and of a
 forward + backward, each with all [S, C, V] logits at once (naive, `Policy.logits_chunk = 0`) and in
 chunks of positions (`Policy.logits_chunk`, the default), each in a fresh subprocess; then the largest
@@ -38,8 +38,9 @@ import torch
 
 from textzoo.algorithms.batch import Job, SampleBatch
 from textzoo.algorithms.reinforce.family import ReinforceConfig, reinforce_loss
-from textzoo.models import sampling
-from textzoo.models.policy import Generation, Policy
+from textzoo.decoding import sampling
+from textzoo.decoding.generation import Generation
+from textzoo.models.policy import Policy
 from textzoo.runners.update import Learner, UpdateConfig, run_job
 
 MODES = ["batched", "per_sample", "per_sample_shared"]

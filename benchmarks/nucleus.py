@@ -38,7 +38,7 @@ import torch
 import tyro
 
 from textzoo.config import AgentConfig
-from textzoo.models import sampling
+from textzoo.decoding import sampling
 from textzoo.models.build import build_policy
 
 HERE = Path(__file__).resolve().parent

@@ -82,10 +82,11 @@ import torch
 import tyro
 
 from textzoo.config import AgentConfig, TrainConfig, UpdateConfig
+from textzoo.decoding.generation import GenerationConfig
 from textzoo.envs import make
 from textzoo.envs._sources import procedural_paragraph
 from textzoo.envs.writing_v0 import GENERATOR_SEED, length_ratio_score
-from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.models.policy import Policy
 from textzoo.runners.build import ItemSampler
 from textzoo.runners.trainer import Trainer
 

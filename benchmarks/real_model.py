@@ -105,7 +105,7 @@ class Args:
 
 KERNELS = ("mm", "onednn")
 """How `matmul_peak` multiplies: ``torch.mm`` (MKL's sgemm in float32, oneDNN in bf16) or oneDNN's linear
-over a packed weight (what sampling uses, `textzoo.models.fastlm.packed_weight`). The peak of a dtype is
+over a packed weight (what sampling uses, `textzoo.decoding.fastlm.packed_weight`). The peak of a dtype is
 the faster of the two: on AMD CPUs MKL's sgemm runs at about half of oneDNN's float32 rate."""
 
 
@@ -209,7 +209,7 @@ def memory_breakdown(trainer, peak_mib: float) -> dict[str, float]:
     update only, AdamW state), of the bf16 weight copies the plain decoder reads under autocast, and the
     peak RSS; ``rest`` = the peak minus all of them
     (activations, logits chunks, the KV cache, allocator slack, the interpreter and libraries)."""
-    from textzoo.models import fastlm
+    from textzoo.decoding import fastlm
 
     mib = 1 << 20
     seen: set[int] = set()
@@ -276,7 +276,7 @@ def _trim_heap() -> None:
 
 
 def config_for(args: Args, mode: str, precision: str = "auto"):
-    from textzoo.config import AgentConfig, TrainConfig, UpdateConfig
+    from textzoo.config import AgentConfig, LoRAConfig, TrainConfig, UpdateConfig
 
     run_dir = str(Path(args.out) / (mode if mode == "tiny" else f"{mode}-{precision}"))
     if mode == "tiny":
@@ -293,8 +293,7 @@ def config_for(args: Args, mode: str, precision: str = "auto"):
         model=model,
         max_new_tokens=args.max_new_tokens,
         lr=args.lora_lr if lora else args.full_lr,
-        lora_rank=args.lora_rank if lora else 0,
-        lora_alpha=2.0 * args.lora_rank,
+        lora=LoRAConfig(rank=args.lora_rank if lora else 0, alpha=2.0 * args.lora_rank),
         precision=precision,
     )
     return TrainConfig(
@@ -318,7 +317,7 @@ def run_mode(args: Args, mode: str, precision: str = "auto") -> dict:
     """Train one mode in this process (the real model in ``precision``); return its figures."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from textzoo.models import fastlm
+    from textzoo.decoding import fastlm
     from textzoo.runners import trainer as trainer_module
     from textzoo.runners.trainer import Trainer
     from textzoo.runners.update import run_jobs

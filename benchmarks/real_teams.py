@@ -109,7 +109,7 @@ def cell_config(args: Args, model: str, task: str, algo: str, mode: str, seed: i
 
     from textzoo.algorithms.actor_critic.family import ActorCriticConfig
     from textzoo.algorithms.reinforce.family import ReinforceConfig
-    from textzoo.config import AgentConfig, TrainConfig
+    from textzoo.config import AgentConfig, LoRAConfig, TrainConfig
 
     env, module, name = TASKS[task]
     preset = importlib.import_module(module).PRESETS[name]
@@ -125,8 +125,7 @@ def cell_config(args: Args, model: str, task: str, algo: str, mode: str, seed: i
         collaboration=mode,
         agent=AgentConfig(
             model=model,
-            lora_rank=args.lora_rank,
-            lora_alpha=2 * args.lora_rank,
+            lora=LoRAConfig(rank=args.lora_rank, alpha=2 * args.lora_rank),
             lr=args.lr,
             temperature=args.temperature,
             max_prompt_tokens=1024,

@@ -56,7 +56,7 @@ class Args:
     micro_batch_size: int = 32
     per_sample_backward: bool = False
     fast_forward: bool = True
-    """Use the plain-torch forward (textzoo.models.fastlm) where the architecture supports it."""
+    """Use the plain-torch forward (textzoo.decoding.fastlm) where the architecture supports it."""
     share_prompts: bool = True
     """Run each distinct prompt once per generate / score call (group prefix sharing)."""
     parallel_jobs: int = 2

@@ -12,7 +12,7 @@ of that micro-batch under a dispatch mode that times every aten op and prints th
 the best of as many passes without the timer. It measures the matmul peak of the compute dtype in the
 same run and prints the pass's MFU against it beside its products' own rates (in place and alone): the
 ceiling these shapes put on the update's MFU, whatever the other ops take. The op timer is a dispatch mode,
-under which the compiled elementwise regions (`textzoo.models.compiled`) run as written: the timed pass and
+under which the compiled elementwise regions (`textzoo.decoding.compiled`) run as written: the timed pass and
 its untimed twin run eager, and one more line times the pass compiled, as training runs it::
 
     OMP_NUM_THREADS=1 python benchmarks/update_ops.py                       # SmolLM2, auto precision
@@ -33,11 +33,11 @@ import torch
 import tyro
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from textzoo.models import compiled, fastlm, mixed_gemm
+from textzoo.decoding import compiled, fastlm, mixed_gemm
 
 HERE = Path(__file__).resolve().parent
 MATMULS = ("mm", "bmm", "addmm", "add_product")
-"""Matrix products: aten's, and the bf16 x bf16 -> fp32 weight-gradient GEMM (`textzoo.models.mixed_gemm`)."""
+"""Matrix products: aten's, and the bf16 x bf16 -> fp32 weight-gradient GEMM (`textzoo.decoding.mixed_gemm`)."""
 
 
 @dataclass
@@ -198,7 +198,7 @@ def main(args: Args) -> OpTimer:
         f"{flop / by_itself / peak:.0%} (the ceiling at these shapes, whatever the other ops take)"
     )
     print(
-        f"with the compiled elementwise regions (`textzoo.models.compiled`, as in training): {fused * 1e3:.0f} ms "
+        f"with the compiled elementwise regions (`textzoo.decoding.compiled`, as in training): {fused * 1e3:.0f} ms "
         f"per pass (best of {args.repeats}), the pass {flop / fused / peak:.0%} of the peak"
     )
     if mixed:

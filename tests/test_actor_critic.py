@@ -23,10 +23,11 @@ from textzoo.algorithms.registry import configure  # noqa: E402
 from textzoo.algorithms.reinforce.family import ReinforceConfig, reinforce_loss  # noqa: E402
 from textzoo.algorithms.rlmath import BatchNorm, policy_gradient_loss  # noqa: E402
 from textzoo.config import AgentConfig, TrainConfig  # noqa: E402
+from textzoo.decoding.generation import GenerationConfig  # noqa: E402
 from textzoo.envs import make  # noqa: E402
 from textzoo.errors import ConfigError  # noqa: E402
 from textzoo.models.critic import Critic  # noqa: E402
-from textzoo.models.policy import GenerationConfig, Policy  # noqa: E402
+from textzoo.models.policy import Policy  # noqa: E402
 from textzoo.models.team import AgentActor  # noqa: E402
 from textzoo.runners.rollout import Collector  # noqa: E402
 from textzoo.runners.update import Learner, UpdateConfig, run_job  # noqa: E402

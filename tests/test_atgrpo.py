@@ -12,9 +12,9 @@ from textzoo.algorithms.registry import configure  # noqa: E402
 from textzoo.algorithms.reinforce.atgrpo import ATGRPOFamily  # noqa: E402
 from textzoo.algorithms.reinforce.family import ReinforceConfig, ReinforceFamily  # noqa: E402
 from textzoo.config import AgentConfig, TrainConfig  # noqa: E402
+from textzoo.decoding.generation import Generation  # noqa: E402
 from textzoo.envs.base import StepResult, TextParallelEnv  # noqa: E402
 from textzoo.errors import ConfigError  # noqa: E402
-from textzoo.models.policy import Generation  # noqa: E402
 from textzoo.models.team import AgentActor  # noqa: E402
 from textzoo.runners.rollout import Collector  # noqa: E402
 from textzoo.runners.trainer import Trainer  # noqa: E402

@@ -86,6 +86,10 @@ agent_overrides = {}
     assert merge_config(
         {"agent": {"lr": 1}, "env_kwargs": {"a": 1}}, {"agent": {"n_layer": 2}, "env_kwargs": {"b": 2}}
     ) == {"agent": {"lr": 1, "n_layer": 2}, "env_kwargs": {"b": 2}}
+    # the agent's sections merge key by key too, an agent table in the old flat layout read as today's first
+    base = {"agent": {"lora_rank": 16, "lora_alpha": 32, "chat_template_kwargs": {"a": 1}}}
+    layer = {"agent": {"lora": {"rank": 8}, "chat_template_kwargs": {"b": 2}}}
+    assert merge_config(base, layer) == {"agent": {"lora": {"rank": 8, "alpha": 32}, "chat_template_kwargs": {"b": 2}}}
 
 
 def test_all_algorithms_are_whatever_textzoo_has_at_run_time(tmp_path, monkeypatch):

@@ -5,7 +5,7 @@ import pytest
 import torch
 from helpers import load_benchmark
 
-from textzoo.models import fastlm
+from textzoo.decoding import fastlm
 
 torch.set_num_threads(1)
 
@@ -43,7 +43,7 @@ def test_a_switch_is_measured_both_ways_and_put_back(capsys):
     assert fastlm.FUSE_PROJECTIONS  # the default is back on
     on, off = figures[0][True], figures[0][False]
     assert abs(on["error"] - off["error"]) < 0.05  # the same math either way, to bf16 rounding
-    from textzoo.models import compiled
+    from textzoo.decoding import compiled
 
     assert set(script.main(_tiny(script, switch="COMPILE_UPDATE"))[0]) == {True, False}  # compiled's switch too
     assert compiled.COMPILE_UPDATE

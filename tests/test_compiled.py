@@ -1,4 +1,4 @@
-"""The plain decoder's elementwise regions, compiled for bf16 update passes on CPU (`textzoo.models.compiled`)."""
+"""The plain decoder's elementwise regions, compiled for bf16 update passes on CPU (`textzoo.decoding.compiled`)."""
 
 import logging
 
@@ -7,7 +7,7 @@ import torch
 from helpers import tiny_llama_grads
 from torch._dynamo.utils import counters
 
-from textzoo.models import compiled, fastlm
+from textzoo.decoding import compiled, fastlm
 
 torch.set_num_threads(1)
 
@@ -143,7 +143,7 @@ def test_a_failed_compile_warns_once_and_runs_as_written(monkeypatch, caplog):
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: broken)
     region = compiled.region(fastlm._silu_mul, fixed=(1, 1))
     gate, up = (torch.randn(4, 6, requires_grad=True) for _ in range(2))
-    with caplog.at_level(logging.WARNING, logger="textzoo.models.compiled"):
+    with caplog.at_level(logging.WARNING, logger="textzoo.decoding.compiled"):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             first = region(gate, up)
             second = region(gate, up)

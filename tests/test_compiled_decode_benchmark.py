@@ -5,7 +5,7 @@ import pytest
 import torch
 from helpers import load_benchmark
 
-from textzoo.models import compiled
+from textzoo.decoding import compiled
 
 
 def _script():

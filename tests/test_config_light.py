@@ -13,6 +13,7 @@ LIGHT = (
     "textzoo.config_files",
     "textzoo.typecheck",
     "textzoo.models.settings",
+    "textzoo.decoding.settings",
     "textzoo.algorithms.settings",
     "textzoo.algorithms.algorithm",
     "textzoo.algorithms.registry",
@@ -53,9 +54,11 @@ def test_a_bad_config_fails_without_torch(tmp_path):
 def test_the_name_lists_match_what_they_name():
     from textzoo.algorithms import rlmath
     from textzoo.algorithms import settings as learning
-    from textzoo.models import joint, precision, prompting, settings
+    from textzoo.decoding import precision
+    from textzoo.decoding import settings as decoding
+    from textzoo.models import joint, prompting, settings
 
     assert learning.AGGREGATION_NAMES == tuple(rlmath.AGGREGATIONS)
-    assert settings.PRECISION_NAMES == (settings.AUTO, *precision.PRECISIONS)
+    assert decoding.PRECISION_NAMES == (decoding.AUTO, *precision.PRECISIONS)
     assert settings.PROMPT_STYLES == prompting.STYLES and joint.JOINT_FORMATS == settings.JOINT_FORMATS
-    assert set(settings.LEGACY_DTYPES.values()) <= set(settings.PRECISION_NAMES)
+    assert set(decoding.LEGACY_DTYPES.values()) <= set(decoding.PRECISION_NAMES)

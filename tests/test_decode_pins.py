@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from textzoo.decoding.generation import GenerationConfig
+from textzoo.decoding.sampling import Segment
 from textzoo.models.joint import JointActor
-from textzoo.models.policy import GenerationConfig, Policy
-from textzoo.models.sampling import Segment
+from textzoo.models.policy import Policy
 from textzoo.models.tokenizer import BYTE_OFFSET
 
 torch.set_num_threads(1)

@@ -8,7 +8,7 @@ import torch
 torch.set_num_threads(1)
 
 from textzoo.algorithms.batch import ActorStep, Rollout  # noqa: E402
-from textzoo.models.policy import Generation  # noqa: E402
+from textzoo.decoding.generation import Generation  # noqa: E402
 from textzoo.runners.diagnostics import (  # noqa: E402
     no_gradient_signal,
     no_signal_streak,

@@ -26,11 +26,13 @@ from pathlib import Path
 import torch
 
 from textzoo.algorithms.batch import Job, SampleBatch
-from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.decoding.generation import GenerationConfig
+from textzoo.models.policy import Policy
 from textzoo.algorithms.reinforce.family import ReinforceConfig, reinforce_loss
 from helpers import tiny_config
 from textzoo.algorithms.batch import Job, SampleBatch
-from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.decoding.generation import GenerationConfig
+from textzoo.models.policy import Policy
 from textzoo.algorithms.reinforce.family import ReinforceConfig, reinforce_loss
 from textzoo.config import AgentConfig, TrainConfig
 from textzoo.runners.distributed import launch

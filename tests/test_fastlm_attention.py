@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from textzoo.models.fastlm import causal_attention
+from textzoo.decoding.fastlm import causal_attention
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])

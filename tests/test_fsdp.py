@@ -8,7 +8,7 @@ import pytest
 import torch
 from replicas import assert_states_equal, run_script
 
-from textzoo.config import AgentConfig, TrainConfig
+from textzoo.config import AgentConfig, LoRAConfig, TrainConfig
 from textzoo.errors import ConfigError
 from textzoo.runners import checkpoint as ck
 
@@ -22,11 +22,12 @@ from pathlib import Path
 import torch
 
 from textzoo.algorithms.batch import Job, SampleBatch
-from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.decoding.generation import GenerationConfig
+from textzoo.models.policy import Policy
 from textzoo.algorithms.reinforce.family import ReinforceConfig, reinforce_loss
 from textzoo.runners import sharding
 from helpers import tiny_config
-from textzoo.config import AgentConfig, TrainConfig
+from textzoo.config import AgentConfig, TrainConfig, LoRAConfig
 from textzoo.runners.distributed import launch
 from textzoo.runners.trainer import Trainer
 from textzoo.runners.update import Learner, UpdateConfig, run_job
@@ -126,9 +127,9 @@ def test_sharding_settings_are_checked_before_models_are_built():
     with pytest.raises(ConfigError, match="sharding must be one of"):
         TrainConfig(sharding="zero3")
     with pytest.raises(ConfigError, match="LoRA"):
-        TrainConfig(sharding="fsdp", agent=AgentConfig(lora_rank=4))
+        TrainConfig(sharding="fsdp", agent=AgentConfig(lora=LoRAConfig(rank=4)))
     with pytest.raises(ConfigError, match="LoRA"):
-        TrainConfig(sharding="fsdp", agent_overrides={"summary": {"lora_rank": 4}})
+        TrainConfig(sharding="fsdp", agent_overrides={"summary": {"lora": {"rank": 4}}})
     cfg = TrainConfig(algo="iac")
     cfg.actor_critic.critic_model = "actor"
     with pytest.raises(ConfigError, match="value head"):

@@ -7,8 +7,8 @@ import pytest
 import torch
 from helpers import load_benchmark
 
-from textzoo.models import sampling
-from textzoo.models.generation import Generation
+from textzoo.decoding import sampling
+from textzoo.decoding.generation import Generation
 
 
 def _script():

@@ -19,7 +19,7 @@ from toy import CategoricalPolicy  # noqa: E402
 
 from textzoo.algorithms.reinforce.family import ReinforceConfig, ReinforceFamily  # noqa: E402
 from textzoo.algorithms.rlmath import credited_rewards  # noqa: E402
-from textzoo.config import AgentConfig, TrainConfig  # noqa: E402
+from textzoo.config import AgentConfig, LoRAConfig, TrainConfig  # noqa: E402
 from textzoo.envs import make  # noqa: E402
 from textzoo.errors import ConfigError  # noqa: E402
 from textzoo.models.team import AgentActor  # noqa: E402
@@ -195,8 +195,8 @@ def test_config_fields_validate_and_parse_on_the_cli():
         TrainConfig(alternate_every=-1)
     with pytest.raises(ConfigError, match="trainable_agents"):
         TrainConfig(trainable_agents="refiner_0")
-    with pytest.raises(ConfigError, match="lora_rank"):
-        AgentConfig(lora_rank=-1)
+    with pytest.raises(ConfigError, match="agent.lora.rank"):
+        LoRAConfig(rank=-1)
     overrides = {"generator": {"model": "tiny-llama", "lr": 0.01, "max_grad_norm": 0.5, "trainable": False}}
     cfg = tyro.cli(
         TrainConfig,

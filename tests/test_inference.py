@@ -5,9 +5,10 @@ import torch
 
 torch.set_num_threads(1)
 
-from textzoo.models.inference import chunks, score_no_grad  # noqa: E402
-from textzoo.models.modes import eval_mode  # noqa: E402
-from textzoo.models.policy import GenerationConfig, Policy  # noqa: E402
+from textzoo.decoding.generation import GenerationConfig  # noqa: E402
+from textzoo.decoding.inference import chunks, score_no_grad  # noqa: E402
+from textzoo.decoding.modes import eval_mode  # noqa: E402
+from textzoo.models.policy import Policy  # noqa: E402
 
 
 def test_eval_mode_sets_and_restores_the_mode_even_on_error():

@@ -11,11 +11,12 @@ from textzoo.algorithms.registry import ALGORITHMS
 from textzoo.algorithms.reinforce.family import ReinforceConfig, ReinforceFamily
 from textzoo.algorithms.rlmath import BatchNorm
 from textzoo.config import AgentConfig, TrainConfig
+from textzoo.decoding.generation import GenerationConfig
 from textzoo.envs.base import StepResult, TextParallelEnv
 from textzoo.envs.registry import register
 from textzoo.errors import ConfigError
 from textzoo.models.joint import JointActor, parse_joint
-from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.models.policy import Policy
 from textzoo.models.team import AgentActor
 from textzoo.runners.rollout import Collector, prompt_seed
 from textzoo.runners.trainer import Trainer, rollout_metrics

@@ -1,5 +1,7 @@
 """The import graph of textzoo, read from the AST of every module: no import circles, and every arrow points
-down the layers (runners -> algorithms -> models; runners -> envs -> sandbox; configs are light data every layer reads).
+down the layers (runners -> algorithms -> models -> decoding; runners -> envs -> sandbox; configs are light data every
+layer reads). `textzoo.decoding` (how tokens are made) knows nothing of agents: it imports no other textzoo layer,
+only its own settings and CORE; the agents (`textzoo.models`), the families and the runners import it.
 
 What counts as an import: every `import` / `from ... import` statement, at module level or inside a function,
 and under `if TYPE_CHECKING:` (those never run, but a type annotation must not point up or close a circle
@@ -17,19 +19,26 @@ CORE = {"textzoo", "textzoo.errors", "textzoo.typecheck", "textzoo.jsonl"}
 LAYERS = {
     "textzoo.sandbox": set(),
     "textzoo.envs": {"textzoo.sandbox"},
-    "textzoo.models": {"textzoo.config"},
-    "textzoo.algorithms": {"textzoo.models", "textzoo.config"},
+    "textzoo.decoding": set(),
+    "textzoo.models": {"textzoo.decoding", "textzoo.config"},
+    "textzoo.algorithms": {"textzoo.models", "textzoo.decoding", "textzoo.config"},
     "textzoo.interop": {"textzoo.envs", "textzoo.models"},
     "textzoo.runners": {
         "textzoo.envs",
         "textzoo.models",
+        "textzoo.decoding",
         "textzoo.algorithms",
         "textzoo.config",
         "textzoo.config_files",
     },
 }
 """Package -> the packages and modules (besides itself and CORE) its modules may import."""
-DATA = {"textzoo.models.settings", "textzoo.algorithms.settings", "textzoo.algorithms.algorithm"}
+DATA = {
+    "textzoo.decoding.settings",
+    "textzoo.models.settings",
+    "textzoo.algorithms.settings",
+    "textzoo.algorithms.algorithm",
+}
 """With every family's `config` and `entries` module, the registry and `textzoo.config` itself: the light data
 modules (`textzoo.config` may import only them; `textzoo.config_files` only them and CORE)."""
 
@@ -165,6 +174,9 @@ def test_every_arrow_points_down_the_layers():
     assert arrows_against_the_layers(graph) == []
     # the check can fail: an arrow from a model up to a family, or from the config to a family's torch code
     assert arrows_against_the_layers({"textzoo.models.policy": {"textzoo.algorithms.rlmath"}})
+    assert arrows_against_the_layers({"textzoo.decoding.engine": {"textzoo.models.policy"}})
+    assert arrows_against_the_layers({"textzoo.decoding.settings": {"textzoo.config"}})
+    assert not arrows_against_the_layers({"textzoo.models.policy": {"textzoo.decoding.fastlm"}})
     assert arrows_against_the_layers({"textzoo.config": {"textzoo.algorithms.reinforce.family"}})
     assert arrows_against_the_layers({"textzoo.envs.base": {"textzoo.runners.trainer"}})
 

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from textzoo.config import AgentConfig
+from textzoo.decoding.generation import GenerationConfig
 from textzoo.errors import ModelError
 from textzoo.models.build import build_policy, prompt_format
 from textzoo.models.loading import END_TOKENS, end_token_ids, load_pretrained
-from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.models.policy import Policy
 from textzoo.models.tokenizer import byte_tokenizer
 
 torch.set_num_threads(1)

@@ -5,10 +5,11 @@ import math
 import pytest
 import torch
 
-from textzoo.models.backends import HeadInput
-from textzoo.models.backends.module import ModuleBackend
-from textzoo.models.policy import GenerationConfig, Policy
-from textzoo.models.sampling import log_probs, selected_log_probs
+from textzoo.decoding.backends import HeadInput
+from textzoo.decoding.backends.module import ModuleBackend
+from textzoo.decoding.generation import GenerationConfig
+from textzoo.decoding.sampling import log_probs, selected_log_probs
+from textzoo.models.policy import Policy
 
 torch.set_num_threads(1)
 
@@ -166,7 +167,7 @@ def test_models_with_logit_postprocessing_score_from_the_module_logits():
 def test_half_precision_token_log_probs_match_the_autograd_path(temperature, restricted, monkeypatch):
     """bf16 logits: the blocked token log-prob (`_TokenLogProb`, blocks of 3 rows here) gives autograd's
     log_softmax-then-gather values and logits gradient (to float32 rounding, then the gradient's bf16)."""
-    from textzoo.models import sampling
+    from textzoo.decoding import sampling
 
     monkeypatch.setattr(sampling, "TOKEN_LOGP_ROWS", 3)
     torch.manual_seed(0)

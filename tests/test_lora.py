@@ -12,10 +12,11 @@ torch.set_num_threads(1)
 
 from helpers import tiny_config  # noqa: E402
 
-from textzoo.config import AgentConfig, TrainConfig  # noqa: E402
+from textzoo.config import AgentConfig, LoRAConfig, TrainConfig  # noqa: E402
+from textzoo.decoding.generation import GenerationConfig  # noqa: E402
 from textzoo.errors import ConfigError, ModelError  # noqa: E402
-from textzoo.models.lora import SharedBase, adapter_state_dict, load_adapter_state_dict  # noqa: E402  # noqa: E402
-from textzoo.models.policy import GenerationConfig, Policy  # noqa: E402  # noqa: E402
+from textzoo.models.lora import SharedBase, adapter_state_dict, load_adapter_state_dict  # noqa: E402
+from textzoo.models.policy import Policy  # noqa: E402
 from textzoo.runners.checkpoint import apply_weights, check_weights, model_weights  # noqa: E402
 from textzoo.runners.trainer import Trainer  # noqa: E402
 
@@ -107,7 +108,7 @@ def lora_config(run_dir, **kwargs) -> TrainConfig:
     base = dict(
         env="textzoo/Refine-v0",
         env_kwargs={"num_refiners": 2, "keywords": [["a"], ["b"]]},
-        agent=AgentConfig(max_new_tokens=4, lr=1e-2, lora_rank=4),
+        agent=AgentConfig(max_new_tokens=4, lr=1e-2, lora=LoRAConfig(rank=4)),
         agent_overrides=overrides,
         steps=4,
         group_size=4,
@@ -200,7 +201,7 @@ def test_lora_dropout_is_off_in_a_frozen_reference():
 def test_iac_value_heads_on_lora_agents_read_each_agents_adapter(tmp_path):
     from textzoo.algorithms.actor_critic.family import critic_name
 
-    cfg = tiny_config(eval_prompts=16, algo="iac", run_dir=tmp_path / "run", agent=AgentConfig(lora_rank=4))
+    cfg = tiny_config(eval_prompts=16, algo="iac", run_dir=tmp_path / "run", agent=AgentConfig(lora=LoRAConfig(rank=4)))
     cfg.actor_critic.critic_model = "actor"
     trainer = Trainer(cfg)
     trainer.train_step()
@@ -226,7 +227,7 @@ def test_iac_value_heads_on_lora_agents_read_each_agents_adapter(tmp_path):
 def test_lora_agents_run_the_plain_decoder_with_their_own_adapter(arch):
     """The plain-torch decoder reads a view's adapter on the shared base (peft's wrapped layers): the
     module's samples, log-probs and adapter gradients, and nothing from the other agent's adapter."""
-    from textzoo.models.backends.plain import PlainBackend
+    from textzoo.decoding.backends.plain import PlainBackend
 
     base = Policy.tiny(arch, seed=3, generation=GenerationConfig(max_new_tokens=6))
     shared = SharedBase(base)
@@ -262,7 +263,7 @@ def test_lora_agents_run_the_plain_decoder_with_their_own_adapter(arch):
 def test_lora_dropout_in_train_mode_runs_the_module():
     shared = SharedBase(Policy.tiny("llama", seed=3, generation=GenerationConfig(max_new_tokens=4)))
     policy = shared.add("a", 4, dropout=0.1, seed=1)
-    from textzoo.models.backends.plain import PlainBackend
+    from textzoo.decoding.backends.plain import PlainBackend
 
     policy.model.eval()
     assert isinstance(policy.backend(), PlainBackend)  # eval mode: dropout is off, the plain forward is exact

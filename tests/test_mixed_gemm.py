@@ -8,7 +8,7 @@ import torch
 from helpers import metrics_rows, tiny_config, tiny_llama_grads
 
 from textzoo.config import AgentConfig
-from textzoo.models import fastlm, mixed_gemm
+from textzoo.decoding import fastlm, mixed_gemm
 from textzoo.runners import checkpoint as ck
 from textzoo.runners.trainer import Trainer
 

@@ -4,7 +4,7 @@ variant, each truncating as it says."""
 import torch
 from helpers import load_benchmark
 
-from textzoo.models import sampling
+from textzoo.decoding import sampling
 
 
 def _script():

@@ -152,7 +152,7 @@ def test_bf16_and_gradient_checkpointing_are_per_agent_options():
         grads.append([p.grad.clone() for p in policy.model.parameters()])
     for g_plain, g_ckpt in zip(*grads):
         torch.testing.assert_close(g_ckpt, g_plain, rtol=1e-5, atol=1e-6)
-    bf16 = build_policy(AgentConfig(n_layer=1, n_embd=32, dtype="bfloat16"), seed=0, device=torch.device("cpu"))
+    bf16 = build_policy(AgentConfig(n_layer=1, n_embd=32, precision="bf16-weights"), seed=0, device=torch.device("cpu"))
     assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
 
 

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
+from textzoo.decoding.generation import Generation, GenerationConfig
 from textzoo.errors import ConfigError, ModelError
-from textzoo.models import Generation, GenerationConfig, Policy
+from textzoo.models import Policy
 from textzoo.models.tokenizer import BYTE_OFFSET, EOS_ID, PAD_ID
 
 torch.set_num_threads(1)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import tiny_llama_grads
 
-from textzoo.config import AgentConfig, TrainConfig
+from textzoo.config import AgentConfig, TrainConfig, migrate_agent
 from textzoo.config_files import load_config
 from textzoo.errors import ConfigError
 from textzoo.models.build import build_policy
@@ -90,23 +90,27 @@ def test_critics_of_a_bf16_mixed_agent_compute_in_bf16(tmp_path):
 
 
 def test_old_dtype_field_maps_to_a_precision(tmp_path):
-    assert AgentConfig(dtype="bfloat16").precision == "bf16-weights"
-    assert AgentConfig(dtype="float16").precision == "fp16-weights"
-    migrated = AgentConfig(dtype="float32")
-    assert (migrated.precision, migrated.dtype) == ("fp32", None)
-    assert AgentConfig(dtype="bfloat16", precision="bf16-weights").precision == "bf16-weights"
+    """`dtype` left AgentConfig; the migration (`textzoo.config.migrate_agent`) reads it in files and overrides."""
+    assert migrate_agent({"dtype": "bfloat16"}) == {"precision": "bf16-weights"}
+    assert migrate_agent({"dtype": "float16"}) == {"precision": "fp16-weights"}
+    assert migrate_agent({"dtype": "float32", "lr": 0.5}) == {"precision": "fp32", "lr": 0.5}
+    assert migrate_agent({"dtype": None, "precision": "auto"}) == {"precision": "auto"}  # every old config.json
+    assert migrate_agent({"dtype": "bfloat16", "precision": "bf16-weights"}) == {"precision": "bf16-weights"}
     with pytest.raises(ConfigError, match="contradicts agent.precision"):
-        AgentConfig(dtype="float32", precision="bf16-mixed")
+        migrate_agent({"dtype": "float32", "precision": "bf16-mixed"})
     with pytest.raises(ConfigError, match="agent.dtype"):
-        AgentConfig(dtype="int8")
+        migrate_agent({"dtype": "int8"})
     with pytest.raises(ConfigError, match="agent.precision"):
         AgentConfig(precision="bf16")
+    with pytest.raises(TypeError):
+        AgentConfig(dtype="bfloat16")  # the Python API has only `precision`
+    assert TrainConfig(agent_overrides={"a": {"dtype": "float16"}}).agent_config("a").precision == "fp16-weights"
     # a config.json written before `precision` existed (every field, dtype among them) still loads
     old = {"steps": 3, "agent": {"model": "tiny", "dtype": "bfloat16", "lr": 0.01}}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(old))
     cfg = load_config(path)
-    assert cfg.agent.precision == "bf16-weights" and cfg.agent.dtype is None
+    assert cfg.agent.precision == "bf16-weights" and not hasattr(cfg.agent, "dtype")
     assert cfg.agent_config("any").precision == "bf16-weights"
 
 
@@ -121,7 +125,7 @@ def test_auto_resolves_the_tiny_default_to_fp32_and_records_it(tmp_path):
 
 
 def test_auto_is_bf16_mixed_for_a_large_model_on_a_native_bf16_cpu(monkeypatch):
-    from textzoo.models import precision
+    from textzoo.decoding import precision
 
     big = torch.nn.Linear(5000, 4000)  # 20,004,000 parameters: just over the threshold
     small = torch.nn.Linear(4000, 4000)
@@ -138,7 +142,7 @@ def test_auto_is_bf16_mixed_for_a_large_model_on_a_native_bf16_cpu(monkeypatch):
 
 
 def test_bf16_on_a_cpu_without_bf16_instructions_is_named_slow_and_logged(monkeypatch, tmp_path, caplog):
-    from textzoo.models import precision
+    from textzoo.decoding import precision
 
     cpu = torch.device("cpu")
     monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx", "avx2"}))
@@ -160,7 +164,7 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_named_slow_and_logged(monkey
 
 
 def test_cpu_flags_reads_the_flags_line(tmp_path):
-    from textzoo.models.precision import cpu_flags
+    from textzoo.decoding.precision import cpu_flags
 
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nmodel name\t: X\nflags\t\t: fpu avx512f avx512_bf16 amx_tile\n\nprocessor\t: 1\n")
@@ -238,7 +242,7 @@ def test_bf16_weight_copies_follow_the_weights():
 
 
 def test_embedding_rows_gradient_under_autocast_matches_the_module():
-    from textzoo.models.fastlm import embed
+    from textzoo.decoding.fastlm import embed
 
     table = torch.nn.Embedding(10, 4, padding_idx=0)
     ids = torch.tensor([[3, 3, 0, 7], [1, 0, 3, 9]])
@@ -255,7 +259,7 @@ def test_embedding_rows_gradient_under_autocast_matches_the_module():
 
 
 def _llama_grads(fuse: bool, monkeypatch, precision_autocast=torch.bfloat16):
-    from textzoo.models import fastlm
+    from textzoo.decoding import fastlm
 
     monkeypatch.setattr(fastlm, "FUSE_PROJECTIONS", fuse)
     gen, logp, grads, policy = tiny_llama_grads(precision_autocast)  # the fp32 samples, scored in each precision
@@ -283,7 +287,7 @@ def test_fused_projections_match_separate_ones(monkeypatch):
 
 
 def test_fused_copies_are_renewed_after_an_optimizer_step(monkeypatch):
-    from textzoo.models import fastlm
+    from textzoo.decoding import fastlm
 
     monkeypatch.setattr(fastlm, "FUSE_PROJECTIONS", True)
     agent = AgentConfig(model="tiny-llama", n_layer=1, n_embd=32, precision="bf16-mixed")
@@ -306,7 +310,7 @@ def test_fused_copies_are_renewed_after_an_optimizer_step(monkeypatch):
 
 
 def test_accumulate_in_chunks_equals_one_add(monkeypatch):
-    from textzoo.models import fastlm
+    from textzoo.decoding import fastlm
 
     monkeypatch.setattr(fastlm, "ACCUMULATE_CHUNK", 7)
     total, grad = torch.randn(5, 9), torch.randn(5, 9).bfloat16()
@@ -321,8 +325,9 @@ def test_bf16_per_sample_backward_with_fused_projections_matches_the_batched_gra
     from textzoo.algorithms.batch import Job, SampleBatch
     from textzoo.algorithms.reinforce.config import ReinforceConfig
     from textzoo.algorithms.reinforce.family import reinforce_loss
-    from textzoo.models import fastlm
-    from textzoo.models.policy import GenerationConfig, Policy
+    from textzoo.decoding import fastlm
+    from textzoo.decoding.generation import GenerationConfig
+    from textzoo.models.policy import Policy
     from textzoo.runners.update import Learner, run_job
 
     fastlm._CASTS.clear()
@@ -345,7 +350,7 @@ def test_bf16_per_sample_backward_with_fused_projections_matches_the_batched_gra
 
 
 _KERNEL_CACHE_PROBE = """
-import torch, textzoo.models.precision as p
+import torch, textzoo.decoding.precision as p
 x = torch.randn(64, 256, dtype=torch.bfloat16)  # large enough for oneDNN (small ones take another kernel)
 for n in range(p.ONEDNN_KERNEL_CACHE + 8):  # more distinct shapes than the cache holds
     torch.mm(x, torch.randn(256, 64 + n, dtype=torch.bfloat16))

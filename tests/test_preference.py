@@ -209,8 +209,9 @@ def test_merge_groups_interleaves_prompts():
 
 def test_centralized_team_is_one_actor_with_joint_pairs():
     """With a joint actor, N = 1: one job over pairs of joint completions, reference = its initial copy."""
+    from textzoo.decoding.generation import GenerationConfig
     from textzoo.envs import make
-    from textzoo.models.policy import GenerationConfig, Policy
+    from textzoo.models.policy import Policy
 
     policy = Policy.tiny(n_layer=1, n_embd=32, generation=GenerationConfig(max_new_tokens=6))
     env = lambda: make("textzoo/Writing-v0", terms={"length_ratio": 1.0}, max_prompt_chars=128)  # noqa: E731

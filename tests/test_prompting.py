@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from textzoo.config import AgentConfig, TrainConfig
+from textzoo.decoding.generation import GenerationConfig
 from textzoo.errors import ConfigError
-from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.models.policy import Policy
 from textzoo.models.prompting import PromptFormat
 from textzoo.models.team import AgentActor
 from textzoo.models.tokenizer import byte_tokenizer

@@ -14,10 +14,11 @@ from safetensors.torch import load_file
 
 from textzoo.algorithms.actor_critic.family import ActorCriticConfig
 from textzoo.algorithms.preference.madpo import PreferenceConfig
-from textzoo.config import AgentConfig, TrainConfig
+from textzoo.config import AgentConfig, LoRAConfig, TrainConfig
+from textzoo.decoding.fastlm import FastDecoder, first_tokens_first
+from textzoo.decoding.generation import GenerationConfig
 from textzoo.envs import make
-from textzoo.models.fastlm import FastDecoder, first_tokens_first
-from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.models.policy import Policy
 from textzoo.models.prompting import PromptFormat
 from textzoo.models.team import AgentActor
 from textzoo.runners.trainer import Trainer
@@ -219,7 +220,7 @@ def test_lora_agents_on_the_real_base_train_and_resume_bit_identically(smollm2, 
     def config(run_dir):
         return _config(
             smollm2, tmp_path, steps=2, save_every=1, keep_last=0, run_dir=str(run_dir),
-            agent=AgentConfig(model=str(smollm2), max_new_tokens=6, lr=1e-3, lora_rank=4),
+            agent=AgentConfig(model=str(smollm2), max_new_tokens=6, lr=1e-3, lora=LoRAConfig(rank=4)),
         )  # fmt: skip
 
     trainer = Trainer(config(tmp_path / "a"))

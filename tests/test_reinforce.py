@@ -188,8 +188,9 @@ def test_per_sample_backward_runs_each_prompt_once_with_the_batched_gradient(arc
     """Also with a LoRA adapter on q/v only (peft's llama default), where layer 0's prompt keys are constants."""
     from textzoo.algorithms.batch import Job
     from textzoo.algorithms.reinforce.family import reinforce_loss
+    from textzoo.decoding.generation import GenerationConfig
     from textzoo.models.lora import SharedBase
-    from textzoo.models.policy import GenerationConfig, Policy
+    from textzoo.models.policy import Policy
 
     policy = Policy.tiny(arch, seed=1, generation=GenerationConfig(max_new_tokens=6))
     if lora:

@@ -201,7 +201,7 @@ def test_out_of_memory_names_the_phase_the_model_and_the_knobs(phase, tmp_path, 
     assert "Tried to allocate 20.00 GiB" in message
     assert "step-00000001 is intact" in message and "--resume" in message
     if phase == "update":
-        knobs = ("micro_batch_size", "per_sample_backward", "gradient_checkpointing", "lora_rank", "logits_chunk")
+        knobs = ("micro_batch_size", "per_sample_backward", "gradient_checkpointing", "lora.rank", "logits_chunk")
         for knob in knobs:
             assert knob in message
     if phase == "score":

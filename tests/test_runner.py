@@ -220,8 +220,8 @@ def test_prompt_budget_leaves_room_for_the_completion_within_the_models_position
 def test_every_sampling_setting_of_an_agent_reaches_its_policy():
     import dataclasses
 
+    from textzoo.decoding.generation import GenerationConfig, SamplingConfig
     from textzoo.models.build import build_policy
-    from textzoo.models.generation import GenerationConfig, SamplingConfig
 
     names = {cls: {f.name for f in dataclasses.fields(cls)} for cls in (SamplingConfig, GenerationConfig, AgentConfig)}
     assert names[SamplingConfig] <= names[AgentConfig]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from textzoo.models.sampling import BLOCK, BLOCKED_VOCAB, NUCLEUS_K, draw, nucleus_floor
+from textzoo.decoding.sampling import BLOCK, BLOCKED_VOCAB, NUCLEUS_K, draw, nucleus_floor
 
 
 def _reference(logp: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from textzoo.config import AgentConfig, TrainConfig
+from textzoo.decoding.generation import GenerationConfig
 from textzoo.errors import ConfigError
 from textzoo.models.build import allowed_token_ids, build_policy
-from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.models.policy import Policy
 from textzoo.runners.build import build_actors
 from textzoo.runners.cli import main
 from textzoo.runners.sft import completion_ids, load_pairs, save_pairs, sft, sft_loss

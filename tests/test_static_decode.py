@@ -4,11 +4,12 @@ the same samples and log-probs as the dynamic path, with the same seed."""
 import pytest
 import torch
 
+from textzoo.decoding.backends import static
+from textzoo.decoding.backends.module import ModuleDecoding
+from textzoo.decoding.backends.plain import PlainDecoding
+from textzoo.decoding.generation import GenerationConfig
 from textzoo.errors import ConfigError
-from textzoo.models.backends import static
-from textzoo.models.backends.module import ModuleDecoding
-from textzoo.models.backends.plain import PlainDecoding
-from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.models.policy import Policy
 
 torch.set_num_threads(1)
 

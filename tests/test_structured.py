@@ -4,12 +4,13 @@ import pytest
 import torch
 from toy import CategoricalPolicy
 
+from textzoo.decoding.generation import GenerationConfig
+from textzoo.decoding.sampling import Segment
 from textzoo.envs import make
 from textzoo.errors import ConfigError
 from textzoo.models.joint import JointActor, structured_text
-from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.models.policy import Policy
 from textzoo.models.prompting import PromptFormat
-from textzoo.models.sampling import Segment
 from textzoo.models.tokenizer import BYTE_OFFSET, EOS_ID, byte_tokenizer
 from textzoo.runners.rollout import Collector
 from textzoo.runners.trainer import rollout_metrics
@@ -182,8 +183,8 @@ def test_a_byte_tokenizer_encodes_the_markers_as_their_bytes():
 
 @pytest.mark.parametrize("mode", ["static", "module"])
 def test_scripts_decode_alike_on_every_backend_and_finished_rows_are_let_go(mode, monkeypatch):
-    from textzoo.models.backends.module import ModuleDecoding
-    from textzoo.models.backends.static import StaticDecoding
+    from textzoo.decoding.backends.module import ModuleDecoding
+    from textzoo.decoding.backends.static import StaticDecoding
 
     pol = Policy.tiny("llama", seed=3, generation=GenerationConfig(max_new_tokens=16, allowed_tokens=ids("ab ")))
     script = [

@@ -78,7 +78,7 @@ def test_real_model_grid_runs_with_tiny_models(tmp_path):
     grid = smoke.tiny_grid(load_grid(args.grid), args)
     keep = {("planpath", "decentralized"), ("debate", "centralized")}
     grid.cells = [c for c in grid.cells if (c.task, c.collaboration) in keep]
-    assert all(c.config.agent.model == "tiny" and c.config.agent.lora_rank == 16 for c in grid.cells)
+    assert all(c.config.agent.model == "tiny" and c.config.agent.lora.rank == 16 for c in grid.cells)
     grid.cells = [c for c in grid.cells if c.algo == "magrpo"]
     assert {c.task for c in grid.cells} == {"planpath", "debate"}
     planpath = next(c for c in grid.cells if c.task == "planpath")
@@ -97,13 +97,13 @@ def test_real_model_grid_runs_with_tiny_models(tmp_path):
 
 def test_the_smoke_replaces_a_grids_precision_and_legacy_dtype(tmp_path):
     """A grid's bf16 precision (or the legacy dtype it migrated from) becomes fp32 for the tiny models."""
-    from textzoo.config import AgentConfig, TrainConfig
+    from textzoo.config import AgentConfig, LoRAConfig, TrainConfig
 
     smoke = smoke_module()
     args = smoke.Args(grid="unused")
     for agent in (
         AgentConfig(precision="bf16-weights"),
-        AgentConfig(dtype="bfloat16"),
+        AgentConfig(precision="bf16-weights", lora=LoRAConfig(rank=4)),
         AgentConfig(precision="bf16-mixed"),
     ):
         cfg = TrainConfig(agent=agent, agent_overrides={"summary": {"precision": "bf16-mixed", "lr": 1e-4}})

@@ -16,11 +16,12 @@ from tianshou.env import DummyVectorEnv  # noqa: E402
 from toy import CategoricalPolicy  # noqa: E402
 
 import textzoo.interop.tianshou as ts_interop  # noqa: E402
+from textzoo.decoding.generation import GenerationConfig  # noqa: E402
 from textzoo.envs import make  # noqa: E402
 from textzoo.errors import TextzooError  # noqa: E402
 from textzoo.interop.tianshou import TextPettingZooEnv, TextPolicy, team_policy  # noqa: E402
 from textzoo.models.joint import JointActor  # noqa: E402
-from textzoo.models.policy import GenerationConfig, Policy  # noqa: E402
+from textzoo.models.policy import Policy  # noqa: E402
 from textzoo.models.team import AgentActor  # noqa: E402
 
 

@@ -7,7 +7,7 @@ from helpers import load_benchmark
 from torch.utils.flop_counter import FlopCounterMode
 
 from textzoo.config import AgentConfig
-from textzoo.models import fastlm, mixed_gemm
+from textzoo.decoding import fastlm, mixed_gemm
 from textzoo.models.build import build_policy
 from textzoo.models.policy import Policy
 

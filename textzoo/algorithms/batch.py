@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 
 from textzoo.algorithms.rlmath import BatchNorm
-from textzoo.models.policy import Generation
+from textzoo.decoding.generation import Generation
 
 
 @dataclass

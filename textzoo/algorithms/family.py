@@ -17,7 +17,7 @@ from textzoo.algorithms.batch import ActorSamples, Job, LossFn, Rollout, SampleB
 from textzoo.algorithms.rlmath import standardize, truncated_importance_weights
 
 if TYPE_CHECKING:
-    from textzoo.models.generation import Generation
+    from textzoo.decoding.generation import Generation
     from textzoo.models.policy import Policy
     from textzoo.models.team import Actor
 
@@ -109,7 +109,7 @@ def policy_jobs(
 
 def engine_token_weights(policy: Policy, gen: Generation) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
     """The truncated importance weights ([S, C], `truncated_importance_weights`) of a batch that ``policy``'s
-    rollout engine sampled, when its agent applies them (``agent.engine_tis``; C = ``agent.engine_tis_cap``),
+    rollout engine sampled, when its agent applies them (``agent.engine.tis``; C = ``agent.engine.tis_cap``),
     and their statistics (`tis_weight`: mean weight, `tis_clipfrac`: share of tokens at the cap); (None, {})
     for the policy's own samples (the local path: the losses are unchanged)."""
     client = policy.engine

@@ -1,7 +1,7 @@
-"""LLM policies and the algorithm families.
+"""What an agent is: `Policy` (a causal LM that samples and scores), LoRA, prompting, critics, the team and
+the joint actor, and model loading. How tokens are made is `textzoo.decoding`'s.
 
-The names below are imported on first use, so that `textzoo.models.settings` (the config sections,
-plain data) loads without torch.
+The names below are imported on first use, so that `textzoo.models.settings` (plain data) loads without torch.
 """
 
 from __future__ import annotations
@@ -10,17 +10,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from textzoo.models.policy import Generation, GenerationConfig, Policy
+    from textzoo.models.policy import Policy
     from textzoo.models.tokenizer import byte_tokenizer
 
 _HOMES = {
-    "Generation": "textzoo.models.policy",
-    "GenerationConfig": "textzoo.models.policy",
     "Policy": "textzoo.models.policy",
     "byte_tokenizer": "textzoo.models.tokenizer",
 }
 
-__all__ = ["Generation", "GenerationConfig", "Policy", "byte_tokenizer"]
+__all__ = ["Policy", "byte_tokenizer"]
 
 
 def __getattr__(name: str) -> Any:

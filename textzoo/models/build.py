@@ -1,18 +1,19 @@
-"""Models from agent configs: a policy (tiny or pretrained, with its precision and sampling settings), a
-LoRA adapter on a shared base, the prompt format, the device a model is built on."""
+"""Models from agent configs: a model in its precision (`load_model`), a policy (`build_policy`), a LoRA
+adapter on a shared base, the sampling settings, the prompt format, the device a model is built on."""
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
+from textzoo.decoding.generation import GenerationConfig
+from textzoo.decoding.precision import PRECISIONS, resolve
 from textzoo.errors import ConfigError
 from textzoo.models.loading import build_tiny, load_pretrained
 from textzoo.models.lora import SharedBase
-from textzoo.models.policy import GenerationConfig, Policy
-from textzoo.models.precision import PRECISIONS, resolve
+from textzoo.models.policy import Policy
 from textzoo.models.prompting import PromptFormat
 from textzoo.models.settings import TINY_MODELS
 from textzoo.models.tokenizer import llama_byte_tokenizer
@@ -38,12 +39,22 @@ def build_device(spec: str) -> torch.device:
     return torch.device("cpu") if spec == "auto" else resolve_device(spec)
 
 
-def build_policy(agent: AgentConfig, seed: int, device: torch.device) -> Policy:
-    """A policy from an agent config: a tiny model built locally, or a pretrained one.
+class Loaded(NamedTuple):
+    """An agent's model and tokenizer, loaded and in their precision: what its `Policy` will hold."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    name: str
+    precision: str
+    """The resolved precision name (`textzoo.decoding.precision.PRECISIONS`)."""
+
+
+def load_model(agent: AgentConfig, seed: int, device: torch.device) -> Loaded:
+    """The agent's model: a tiny model built locally, or a pretrained one, in its precision.
 
     "tiny-llama" gets `llama_byte_tokenizer` (BOS-prefixed prompts, other special ids), so a team of
     "tiny" and "tiny-llama" agents has two different tokenizers, as real heterogeneous teams do.
-    Precision "auto" is resolved here, for the loaded model and the device it runs on (`Policy.precision`).
+    Precision "auto" is resolved here, for the loaded model and the device it runs on.
     """
     # "auto" resolves to fp32 or bf16-mixed, whose weights are both float32
     loaded = PRECISIONS.get(agent.precision, PRECISIONS["fp32"])
@@ -61,7 +72,6 @@ def build_policy(agent: AgentConfig, seed: int, device: torch.device) -> Policy:
         name = str(agent.model)
     model.to(device)
     precision = resolve(agent.precision, model, resolve_device(agent.device))
-    generation = generation_config(agent, tokenizer, model)
     model.to(PRECISIONS[precision].weights)
     if agent.gradient_checkpointing:
         # non-reentrant: gradients reach the weights even though the input ids need no gradient
@@ -70,7 +80,14 @@ def build_policy(agent: AgentConfig, seed: int, device: torch.device) -> Policy:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    return Policy(model, tokenizer, generation, name=name, precision=precision)
+    return Loaded(model, tokenizer, name, precision)
+
+
+def build_policy(agent: AgentConfig, seed: int, device: torch.device) -> Policy:
+    """A policy from an agent config (`load_model`), sampling with the agent's settings on its own decoder."""
+    m = load_model(agent, seed, device)
+    generation = generation_config(agent, m.tokenizer, m.model)
+    return Policy(m.model, m.tokenizer, generation, name=m.name, precision=m.precision)
 
 
 def generation_config(agent: AgentConfig, tokenizer: Any, model: torch.nn.Module) -> GenerationConfig:
@@ -99,11 +116,9 @@ def position_limit(model: torch.nn.Module) -> int:
     return int(getattr(config, "max_position_embeddings", 0) or 0)
 
 
-def lora_policy(agent: AgentConfig, agent_id: str, seed: int, bases: dict[tuple, SharedBase]) -> Policy:
-    """The agent's LoRA adapter on the base that every LoRA agent with the same model settings shares.
-
-    `bases` collects the shared bases of a team; a base is built once, from the seed of its first agent.
-    """
+def shared_base(agent: AgentConfig, seed: int, bases: dict[tuple, SharedBase]) -> SharedBase:
+    """The frozen base that every LoRA agent with the same model settings shares, built once (from the seed
+    of its first agent) and kept in `bases`, a team's shared bases."""
     key = (
         agent.model,
         agent.n_layer,
@@ -115,16 +130,29 @@ def lora_policy(agent: AgentConfig, agent_id: str, seed: int, bases: dict[tuple,
     )
     if key not in bases:
         bases[key] = SharedBase(build_policy(agent, seed, build_device(agent.device)))
-    base = bases[key]
-    return base.add(  # in the base's precision
+    return bases[key]
+
+
+def lora_policy(
+    agent: AgentConfig,
+    agent_id: str,
+    seed: int,
+    base: SharedBase,
+    generation: GenerationConfig | None = None,
+    engine: Any = None,
+) -> Policy:
+    """The agent's LoRA adapter on `base` (`shared_base`), in the base's precision; its sampling settings
+    are `generation` (default: the agent's) and it samples on `engine` when one is given."""
+    return base.add(
         agent_id,
-        agent.lora_rank,
-        agent.lora_alpha,
-        agent.lora_dropout,
-        agent.lora_target_modules,
+        agent.lora.rank,
+        agent.lora.alpha,
+        agent.lora.dropout,
+        agent.lora.target_modules,
         trainable=agent.trainable,
-        generation=generation_config(agent, base.tokenizer, base.model),
+        generation=generation or generation_config(agent, base.tokenizer, base.model),
         seed=seed,
+        engine=engine,
     )
 
 

@@ -5,7 +5,7 @@ followed by an action (a completion) and answers Q(s, a) at the action's last to
 the transformer without its LM head (`model.base_model`), so a critic can start from the same
 pretrained weights as an actor or be a tiny model built locally.
 
-Supported trunks (see `textzoo.models.fastlm`) run the plain-torch forward: each distinct prompt once
+Supported trunks (see `textzoo.decoding.fastlm`) run the plain-torch forward: each distinct prompt once
 (the G samples of a group share their state), and a Q critic's completions attend to their prompt's
 keys/values in one grouped matmul, as `Policy.score` does. Others run the transformers module.
 """
@@ -17,11 +17,11 @@ from types import SimpleNamespace
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from textzoo.models.fastlm import FastDecoder, distinct_rows, first_tokens_first, shared_rows
-from textzoo.models.generation import left_padded
-from textzoo.models.modes import eval_mode
+from textzoo.decoding.fastlm import FastDecoder, distinct_rows, first_tokens_first, shared_rows
+from textzoo.decoding.generation import left_padded
+from textzoo.decoding.modes import eval_mode
+from textzoo.decoding.precision import autocast
 from textzoo.models.policy import Policy
-from textzoo.models.precision import autocast
 
 
 class Critic(torch.nn.Module):
@@ -37,6 +37,7 @@ class Critic(torch.nn.Module):
         max_tokens: int = 1024,
         seed: int = 0,
         shared_trunk: bool = False,
+        autocast: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.shared_trunk = shared_trunk
@@ -64,9 +65,9 @@ class Critic(torch.nn.Module):
             torch.nn.init.zeros_(out.bias)
             self.head = torch.nn.Sequential(*layers, out).to(device)
         self.fast_forward = True
-        """Run the plain-torch forward of `textzoo.models.fastlm` when the trunk supports it."""
+        """Run the plain-torch forward of `textzoo.decoding.fastlm` when the trunk supports it."""
         self._fast_decoder: FastDecoder | None = FastDecoder.build(trunk)
-        self.autocast: torch.dtype | None = None
+        self.autocast = autocast
         """Run the trunk under ``torch.autocast`` to this dtype (bf16-mixed precision); None = off."""
 
     @classmethod
@@ -76,9 +77,7 @@ class Critic(torch.nn.Module):
         A model without a `base_model` (e.g. a LoRA agent's view of its shared base) is read whole."""
         model = policy.model
         trunk = model.base_model if isinstance(getattr(model, "base_model", None), torch.nn.Module) else LMTrunk(model)
-        critic = cls(trunk, policy.tokenizer, **kwargs)
-        critic.autocast = policy.autocast
-        return critic
+        return cls(trunk, policy.tokenizer, autocast=policy.autocast, **kwargs)
 
     @property
     def device(self) -> torch.device:

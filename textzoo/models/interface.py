@@ -8,7 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from textzoo.models.generation import Generation, GenerationConfig
+from textzoo.decoding.generation import Generation, GenerationConfig
 
 
 @runtime_checkable
@@ -26,7 +26,7 @@ class PolicyInterface(Protocol):
     eos_ids: tuple[int, ...]
     """Ids that end a completion."""
     engine: Any
-    """The rollout engine client that samples for it (`textzoo.models.engine.EngineClient`), or None: it
+    """The rollout engine client that samples for it (`textzoo.decoding.engine.EngineClient`), or None: it
     samples itself."""
 
     @property

@@ -72,14 +72,17 @@ import functools
 import json
 import re
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
+from textzoo.decoding.generation import Generation
+from textzoo.decoding.sampling import Segment
 from textzoo.errors import ConfigError
-from textzoo.models.policy import Generation, Policy
+from textzoo.models.policy import Policy
 from textzoo.models.prompting import PromptFormat
-from textzoo.models.sampling import Segment
 from textzoo.models.settings import JOINT_FORMATS
+from textzoo.models.team import frozen_policy_copy
 
 PromptBuilder = Callable[[dict[str, str]], str]
 """Observations of the active roles (in role order) -> the joint prompt."""
@@ -240,6 +243,40 @@ def _fenced_sections(text: str, roles: tuple[str, ...]) -> dict[str, str]:
     return dict(zip(roles, unnamed))
 
 
+def structured_script(
+    observations: dict[str, str], tokenizer: Any, chat: bool, budget: int, stop_strings: Sequence[str] = ()
+) -> list[Segment]:
+    """The structured decoding script of one joint completion (module docstring): every role's tags and each
+    later role's task forced, each role's section sampled (up to `budget` tokens, ending at a tag or one of
+    `stop_strings`). `chat`: the prompt is a chat turn (the first tag opens the answer on its own line
+    otherwise)."""
+    roles = list(observations)
+    tags = [tag for r in roles for tag in (f"<{r}>", f"</{r}>")]
+    stops = tuple(dict.fromkeys([*tags, *stop_strings]))
+
+    def ids(text: str) -> tuple[int, ...]:
+        return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    first = f"<{roles[0]}>" if chat else f"\n<{roles[0]}>"
+    script = [Segment(forced=ids(first))]
+    for prev, role in zip(roles, roles[1:]):
+        script.append(Segment(budget=budget, stop_strings=stops))
+        after = f"\n{task(role, observations[role])}\n<{role}>"
+        script.append(Segment(forced=ids(f"</{prev}>{after}"), after_stop=ids(after)))
+    script.append(Segment(budget=budget, stop_strings=stops))
+    return script
+
+
+def structured_overhead(roles: Sequence[str], tokenizer: Any, chat: bool) -> tuple[int, int]:
+    """What a structured joint answer spends besides its sections and the roles' tasks, in tokens of
+    `tokenizer`: (the forced tags of its completion, its prompt's own words), both with every task empty.
+    What a builder subtracts from the model's positions to size the prompt and each task."""
+    empty = dict.fromkeys(roles, "")
+    tags = sum(len(s) for s in structured_script(empty, tokenizer, chat, 1) if s.forced)
+    intro = len(tokenizer(joint_prompt(empty, "structured", open_first=not chat))["input_ids"])
+    return tags, intro
+
+
 # ---- the actor ----------------------------------------------------------------------------------
 class JointActor:
     """One policy answering for all `roles`: a joint prompt in, one completion out, split per role.
@@ -339,25 +376,27 @@ class JointActor:
         return gen
 
     def script(self, observations: dict[str, str]) -> list[Segment]:
-        """The structured decoding script of one joint completion (module docstring): every role's tags and
-        each later role's task forced, each role's section sampled."""
-        policy = self.policy
-        roles = list(observations)
-        budget = self.section_tokens or max(policy.generation.max_new_tokens // len(roles), 1)
-        tags = [tag for r in roles for tag in (f"<{r}>", f"</{r}>")]
-        stops = tuple(dict.fromkeys([*tags, *policy.generation.stop_strings]))
+        """The structured decoding script of one joint completion (`structured_script`), each section's budget
+        `section_tokens` (default: the policy's budget split evenly over the roles)."""
+        generation = self.policy.generation
+        budget = self.section_tokens or max(generation.max_new_tokens // len(observations), 1)
+        chat = self.prompt_format.chat
+        return structured_script(observations, self.policy.tokenizer, chat, budget, generation.stop_strings)
 
-        def ids(text: str) -> tuple[int, ...]:
-            return tuple(policy.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-        first = f"<{roles[0]}>" if self.prompt_format.chat else f"\n<{roles[0]}>"
-        script = [Segment(forced=ids(first))]
-        for prev, role in zip(roles, roles[1:]):
-            script.append(Segment(budget=budget, stop_strings=stops))
-            after = f"\n{task(role, observations[role])}\n<{role}>"
-            script.append(Segment(forced=ids(f"</{prev}>{after}"), after_stop=ids(after)))
-        script.append(Segment(budget=budget, stop_strings=stops))
-        return script
+    def frozen_copy(self) -> JointActor:
+        """A copy that answers the same and never trains (its own copy of the model: eval mode, no gradients)."""
+        return JointActor(
+            self.roles,
+            frozen_policy_copy(self.policy),
+            trainable=False,
+            prompt_builder=self.prompt_builder,
+            parser=None if self.structured else self.parser,
+            id=self.id,
+            prompt_format=self.prompt_format,
+            joint_format=self.joint_format,
+            section_tokens=self.section_tokens,
+            task_tokens=self.task_tokens,
+        )
 
     def parse(self, completion: str, roles: tuple[str, ...]) -> tuple[dict[str, str], bool]:
         if self.structured and len(roles) > 1:  # the sections in their tags: every role has one

@@ -18,9 +18,10 @@ from typing import Any
 
 import torch
 
+from textzoo.decoding.generation import GenerationConfig
+from textzoo.decoding.modes import eval_mode
 from textzoo.errors import ConfigError, ModelError
-from textzoo.models.modes import eval_mode
-from textzoo.models.policy import GenerationConfig, Policy
+from textzoo.models.policy import Policy
 
 
 def _peft():
@@ -59,8 +60,10 @@ class SharedBase:
         trainable: bool = True,
         generation: GenerationConfig | None = None,
         seed: int = 0,
+        engine: Any = None,
     ) -> Policy:
-        """Add an adapter for `agent_id` (initialised from `seed`) and return the agent's policy."""
+        """Add an adapter for `agent_id` (initialised from `seed`) and return the agent's policy (sampling on
+        `engine`, an `EngineClient` of this base's engine, when one is given)."""
         peft = _peft()
         name = adapter_name(agent_id)
         if name in self.views:
@@ -87,7 +90,7 @@ class SharedBase:
                     self.model.add_adapter(name, config)
             except ValueError as e:
                 raise ConfigError(
-                    f"cannot add a LoRA adapter for {agent_id!r}: {e}; set agent.lora_target_modules to module "
+                    f"cannot add a LoRA adapter for {agent_id!r}: {e}; set agent.lora.target_modules to module "
                     "names of this model (e.g. ['c_attn'] for GPT-2, ['q_proj', 'v_proj'] for Llama)"
                 ) from e
         view = AdapterView(self, name)
@@ -97,7 +100,12 @@ class SharedBase:
         self.active = None
         self._set_requires_grad()
         return Policy(
-            view, self.tokenizer, generation or self.generation, name=f"{agent_id}@lora", precision=self.precision
+            view,
+            self.tokenizer,
+            generation or self.generation,
+            name=f"{agent_id}@lora",
+            precision=self.precision,
+            engine=engine,
         )
 
     def frozen_copy(self, policy: Policy, agent_id: str) -> Policy:
@@ -108,12 +116,11 @@ class SharedBase:
         if name in self.views:
             raise ConfigError(f"adapter {name!r} already exists on this base; pick another name for the copy")
         self.model.add_adapter(name, self.model.peft_config[source.adapter])
-        view = AdapterView(self, name)
+        view = AdapterView(self, name, frozen=True)
         self.views[name] = view
         self.active = None
         self._set_requires_grad()
         load_adapter_state_dict(view, adapter_state_dict(source))
-        view.training, view.frozen = False, True
         return Policy(view, self.tokenizer, policy.generation, name=f"{agent_id}@lora", precision=policy.precision)
 
     def activate(self, name: str) -> None:
@@ -141,13 +148,14 @@ class SharedBase:
 class AdapterView(torch.nn.Module):
     """One agent's model: the shared base with this agent's adapter; parameters = the adapter's."""
 
-    def __init__(self, shared: SharedBase, name: str):
+    def __init__(self, shared: SharedBase, name: str, frozen: bool = False):
         super().__init__()
         self.shared = shared  # a plain object, not a submodule: parameters() must not list the base
         self.adapter = name
         self._infix = f".{name}."
-        self.frozen = False
+        self.frozen = frozen
         """A frozen copy (`SharedBase.frozen_copy`): runs in eval mode whatever the base's mode."""
+        self.training = not frozen  # its own mode only: `train()` would set the shared base's too
 
     # ---- what a model is to Policy, learners and checkpoints ---------------------------------
     @property

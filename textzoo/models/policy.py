@@ -3,10 +3,10 @@
 Sampling and scoring use one distribution: ``log_softmax(logits / temperature)`` restricted to
 ``allowed_tokens`` (when set). ``Generation.logprobs`` are log-probs under that distribution, and
 ``Policy.score`` recomputes exactly them (in eval mode, up to float error); see
-`textzoo.models.sampling`.
+`textzoo.decoding.sampling`.
 
-The model runs behind a backend (`textzoo.models.backends`), both built once per model: the
-plain-torch decoder (`fast_forward`, for the architectures of `textzoo.models.fastlm`) when it
+The model runs behind a backend (`textzoo.decoding.backends`), both built once per model: the
+plain-torch decoder (`fast_forward`, for the architectures of `textzoo.decoding.fastlm`) when it
 reproduces the model exactly in the current mode, else the transformers module. Either way, rows
 that share a prompt (the G samples of a group) run it once, in generation and in scoring
 (`share_prompts`); the plain decoder's sampling pass also hands each prompt's final hidden state to
@@ -29,18 +29,18 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from textzoo.decoding import sampling
+from textzoo.decoding.backends import Backend
+from textzoo.decoding.backends.module import ModuleBackend
+from textzoo.decoding.backends.plain import PlainBackend
+from textzoo.decoding.fastlm import FastDecoder
+from textzoo.decoding.generation import Generation, GenerationConfig, first_used_column, left_padded
+from textzoo.decoding.modes import eval_mode
+from textzoo.decoding.precision import PRECISIONS, autocast
 from textzoo.errors import ModelError
-from textzoo.models import sampling
-from textzoo.models.backends import Backend
-from textzoo.models.backends.module import ModuleBackend, has_dropout
-from textzoo.models.backends.plain import PlainBackend
-from textzoo.models.fastlm import FastDecoder
-from textzoo.models.generation import Generation, GenerationConfig, first_used_column, left_padded
 from textzoo.models.loading import build_tiny, end_token_ids, load_pretrained
-from textzoo.models.modes import eval_mode
-from textzoo.models.precision import PRECISIONS, autocast
 
-__all__ = ["Generation", "GenerationConfig", "Policy", "has_dropout"]
+__all__ = ["Policy"]
 
 
 class Backends(NamedTuple):
@@ -60,6 +60,7 @@ class Policy:
         generation: GenerationConfig | None = None,
         name: str = "policy",
         precision: str = "fp32",
+        engine: Any = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -77,9 +78,9 @@ class Policy:
         # Chat models may end a turn with any of several ids (e.g. <|im_end|> and <|endoftext|>).
         self.eos_ids: tuple[int, ...] = end_token_ids(model, tokenizer)
         self.fast_forward = True
-        """Run the plain-torch decoder (`textzoo.models.fastlm`) when the architecture supports it."""
+        """Run the plain-torch decoder (`textzoo.decoding.fastlm`) when the architecture supports it."""
         self.precision = precision
-        """The precision name the builder resolved (`textzoo.models.precision.PRECISIONS`); what `autocast` and
+        """The precision name the builder resolved (`textzoo.decoding.precision.PRECISIONS`); what `autocast` and
         the weights' dtype implement (the builder moves the weights to its dtype before building the policy)."""
         self.autocast: torch.dtype | None = PRECISIONS[precision].compute
         """Run forwards (generate, score) under ``torch.autocast`` to this dtype (bf16-mixed precision);
@@ -88,9 +89,10 @@ class Policy:
         """Let finished rows go during decoding once at most half the rows run are live (same samples)."""
         self.logits_chunk = sampling.LOGITS_CHUNK
         """Logit elements scoring computes at a time (positions x vocabulary; 0 = all logits at once)."""
-        self.engine = None
+        self.engine = engine
         """Where samples come from: None = this policy's own decoder; else an `EngineClient` of
-        `textzoo.models.engine` (e.g. a vLLM engine), which `generate_ids` / `generate_script` hand requests to."""
+        `textzoo.decoding.engine` (e.g. a vLLM engine), which `generate_ids` / `generate_script` hand requests
+        to while it is open."""
         self._share_prompts = True
         self._decode_mode = "auto"
         self._bound: torch.nn.Module | None = None  # the model the backends were built for
@@ -229,9 +231,8 @@ class Policy:
             mask[empty, -1] = 1
         return ids, mask
 
-    def _allowed_bias(self, vocab: int) -> torch.Tensor | None:
-        """0 on allowed ids (and EOS), -inf elsewhere; None when every token is allowed (cached)."""
-        allowed = self.generation.allowed_tokens
+    def _allowed_bias(self, vocab: int, allowed: tuple[int, ...] | None) -> torch.Tensor | None:
+        """0 on `allowed` ids (and EOS), -inf elsewhere; None when every token is allowed (cached)."""
         if allowed is None:
             return None
         key = (allowed, vocab, self.device, self.eos_ids)
@@ -264,11 +265,30 @@ class Policy:
         global RNG; without it, the global RNG is used (runners checkpoint it). With an `engine`, the engine
         samples (its own seed; ``generator`` unused).
         """
-        if self.engine is not None:
+        if self._on_engine():
             return self.engine.generate_ids(self, prompt_ids, prompt_mask, greedy)
-        gen, out = self._decode(prompt_ids, prompt_mask, None, greedy, generator)
-        gen.texts = sampling.completion_texts(self.tokenizer, out, self.eos_ids, self.generation.stop_strings)
+        return self.decode_ids(prompt_ids, prompt_mask, greedy=greedy, generator=generator)
+
+    @torch.no_grad()
+    def decode_ids(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        *,
+        generation: GenerationConfig | None = None,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Generation:
+        """`generate_ids` on this policy's own decoder (never its engine), with ``generation``'s sampling
+        settings (default: the policy's own): what `textzoo.decoding.engine.LocalEngine` serves requests with."""
+        cfg = generation or self.generation
+        gen, out = self._decode(prompt_ids, prompt_mask, None, greedy, generator, cfg)
+        gen.texts = sampling.completion_texts(self.tokenizer, out, self.eos_ids, cfg.stop_strings)
         return gen
+
+    def _on_engine(self) -> bool:
+        """Whether an engine samples for this policy (it has one, and the engine is not closed)."""
+        return self.engine is not None and getattr(self.engine, "open", True)
 
     @torch.no_grad()
     def generate_script(
@@ -286,9 +306,9 @@ class Policy:
         stop strings (each segment has its own) are ``generation``'s."""
         if prompt_ids.shape[0] != len(scripts):
             raise ValueError(f"{len(scripts)} scripts for {prompt_ids.shape[0]} prompts")
-        if self.engine is not None:
+        if self._on_engine():
             return self.engine.generate_script(self, prompt_ids, prompt_mask, scripts, greedy)
-        gen, out = self._decode(prompt_ids, prompt_mask, scripts, greedy, generator)
+        gen, out = self._decode(prompt_ids, prompt_mask, scripts, greedy, generator, self.generation)
         rows = [row[:n] for row, n in zip(out.completion_ids.tolist(), out.lengths.tolist())]
         gen.texts = self.tokenizer.batch_decode(rows, skip_special_tokens=True)
         return gen, sampling.section_texts(self.tokenizer, out, scripts, self.eos_ids)
@@ -300,9 +320,10 @@ class Policy:
         scripts: Sequence[sampling.Script] | None,
         greedy: bool,
         generator: torch.Generator | None,
+        cfg: GenerationConfig,
     ) -> tuple[Generation, sampling.Decoded]:
-        """Prefill the prompts and run `sampling.decode` (``scripts`` None: plain samples); no texts yet."""
-        cfg = self.generation
+        """Prefill the prompts and run `sampling.decode` with ``cfg`` (``scripts`` None: plain samples); no
+        texts yet."""
         prompt_ids, prompt_mask = self.prepare_prompts(prompt_ids, prompt_mask)
         S = prompt_ids.shape[0]
         if S == 0:
@@ -312,7 +333,7 @@ class Policy:
         length = cfg.max_new_tokens if scripts is None else max((sum(map(len, s)) for s in scripts), default=0)
         with eval_mode(self.model), autocast(prompt_ids.device, self.autocast):
             decoding = self.backend().prefill(prompt_ids, prompt_mask, max(length, 1))
-            bias = self._allowed_bias(decoding.logits.shape[-1])
+            bias = self._allowed_bias(decoding.logits.shape[-1], cfg.allowed_tokens)
             choose = sampling.token_choice(cfg, S, greedy, generator)
             out = sampling.decode(
                 decoding, choose, cfg, eos_ids=self.eos_ids, pad_id=self.pad_id, bias=bias,
@@ -350,7 +371,7 @@ class Policy:
         scored = completion_mask.bool()
         with autocast(device, self.autocast):
             inputs = backend.score(prompt_ids, prompt_mask, completion_ids, scored)
-            bias = self._allowed_bias(inputs.vocab_size)
+            bias = self._allowed_bias(inputs.vocab_size, self.generation.allowed_tokens)
             token_logp, entropy = sampling.selected_log_probs(
                 inputs,
                 completion_ids,

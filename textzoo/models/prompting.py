@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
+from textzoo.decoding.generation import left_padded
 from textzoo.errors import ConfigError
-from textzoo.models.generation import left_padded
 from textzoo.models.settings import PROMPT_STYLES
 
 STYLES = PROMPT_STYLES

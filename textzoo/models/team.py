@@ -11,8 +11,9 @@ from typing import Protocol
 
 import torch
 
+from textzoo.decoding.generation import Generation
 from textzoo.models.lora import AdapterView
-from textzoo.models.policy import Generation, Policy
+from textzoo.models.policy import Policy
 from textzoo.models.prompting import PromptFormat
 
 
@@ -40,6 +41,10 @@ class Actor(Protocol):
         """Actions for `roles` from a completion, and whether parsing failed."""
         ...
 
+    def frozen_copy(self) -> Actor:
+        """A copy that acts the same and never trains (its own copy of the model: eval mode, no gradients)."""
+        ...
+
 
 class AgentActor:
     """A decentralized agent: one policy playing one role, prompt in, completion out.
@@ -65,8 +70,19 @@ class AgentActor:
     def parse(self, completion: str, roles: tuple[str, ...]) -> tuple[dict[str, str], bool]:
         return {self.id: completion}, False
 
+    def frozen_copy(self) -> AgentActor:
+        return AgentActor(self.id, frozen_policy_copy(self.policy), trainable=False, prompt_format=self.prompt_format)
+
     def __repr__(self) -> str:
         return f"AgentActor({self.id!r}, trainable={self.trainable})"
+
+
+def frozen_policy_copy(policy: Policy) -> Policy:
+    """A deep copy of `policy` whose model is in eval mode and needs no gradients (a copy samples with its
+    own decoder: an engine client is not copied)."""
+    twin = copy.deepcopy(policy)
+    twin.model.eval().requires_grad_(False)
+    return twin
 
 
 def frozen_references(actors: list[Actor]) -> dict[str, Policy]:
@@ -81,9 +97,7 @@ def frozen_references(actors: list[Actor]) -> dict[str, Policy]:
         if isinstance(a.policy.model, AdapterView):
             refs[a.id] = a.policy.model.shared.frozen_copy(a.policy, f"{a.id}-reference")
             continue
-        ref = copy.deepcopy(a.policy)
-        ref.model.eval().requires_grad_(False)
-        refs[a.id] = ref
+        refs[a.id] = frozen_policy_copy(a.policy)
     return refs
 
 

@@ -65,7 +65,7 @@ from typing import Any
 import tyro
 
 from textzoo.algorithms.registry import ALGORITHMS, configure, resolve_algorithm
-from textzoo.config import TrainConfig
+from textzoo.config import AgentConfig, TrainConfig, migrate_agent
 from textzoo.config_files import from_dict, to_dict
 from textzoo.errors import ConfigError, TextzooError
 
@@ -238,19 +238,26 @@ def _names(grid: dict, key: str, default: list[str] | None) -> list[str]:
     return list(dict.fromkeys(value))
 
 
-_NESTED = {
-    f.name
-    for f in dataclasses.fields(TrainConfig)
-    if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory)
-}
+def _tables(cls: type) -> dict[str, type]:
+    """The fields of config dataclass `cls` that are config dataclasses themselves (its tables), by name."""
+    return {
+        f.name: f.default_factory
+        for f in dataclasses.fields(cls)
+        if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory)
+    }
 
 
-def merge_config(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
-    """`layer` over `base`: config tables (agent, reinforce, ...) merge key by key, other values replace."""
+def merge_config(base: dict[str, Any], layer: dict[str, Any], cls: type = TrainConfig) -> dict[str, Any]:
+    """`layer` over `base` (dicts for `cls`): config tables (agent, reinforce, agent.lora, ...) merge key by key,
+    other values replace. An agent table in an older layout (flat `lora_rank`) is read as today's first."""
     out = dict(base)
+    tables = _tables(cls)
     for key, value in layer.items():
-        if key in _NESTED and isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = {**out[key], **value}
+        if key in tables and isinstance(value, dict) and isinstance(out.get(key), dict):
+            old, new = out[key], value
+            if issubclass(tables[key], AgentConfig):
+                old, new = migrate_agent(old, f"{key}."), migrate_agent(new, f"{key}.")
+            out[key] = merge_config(old, new, tables[key])
         else:
             out[key] = value
     return out

@@ -8,22 +8,27 @@ fails here, before any training work starts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from textzoo.decoding.generation import GenerationConfig
+from textzoo.decoding.precision import AUTO
 from textzoo.envs import make as make_env
 from textzoo.errors import ConfigError, EnvError
-from textzoo.models.build import build_device, build_policy, generation_config, lora_policy, prompt_format
-from textzoo.models.joint import JointActor
+from textzoo.models.build import build_device, generation_config, load_model, lora_policy, prompt_format, shared_base
+from textzoo.models.joint import JointActor, structured_overhead
 from textzoo.models.lora import SharedBase
-from textzoo.models.precision import AUTO
+from textzoo.models.policy import Policy
+from textzoo.models.prompting import PromptFormat
 from textzoo.models.team import Actor, AgentActor
-from textzoo.runners.engines import attach_engines
+from textzoo.runners.engines import TeamEngines
 from textzoo.runners.update import Learner
 
 if TYPE_CHECKING:
@@ -52,7 +57,8 @@ def env_factory(cfg: TrainConfig, eval: bool = False):
 
 
 def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
-    """One actor per role (decentralized) or one joint actor for all roles (centralized)."""
+    """One actor per role (decentralized) or one joint actor for all roles (centralized), each built with
+    everything it holds (`build_agent_policy`): nothing is set on an actor or a policy after it is built."""
     unknown = sorted(set(cfg.agent_overrides) - set(roles))
     if unknown:
         raise ConfigError(
@@ -64,45 +70,88 @@ def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
                 "agent_overrides set per-role models, but collaboration='centralized' has one joint model: "
                 "put its settings in `agent` and drop agent_overrides"
             )
-        budget = cfg.joint_max_new_tokens or len(roles) * cfg.agent.max_new_tokens
-        agent = dataclasses.replace(
-            cfg.agent, max_new_tokens=budget, max_prompt_tokens=len(roles) * cfg.agent.max_prompt_tokens
-        )
-        if agent.lora_rank:
-            policy = lora_policy(agent, "joint", cfg.seed, {})
-        else:
-            policy = build_policy(agent, cfg.seed, build_device(agent.device))
-        joint = JointActor(
-            roles, policy, trainable=agent.trainable, prompt_format=prompt_format(agent, policy),
-            joint_format=cfg.joint_format, section_tokens=budget // len(roles),
-        )  # fmt: skip
-        if joint.structured:
-            # The forced part of a completion holds the tags and the later roles' tasks: each task gets an
-            # equal share of the prompt budget (left after the sections and the tags), so that all of it
-            # fits the model's positions; 2 tokens per role of slack for re-tokenized cut observations.
-            tags = sum(len(s) for s in joint.script(dict.fromkeys(roles, "")) if s.forced) + 2 * len(roles)
-            room = generation_config(
-                dataclasses.replace(agent, max_new_tokens=budget + tags), policy.tokenizer, policy.model
-            )
-            intro = len(policy.tokenizer(joint.build_prompt(dict.fromkeys(roles, "")))["input_ids"])
-            joint.task_tokens = max((room.max_prompt_tokens - intro) // len(roles), 1)
-            policy.generation = dataclasses.replace(room, max_new_tokens=budget)
-        attach_engines([joint], [agent], cfg.seed)
-        return [joint]
-    actors: list[Actor] = []
+        return [build_joint_actor(cfg, roles)]
+    agents = [cfg.agent_config(role) for role in roles]
+    engines = team_engines(cfg.seed, agents)
     bases: dict[tuple, SharedBase] = {}  # LoRA agents of one model share its base
-    for i, role in enumerate(roles):
-        agent = cfg.agent_config(role)
-        seed = cfg.seed * 1000 + i
-        if agent.lora_rank:
-            policy = lora_policy(agent, role, seed, bases)
-        else:
-            policy = build_policy(agent, seed, build_device(agent.device))
+    actors: list[Actor] = []
+    for i, (role, agent) in enumerate(zip(roles, agents)):
+        policy = build_agent_policy(agent, role, cfg.seed * 1000 + i, i, bases, engines)
         actors.append(AgentActor(role, policy, trainable=agent.trainable, prompt_format=prompt_format(agent, policy)))
-    attach_engines(
-        actors, [cfg.agent_config(role) for role in roles], cfg.seed
-    )  # agent.engine="vllm": rollouts on vLLM
     return actors
+
+
+def build_joint_actor(cfg: TrainConfig, roles: list[str]) -> JointActor:
+    """The centralized team: one policy answering for every role, with N roles' budgets. A structured joint
+    answer also holds forced tags and the later roles' tasks: its prompt budget leaves room for the tags
+    (2 tokens per role of slack for re-tokenized cut observations), and each task gets an equal share of it."""
+    budget = cfg.joint_max_new_tokens or len(roles) * cfg.agent.max_new_tokens
+    agent = dataclasses.replace(
+        cfg.agent, max_new_tokens=budget, max_prompt_tokens=len(roles) * cfg.agent.max_prompt_tokens
+    )
+    structured = cfg.joint_format == "structured"
+
+    def generation(tokenizer: Any, model: torch.nn.Module) -> GenerationConfig:
+        if not structured:
+            return generation_config(agent, tokenizer, model)
+        tags, _ = structured_overhead(roles, tokenizer, _chat(agent, tokenizer))
+        room = generation_config(
+            dataclasses.replace(agent, max_new_tokens=budget + tags + 2 * len(roles)), tokenizer, model
+        )
+        return dataclasses.replace(room, max_new_tokens=budget)
+
+    policy = build_agent_policy(agent, "joint", cfg.seed, 0, {}, team_engines(cfg.seed, [agent]), generation)
+    fmt = prompt_format(agent, policy)
+    task_tokens = 0
+    if structured:
+        _, intro = structured_overhead(roles, policy.tokenizer, fmt.chat)
+        task_tokens = max((policy.generation.max_prompt_tokens - intro) // len(roles), 1)
+    return JointActor(
+        roles, policy, trainable=agent.trainable, prompt_format=fmt, joint_format=cfg.joint_format,
+        section_tokens=budget // len(roles), task_tokens=task_tokens,
+    )  # fmt: skip
+
+
+def _chat(agent: AgentConfig, tokenizer: Any) -> bool:
+    """Whether the agent's prompts are chat turns with this tokenizer."""
+    return PromptFormat.resolve(tokenizer, agent.prompt_format, agent.system_prompt, agent.chat_template_kwargs).chat
+
+
+def team_engines(seed: int, agents: list[AgentConfig]) -> TeamEngines:
+    """The rollout engines of a team of `agents` (its LoRA agents on an engine share their base's)."""
+    loras = [a for a in agents if a.lora.rank and a.engine.kind != "local"]
+    return TeamEngines(seed, max_loras=len(loras), lora_rank=max((a.lora.rank for a in loras), default=0))
+
+
+def build_agent_policy(
+    agent: AgentConfig,
+    agent_id: str,
+    seed: int,
+    index: int,
+    bases: dict[tuple, SharedBase],
+    engines: TeamEngines,
+    generation: Callable[[Any, torch.nn.Module], GenerationConfig] | None = None,
+) -> Policy:
+    """Agent ``agent_id``'s policy, built in order: its model (or, for LoRA, the shared base in ``bases``),
+    its sampling settings (``generation(tokenizer, model)``, default the agent's own), its rollout engine
+    (``engines``; actor ``index``), then the `Policy` that holds them all."""
+    settings = generation or functools.partial(generation_config, agent)
+    if agent.lora.rank:
+        base = shared_base(agent, seed, bases)
+        engine = engines.for_adapter(agent.engine, base, agent_id, index)
+        policy = lora_policy(agent, agent_id, seed, base, settings(base.tokenizer, base.model), engine)
+        if engine is not None:
+            engine.sync(policy, 0, force=True)  # the engine has the base: give it this agent's new adapter
+        return policy
+    loaded = load_model(agent, seed, build_device(agent.device))
+    return Policy(
+        loaded.model,
+        loaded.tokenizer,
+        settings(loaded.tokenizer, loaded.model),
+        name=loaded.name,
+        precision=loaded.precision,
+        engine=engines.for_model(agent.engine, loaded, index),
+    )
 
 
 def resolved_config(cfg: TrainConfig, actors: list[Actor]) -> TrainConfig:

@@ -77,14 +77,14 @@ def check_run_dir(run_dir: str | Path, needed: int, largest: int) -> None:
         raise ResourceError(
             f"the disk of {run_dir} has {_size(free)} free but a checkpoint needs about {_size(needed)} "
             f"({needed} bytes: trainable weights and optimizer state); free space there, pass --run-dir on "
-            "another disk, or train fewer weights (agent.lora_rank, frozen agents)"
+            "another disk, or train fewer weights (agent.lora.rank, frozen agents)"
         )
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     if limit != resource.RLIM_INFINITY and limit < largest:
         raise ResourceError(
             f"this process may write files of at most {_size(limit)} (RLIMIT_FSIZE, `ulimit -f`) but a "
             f"checkpoint file needs about {_size(largest)}; raise the limit (ulimit -f unlimited) or train "
-            "fewer weights (agent.lora_rank)"
+            "fewer weights (agent.lora.rank)"
         )
 
 
@@ -130,14 +130,14 @@ def as_write_error(error: BaseException, run_dir: str | Path, needed: int) -> OS
 # ---- GPU memory --------------------------------------------------------------------------------
 ADVICE = {
     "generate": "fewer batch_prompts or group_size, a smaller agent.max_new_tokens, LoRA adapters on one "
-    "shared base (agent.lora_rank), or devices= / device_map to spread the models",
+    "shared base (agent.lora.rank), or devices= / device_map to spread the models",
     "score": "smaller chunks: the chunked log-probs (Policy.logits_chunk logit elements at a time) and "
-    "the no-grad scorer's textzoo.models.inference.CHUNK samples per forward; a smaller batch "
+    "the no-grad scorer's textzoo.decoding.inference.CHUNK samples per forward; a smaller batch "
     "(batch_prompts, group_size), or a device_map that puts the reference/critic on another GPU",
     "update": "a smaller update.micro_batch_size, update.per_sample_backward=True (one sample's "
-    "activations at a time), agent.gradient_checkpointing=True, LoRA (agent.lora_rank) to drop the "
+    "activations at a time), agent.gradient_checkpointing=True, LoRA (agent.lora.rank) to drop the "
     "full optimizer state, agent.precision='bf16-mixed', or smaller chunked log-probs "
-    "(Policy.logits_chunk; textzoo.models.inference.CHUNK for scoring)",
+    "(Policy.logits_chunk; textzoo.decoding.inference.CHUNK for scoring)",
     "evaluate": "fewer eval_prompts or a smaller agent.max_new_tokens",
 }
 

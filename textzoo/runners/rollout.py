@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from textzoo.algorithms.batch import ActorStep, Rollout
+from textzoo.decoding.generation import Generation
 from textzoo.errors import EnvError
-from textzoo.models.policy import Generation
 from textzoo.models.team import Actor
 from textzoo.runners.update import disjoint_models
 

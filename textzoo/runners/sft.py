@@ -26,11 +26,11 @@ import torch
 from textzoo.algorithms.batch import Job, SampleBatch
 from textzoo.algorithms.rlmath import BatchNorm
 from textzoo.config import AgentConfig, SFTArgs, UpdateConfig
+from textzoo.decoding.generation import Generation
+from textzoo.decoding.modes import eval_mode
 from textzoo.errors import ConfigError
 from textzoo.jsonl import read_jsonl
 from textzoo.models.build import build_policy, prompt_format, resolve_device
-from textzoo.models.generation import Generation
-from textzoo.models.modes import eval_mode
 from textzoo.models.policy import Policy
 from textzoo.models.prompting import PromptFormat
 from textzoo.runners.build import build_learner

@@ -23,8 +23,8 @@ from textzoo.algorithms import registry
 from textzoo.algorithms.batch import Job, Rollout
 from textzoo.config import AgentConfig, TrainConfig, precisions_as_in
 from textzoo.config_files import from_dict, save_config, to_dict
+from textzoo.decoding.precision import slow_bf16
 from textzoo.errors import CheckpointError, ConfigError
-from textzoo.models.precision import slow_bf16
 from textzoo.models.team import Actor
 from textzoo.runners import sharding
 from textzoo.runners.build import ItemSampler, build_actors, build_learner, env_factory, resolved_config
@@ -261,7 +261,7 @@ class Trainer:
                     rollout, stats = hook.before_jobs(self, rollout, items, seeds)
                     hook_stats.update(stats)
                 jobs, family_stats = self.family.jobs(rollout)
-        hook_stats.update(sleep_engines(self.actors))  # engine_sleep: the update gets the engines' device memory
+        hook_stats.update(sleep_engines(self.actors))  # engine.sleep: the update gets the engines' device memory
         training = self.schedule.at(self.step)
         jobs = self.schedule.filter(jobs, self.step)  # agents frozen this step: no loss, no step, no version bump
         sync = self.dist.grad_sync if self.dist.enabled else None

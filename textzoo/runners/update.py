@@ -22,9 +22,9 @@ import torch
 from textzoo.algorithms.batch import Job
 from textzoo.algorithms.rlmath import BatchNorm
 from textzoo.config import UpdateConfig
-from textzoo.models import compiled
-from textzoo.models.fastlm import forget_casts, forget_packed
-from textzoo.models.policy import has_dropout
+from textzoo.decoding import compiled
+from textzoo.decoding.backends.module import has_dropout
+from textzoo.decoding.fastlm import forget_casts, forget_packed
 from textzoo.runners import sharding
 
 
@@ -101,10 +101,10 @@ def run_jobs(
 
     Torch ops release the GIL, so two learners' forwards and backwards use two cores. Gradient
     synchronisation across replicas keeps jobs sequential (collectives must be issued in one order).
-    The rollout's packed weight copies (`textzoo.models.fastlm.packed_weight`) are dropped first; each
+    The rollout's packed weight copies (`textzoo.decoding.fastlm.packed_weight`) are dropped first; each
     learner's gradients are freed once its job is done, so the next job and the next rollout do not
     hold them (a 135M-parameter model's: 513 MiB); one at a time, a learner's job runs without the bf16
-    weight copies (`textzoo.models.fastlm.autocast_weight`) of the learners after it, which their own
+    weight copies (`textzoo.decoding.fastlm.autocast_weight`) of the learners after it, which their own
     jobs cast again (256 MiB at that size, for a cast that takes a tenth of a second).
     """
     workers = min(cfg.parallel_jobs, len(jobs))
@@ -174,7 +174,7 @@ def run_job(
     `grad_sync(params)`, when given, runs once per optimizer step before the zero-gradient check and
     clipping (data parallelism averages gradients over replicas there). The first job of a process sets
     its heap thresholds (`tune_heap`). The elementwise regions of bf16 passes compile as
-    ``cfg.compile_regions`` says (`textzoo.models.compiled.allowed`).
+    ``cfg.compile_regions`` says (`textzoo.decoding.compiled.allowed`).
     """
     with compiled.allowed(cfg.compile_regions):
         return _run_job(job, learner, cfg, generator, grad_sync, free_grads)

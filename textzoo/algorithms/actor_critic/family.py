@@ -14,7 +14,7 @@ Q(s_t, a_t) (the SARSA(λ) form). Optional per-actor advantage standardisation o
 Every formula is a function of `textzoo.algorithms.rlmath` (`gae`, `policy_gradient_loss`, `critic_loss`).
 
 Losses: the actor's is `policy_gradient_loss` (the REINFORCE family's, PPO-clip with `clip_range`,
-each token of a rollout engine's sample weighted by min(π_trainer/π_engine, C) under `agent.engine_tis`)
+each token of a rollout engine's sample weighted by min(π_trainer/π_engine, C) under `agent.engine.tis`)
 minus an optional entropy bonus; the critic's is c_v·(V − y)², or with value clipping ε_v
 c_v·max((V − y)², (V_old + clip(V − V_old, −ε_v, ε_v) − y)²) (PPO2 value clipping).
 Values are computed once per sample under no_grad when the batch arrives (the old values of value
@@ -41,11 +41,12 @@ from textzoo.algorithms.rlmath import (
     gae,
     policy_gradient_loss,
 )
+from textzoo.decoding.generation import Generation
+from textzoo.decoding.inference import chunks
+from textzoo.decoding.modes import eval_mode
 from textzoo.errors import ConfigError
 from textzoo.models.critic import Critic
-from textzoo.models.inference import chunks
-from textzoo.models.modes import eval_mode
-from textzoo.models.policy import Generation, Policy
+from textzoo.models.policy import Policy
 from textzoo.models.team import Actor
 
 

@@ -16,8 +16,8 @@ Pairs are kept as token ids in a replay store, so a replayed pair is scored on e
 that were sampled.
 
 A "sample" of the update is a pair: `textzoo.algorithms.rlmath.dpo_loss` returns one contribution per pair.
-Pairs sampled by a rollout engine (`agent.engine="vllm"`) are not importance-weighted: DPO is not a
-policy gradient on the sampled tokens, so `agent.engine_tis` (truncated importance sampling, applied by
+Pairs sampled by a rollout engine (`agent.engine.kind="vllm"`) are not importance-weighted: DPO is not a
+policy gradient on the sampled tokens, so `agent.engine.tis` (truncated importance sampling, applied by
 the policy-gradient families) has no effect here and no `agent/<id>/tis_weight` is logged.
 """
 
@@ -33,9 +33,10 @@ from textzoo.algorithms.batch import ActorStep, Job, PairBatch, Rollout
 from textzoo.algorithms.family import RolloutNeeds
 from textzoo.algorithms.preference.config import SELECTIONS, PreferenceConfig
 from textzoo.algorithms.rlmath import BatchNorm, dpo_loss
+from textzoo.decoding.generation import Generation
+from textzoo.decoding.inference import score_no_grad
 from textzoo.errors import ConfigError
-from textzoo.models.inference import score_no_grad
-from textzoo.models.policy import Generation, Policy
+from textzoo.models.policy import Policy
 from textzoo.models.team import Actor, frozen_references, reference_models
 
 

@@ -40,11 +40,11 @@ from textzoo.algorithms.rlmath import (
     pearson,
     spearman,
 )
+from textzoo.decoding.generation import Generation
+from textzoo.decoding.inference import chunks
+from textzoo.decoding.modes import eval_mode
 from textzoo.errors import ConfigError
 from textzoo.models.critic import Critic
-from textzoo.models.inference import chunks
-from textzoo.models.modes import eval_mode
-from textzoo.models.policy import Generation
 
 logger = logging.getLogger(__name__)
 

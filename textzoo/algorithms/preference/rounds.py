@@ -68,10 +68,10 @@ from textzoo.algorithms.preference.reward_model import (
     relabel,
     reward_model_loss,
 )
+from textzoo.decoding.generation import Generation
 from textzoo.errors import CheckpointError, ConfigError
 from textzoo.models.build import build_policy
 from textzoo.models.critic import Critic
-from textzoo.models.policy import Generation
 from textzoo.models.settings import TINY_MODELS
 from textzoo.models.team import Actor
 
@@ -187,12 +187,7 @@ class PreferenceRounds:
                     "its samples could not be scored on the tokens it sampled. Pick one of the agents' model family"
                 )
         elif pc.comparator in ("copy", "history"):
-            self.comparator = []
-            for actor in run.actors:
-                twin = copy.deepcopy(actor)
-                twin.trainable = False
-                twin.policy.model.eval().requires_grad_(False)
-                self.comparator.append(twin)
+            self.comparator = [actor.frozen_copy() for actor in run.actors]
         if self.comparator is not None:
             for twin in self.comparator:
                 twin.policy.model.to(device)

@@ -17,7 +17,7 @@ standardises each actor's advantages over the batch (Dr. MAS).
 `joint_mode="cross"` (single-turn) credits sample g of actor i with the **mean** return over every
 combination of its partners' samples. Loss: `policy_gradient_loss` (−A·ℓ, or PPO-clip with
 `clip_range` over several `epochs`), plus β·KL_k3 per token when `kl_in="loss"`. Samples of a rollout
-engine (`agent.engine="vllm"`, `agent.engine_tis`) weigh each token's policy-gradient term by
+engine (`agent.engine.kind="vllm"`, `agent.engine.tis`) weigh each token's policy-gradient term by
 w_k = min(π_trainer/π_engine, C) (truncated importance sampling, Yao et al. 2025; the KL term is not weighted).
 
 Every formula is a function of `textzoo.algorithms.rlmath`; this module routes the rollout to them.
@@ -49,8 +49,8 @@ from textzoo.algorithms.rlmath import (
     running_mean_update,
 )
 from textzoo.algorithms.settings import check_estimator
+from textzoo.decoding.inference import score_no_grad
 from textzoo.errors import ConfigError
-from textzoo.models.inference import score_no_grad
 from textzoo.models.policy import Policy
 from textzoo.models.team import Actor, frozen_references, reference_models
 

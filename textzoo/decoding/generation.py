@@ -8,8 +8,8 @@ from dataclasses import dataclass, field, fields
 import torch
 import torch.nn.functional as F
 
+from textzoo.decoding.settings import SamplingConfig
 from textzoo.errors import ConfigError
-from textzoo.models.settings import SamplingConfig
 
 
 @dataclass
@@ -53,7 +53,7 @@ class Generation:
     produced it (the plain-torch decoder does): what a value head on this model's trunk reads."""
     engine_logprobs: torch.Tensor | None = None
     """[S, C] a rollout engine's own sampling log-probs of the completion tokens (0 where the mask is 0),
-    when an engine sampled them and ``logprobs`` hold the trainer's re-scoring (`textzoo.models.engine`);
+    when an engine sampled them and ``logprobs`` hold the trainer's re-scoring (`textzoo.decoding.engine`);
     None for the policy's own decoder. What truncated importance sampling weighs the losses with."""
 
     def __len__(self) -> int:

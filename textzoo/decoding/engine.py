@@ -5,9 +5,9 @@ A `RolloutEngine` takes prompt token ids (after prompt formatting: nothing is re
 tokens, greedy) and returns one `Completion` per prompt: the completion ids, the engine's sampling
 log-prob of each, and the text. Two engines implement it:
 
-- `LocalEngine`: the policy's own decoder (`textzoo.models.sampling` over its backends), today's path.
+- `LocalEngine`: the policy's own decoder (`textzoo.decoding.sampling` over its backends), today's path.
   A policy without an engine (``Policy.engine`` None, the default) samples with exactly this.
-- `textzoo.models.vllm_engine.VLLMEngine`: one in-process vLLM ``LLM`` (``--agent.engine vllm``).
+- `textzoo.decoding.vllm_engine.VLLMEngine`: one in-process vLLM ``LLM`` (``--agent.engine.kind vllm``).
 
 `EngineClient` binds a policy to an engine (and, for a LoRA agent, to its adapter on the engine's
 shared base): `Policy.generate_ids` and `Policy.generate_script` hand their requests to it, so every
@@ -21,7 +21,7 @@ The engine's log-probs are not the trainer's (other kernels, bf16). The client s
 completion with the trainer's model at once (no gradients, eval mode) and hands the losses the
 trainer's log-probs as the behaviour policy's, so the loss arithmetic is the local path's. The engine's
 log-probs stay with the sample (``Generation.engine_logprobs``): the policy-gradient losses weigh each
-token by min(π_trainer/π_engine, C) (truncated importance sampling, ``agent.engine_tis``), and
+token by min(π_trainer/π_engine, C) (truncated importance sampling, ``agent.engine.tis``), and
 `textzoo.runners.engines.engine_metrics` logs the gap (`rlmath.engine_gap`) and the mean weight.
 Greedy requests (evaluation, ReMax's baseline) keep the engine's log-probs: nothing learns from them.
 
@@ -38,21 +38,46 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
+from textzoo.decoding.generation import Generation, GenerationConfig, left_padded
+from textzoo.decoding.inference import Scorer, score_no_grad
+from textzoo.decoding.sampling import Segment
+from textzoo.decoding.settings import ENGINES
 from textzoo.errors import ConfigError
-from textzoo.models.generation import Generation, left_padded
-from textzoo.models.sampling import Segment
-from textzoo.models.settings import ENGINES
-
-if TYPE_CHECKING:
-    from textzoo.models.policy import Policy
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ENGINES", "Completion", "EngineClient", "LocalEngine", "RolloutEngine", "SamplingSettings"]
+__all__ = ["ENGINES", "Completion", "EngineClient", "LocalEngine", "RolloutEngine", "Sampler", "SamplingSettings"]
+
+
+class Sampler(Scorer, Protocol):
+    """What an engine reads of the policy it samples for (`textzoo.models.policy.Policy` is one)."""
+
+    name: str
+    tokenizer: Any
+    generation: GenerationConfig
+    pad_id: int
+    eos_ids: tuple[int, ...]
+    engine: Any
+
+    def prepare_prompts(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompts as the policy's decoder reads them (cut to its prompt budget)."""
+        ...
+
+    def decode_ids(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        *,
+        generation: GenerationConfig | None = None,
+        greedy: bool = False,
+        generator: Any = None,
+    ) -> Generation:
+        """One completion per prompt, sampled by the policy's own decoder with ``generation``'s settings."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -70,7 +95,7 @@ class SamplingSettings:
     greedy: bool = False
 
     @classmethod
-    def of(cls, policy: Policy, greedy: bool = False, **changes: Any) -> SamplingSettings:
+    def of(cls, policy: Sampler, greedy: bool = False, **changes: Any) -> SamplingSettings:
         """The settings of ``policy``'s `GenerationConfig` and EOS set (``changes`` override fields)."""
         g = policy.generation
         values = dict(
@@ -111,7 +136,7 @@ class RolloutEngine(Protocol):
 class LocalEngine:
     """The policy's own decoder as a `RolloutEngine` (the same samples `Policy.generate_ids` draws)."""
 
-    def __init__(self, policy: Policy, generator: torch.Generator | None = None):
+    def __init__(self, policy: Sampler, generator: torch.Generator | None = None):
         self.policy = policy
         self.generator = generator
 
@@ -122,9 +147,8 @@ class LocalEngine:
         if tuple(settings.eos_ids) != tuple(policy.eos_ids):
             raise ConfigError(f"the local decoder ends samples at policy {policy.name!r}'s EOS ids {policy.eos_ids}")
         ids, mask = (t.to(policy.device) for t in left_padded(prompts, policy.pad_id))
-        saved, engine = policy.generation, policy.engine
-        policy.generation = dataclasses.replace(
-            saved,
+        generation = dataclasses.replace(
+            policy.generation,
             max_new_tokens=settings.max_tokens,
             temperature=settings.temperature,
             top_p=settings.top_p,
@@ -132,11 +156,7 @@ class LocalEngine:
             stop_strings=settings.stop_strings,
             allowed_tokens=settings.allowed_tokens,
         )
-        policy.engine = None
-        try:
-            gen = policy.generate_ids(ids, mask, greedy=settings.greedy, generator=self.generator)
-        finally:
-            policy.generation, policy.engine = saved, engine
+        gen = policy.decode_ids(ids, mask, generation=generation, greedy=settings.greedy, generator=self.generator)
         out = []
         for row, m, lp, text in zip(gen.completion_ids.tolist(), gen.completion_mask.tolist(), gen.logprobs, gen.texts):
             n = int(sum(m))
@@ -173,7 +193,7 @@ class EngineClient:
         """The agent's adapter name on a shared base (None: the engine runs this policy's whole weights)."""
         self.tis = tis
         """The policy-gradient losses weigh this engine's samples by min(π_trainer/π_engine, tis_cap) per token
-        (`textzoo.algorithms.family.engine_token_weights`; ``agent.engine_tis``)."""
+        (`textzoo.algorithms.family.engine_token_weights`; ``agent.engine.tis``)."""
         self.tis_cap = tis_cap
         self.sync_timeout = sync_timeout
         self.version = 0
@@ -181,6 +201,18 @@ class EngineClient:
         self.sync_s = 0.0
         """Seconds the last weight sync took."""
         self.stats = EngineStats()
+
+    @property
+    def open(self) -> bool:
+        """Whether the engine still serves requests (`close` ends that; the policy then samples itself)."""
+        return self.engine is not None
+
+    def close(self) -> None:
+        """Shut the engine down (a shared engine may already be: closing twice is harmless) and let go of it."""
+        engine, self.engine = self.engine, None
+        close = getattr(engine, "close", None)
+        if callable(close):
+            close()
 
     def __deepcopy__(self, memo: dict) -> None:
         """A copied policy (a frozen reference, a comparator) samples with its own decoder: no engine."""
@@ -191,7 +223,7 @@ class EngineClient:
         adapter = self.engine.adapter(self.adapter_key) if self.adapter_key is not None else None
         return self.engine.complete(prompts, settings, adapter)
 
-    def generate_ids(self, policy: Policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, greedy: bool):
+    def generate_ids(self, policy: Sampler, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, greedy: bool):
         """`Policy.generate_ids` on the engine: the `Generation`, with the trainer's log-probs (module docstring)."""
         ids, mask = policy.prepare_prompts(prompt_ids, prompt_mask)
         rows = prompt_rows(ids, mask)
@@ -204,13 +236,13 @@ class EngineClient:
             [c.logprobs for c in done],
             [[1] * len(c.ids) for c in done],
             policy.pad_id,
+            [plain_text(policy, c, settings.stop_strings) for c in done],
         )
-        gen.texts = [plain_text(policy, c, settings.stop_strings) for c in done]
         return self._rescore(policy, gen, greedy)
 
     def generate_script(
         self,
-        policy: Policy,
+        policy: Sampler,
         prompt_ids: torch.Tensor,
         prompt_mask: torch.Tensor,
         scripts: Sequence[Sequence[Segment]],
@@ -221,26 +253,23 @@ class EngineClient:
         rows = prompt_rows(ids, mask)
         base = SamplingSettings.of(policy, greedy)
         written, sections = run_scripts(lambda r, s: self._complete(r, s), rows, scripts, base, policy)
+        texts = policy.tokenizer.batch_decode([w[0] for w in written], skip_special_tokens=True)
         gen = to_generation(
-            ids, mask, [w[0] for w in written], [w[1] for w in written], [w[2] for w in written], policy.pad_id
+            ids, mask, [w[0] for w in written], [w[1] for w in written], [w[2] for w in written], policy.pad_id, texts
         )
-        gen.texts = policy.tokenizer.batch_decode([w[0] for w in written], skip_special_tokens=True)
         return self._rescore(policy, gen, greedy), sections
 
-    def _rescore(self, policy: Policy, gen: Generation, greedy: bool) -> Generation:
+    def _rescore(self, policy: Sampler, gen: Generation, greedy: bool) -> Generation:
         """Replace the engine's log-probs by the trainer's (sampled requests), keep the engine's as
         ``gen.engine_logprobs`` (what truncated importance sampling reads) and record the gap."""
         if greedy or len(gen) == 0 or not bool(gen.completion_mask.any()):
             return gen
-        from textzoo.models.inference import score_no_grad
-
         engine = gen.logprobs
         trainer = score_no_grad(policy, gen).to(engine.device)
         self.stats.trainer.append(trainer.detach().cpu())
         self.stats.engine.append(engine.detach().cpu())
         self.stats.mask.append(gen.completion_mask.detach().cpu().to(engine.dtype))
-        gen.logprobs, gen.engine_logprobs = trainer, engine
-        return gen
+        return dataclasses.replace(gen, logprobs=trainer, engine_logprobs=engine)
 
     def drain(self) -> EngineStats:
         """The statistics recorded since the last call (and start afresh)."""
@@ -248,7 +277,7 @@ class EngineClient:
         return stats
 
     # ---- weights -----------------------------------------------------------------------------
-    def sync(self, policy: Policy, version: int, force: bool = False) -> None:
+    def sync(self, policy: Sampler, version: int, force: bool = False) -> None:
         """Give the engine ``policy``'s current weights as ``version`` (a no-op when it has them, unless ``force``)."""
         if version == self.version and not force:
             return
@@ -274,8 +303,10 @@ def to_generation(
     logprobs: list[list[float]],
     masks: list[list[int]],
     pad_id: int,
+    texts: list[str] | None = None,
 ) -> Generation:
-    """A `Generation` of per-row completions (right-padded with ``pad_id``; log-probs 0 off the mask)."""
+    """A `Generation` of per-row completions (right-padded with ``pad_id``; log-probs 0 off the mask) and
+    their ``texts``."""
     S, C = len(ids), max((len(r) for r in ids), default=0)
     device = prompt_ids.device
     completion = torch.full((S, C), pad_id, dtype=torch.long)
@@ -287,10 +318,10 @@ def to_generation(
             mask[i, : len(m)] = torch.tensor(m)
             lp[i, : len(l)] = torch.tensor(l, dtype=torch.float32)
     lp = lp.masked_fill(mask == 0, 0.0)
-    return Generation(prompt_ids, prompt_mask, completion.to(device), mask.to(device), lp.to(device), [])
+    return Generation(prompt_ids, prompt_mask, completion.to(device), mask.to(device), lp.to(device), texts or [])
 
 
-def plain_text(policy: Policy, c: Completion, stop_strings: Sequence[str]) -> str:
+def plain_text(policy: Sampler, c: Completion, stop_strings: Sequence[str]) -> str:
     """A plain sample's text as the local decoder writes it: no final EOS, cut after the first stop string."""
     ids = c.ids[:-1] if c.ids and c.ids[-1] in policy.eos_ids else c.ids
     text = policy.tokenizer.decode(ids, skip_special_tokens=True)
@@ -301,7 +332,7 @@ def plain_text(policy: Policy, c: Completion, stop_strings: Sequence[str]) -> st
     return text
 
 
-def section_text(policy: Policy, ids: list[int], by_stop: bool, stop_strings: Sequence[str]) -> str:
+def section_text(policy: Sampler, ids: list[int], by_stop: bool, stop_strings: Sequence[str]) -> str:
     """A structured section's text: no final EOS, cut before the first stop string when one ended it."""
     ids = ids[:-1] if ids and ids[-1] in policy.eos_ids else ids
     text = policy.tokenizer.decode(ids, skip_special_tokens=True)
@@ -316,9 +347,9 @@ def run_scripts(
     prompts: list[list[int]],
     scripts: Sequence[Sequence[Segment]],
     base: SamplingSettings,
-    policy: Policy,
+    policy: Sampler,
 ) -> tuple[list[tuple[list[int], list[float], list[int]]], list[list[str]]]:
-    """Every row through its script (`textzoo.models.sampling.Segment`s) with ``complete(rows, settings)``:
+    """Every row through its script (`textzoo.decoding.sampling.Segment`s) with ``complete(rows, settings)``:
     forced segments are appended (mask 0), each sampled section is one request of the rows at that point
     (those with the same budget and stop strings together). Returns per row (completion ids, log-probs,
     mask) and its section texts."""

@@ -1,10 +1,10 @@
 """Model backends: the forward passes a `Policy` samples and scores with, behind one small interface.
 
 A backend runs one model; `Policy` picks one per call from the two it builds once per model:
-`PlainBackend` (the plain-torch decoder of `textzoo.models.fastlm`, for the architectures in its
+`PlainBackend` (the plain-torch decoder of `textzoo.decoding.fastlm`, for the architectures in its
 `ARCHITECTURES` table) when the model is one that decoder reproduces exactly in the current mode, and
 `ModuleBackend` (the transformers module itself: any architecture, the fallback) otherwise. Sampling,
-stop strings, texts and the log-prob arithmetic live in `textzoo.models.sampling` and are the same
+stop strings, texts and the log-prob arithmetic live in `textzoo.decoding.sampling` and are the same
 whichever backend runs the model.
 
 The interface (`Backend`):

@@ -21,7 +21,7 @@ import os
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
-from textzoo.models.precision import cpu_flags
+from textzoo.decoding.precision import cpu_flags
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112  # MKL's CBLAS_LAYOUT and CBLAS_TRANSPOSE values
 

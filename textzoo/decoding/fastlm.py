@@ -37,8 +37,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from transformers import activations
 from transformers.pytorch_utils import Conv1D
 
-from textzoo.models import compiled, mixed_gemm
-from textzoo.models.precision import native_bf16
+from textzoo.decoding import compiled, mixed_gemm
+from textzoo.decoding.precision import native_bf16
 
 FUSE_PROJECTIONS = True
 """Under autocast, compute each layer's q/k/v projections, and its MLP's gate/up projections, as one
@@ -958,7 +958,7 @@ def llama_forward(dec: FastDecoder, ids, position, attend, rows: Packed = ALL, q
     where autocast would cast it at every matmul that reads it: the same values, and keys/values (the
     prompt's and the KV cache's) kept in that dtype instead of cast again at every decode step. The
     elementwise work between the matrix products is three functions (`_add_norm`, `_rope_cast`,
-    `_silu_mul`), which a bf16 update pass on CPU runs compiled (`textzoo.models.compiled`)."""
+    `_silu_mul`), which a bf16 update pass on CPU runs compiled (`textzoo.decoding.compiled`)."""
     body = dec.body
     ids, position = rows.pack(ids), rows.pack(position)  # [S, T], or packed [N]
     hidden = embed(body.embed_tokens, ids)  # [..., d] (padding_idx keeps a zero gradient)

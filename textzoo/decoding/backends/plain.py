@@ -1,4 +1,4 @@
-"""`PlainBackend`: prefill, decode and score through the plain-torch decoder (`textzoo.models.fastlm`).
+"""`PlainBackend`: prefill, decode and score through the plain-torch decoder (`textzoo.decoding.fastlm`).
 
 Rows that share a prompt (the G samples of a group) run it once and attend to its keys/values in one
 grouped matmul, in decoding and in scoring (`share_prompts`); the sampling pass also hands each
@@ -7,7 +7,7 @@ trunk reads); and within `prompt_cache()`, scoring calls one sample at a time (p
 share their prompt's forward too.
 
 Decoding runs over a growing cache (`PlainDecoding`, the grouped layout) or over the fixed buffers of
-`textzoo.models.backends.static` (`decode_mode`; on CUDA, "auto" replays each step as a CUDA graph).
+`textzoo.decoding.backends.static` (`decode_mode`; on CUDA, "auto" replays each step as a CUDA graph).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from contextlib import contextmanager
 
 import torch
 
+from textzoo.decoding.backends import HeadInput, keep_all, static
+from textzoo.decoding.backends.static import LENGTH_STEP, MODES, StaticCache, StaticDecoding, bucket
+from textzoo.decoding.fastlm import FastDecoder, KVCache, Prefix, SharedRows, first_tokens_first, shared_rows
 from textzoo.errors import ConfigError
-from textzoo.models.backends import HeadInput, keep_all, static
-from textzoo.models.backends.static import LENGTH_STEP, MODES, StaticCache, StaticDecoding, bucket
-from textzoo.models.fastlm import FastDecoder, KVCache, Prefix, SharedRows, first_tokens_first, shared_rows
 
 
 class PlainBackend:
@@ -30,7 +30,7 @@ class PlainBackend:
         self.decoder = decoder
         self.share_prompts = True
         self.decode_mode = "auto"
-        """"dynamic", "static", "graph" or "auto" (see `textzoo.models.backends.static.MODES`)."""
+        """"dynamic", "static", "graph" or "auto" (see `textzoo.decoding.backends.static.MODES`)."""
         self._prompt_cache: _PromptCache | None = None
         self._static: StaticCache | None = None
 

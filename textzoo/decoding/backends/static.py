@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from textzoo.models.fastlm import FastDecoder, Prefix, SharedRows
+from textzoo.decoding.fastlm import FastDecoder, Prefix, SharedRows
 
 LENGTH_STEP = 128
 """Cache lengths are rounded up to a multiple of this, so that calls of similar size share graphs."""

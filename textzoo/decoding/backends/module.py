@@ -15,8 +15,8 @@ import torch
 from torch.distributed.tensor import DTensor
 from transformers import DynamicCache
 
-from textzoo.models.backends import HeadInput
-from textzoo.models.fastlm import SharedRows, distinct_rows
+from textzoo.decoding.backends import HeadInput
+from textzoo.decoding.fastlm import SharedRows, distinct_rows
 
 # Decoders whose sdpa attention mask is exactly causal + key padding (no ALiBi, no softcapping masks).
 _PLAIN_MASK_MODELS = frozenset({"gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "granite"})

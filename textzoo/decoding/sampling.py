@@ -24,9 +24,9 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedTokenizerBase
 
+from textzoo.decoding.backends import Decoding, HeadInput
+from textzoo.decoding.generation import GenerationConfig
 from textzoo.errors import ConfigError
-from textzoo.models.backends import Decoding, HeadInput
-from textzoo.models.generation import GenerationConfig
 
 Choose = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 """``choose(logp [S', V], rows [S'], step) -> tokens [S']``: the tokens of the rows ``rows`` (indices

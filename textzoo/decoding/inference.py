@@ -1,4 +1,4 @@
-"""Running models outside an update: eval mode (`textzoo.models.modes`), no gradients, a batch at a time.
+"""Running models outside an update: eval mode (`textzoo.decoding.modes`), no gradients, a batch at a time.
 
 `chunks` splits a batch of samples so that scoring a large batch never holds all its activations at
 once; `score_no_grad` is the one scorer of old and reference log-probs.
@@ -7,16 +7,27 @@ once; `score_no_grad` is the one scorer of old and reference log-probs.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
-from textzoo.models.generation import Generation
-from textzoo.models.modes import eval_mode
+from textzoo.decoding.generation import Generation
+from textzoo.decoding.modes import eval_mode
 
-if TYPE_CHECKING:
-    from textzoo.models.policy import Policy
+
+class Scorer(Protocol):
+    """A model that scores completions (`textzoo.models.policy.Policy` is one): what `score_no_grad` reads."""
+
+    model: torch.nn.Module
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def score(self, prompt_ids, prompt_mask, completion_ids, completion_mask, *, return_entropy=False) -> Any:
+        """Token log-probs [S, C] of the completions after the prompts."""
+        ...
+
 
 CHUNK = 64
 """Samples per forward when a whole batch is scored without gradients."""
@@ -29,7 +40,7 @@ def chunks(gen: Generation, size: int = CHUNK) -> Iterator[Generation]:
 
 
 @torch.no_grad()
-def score_no_grad(policy: Policy, gen: Generation, chunk: int = CHUNK) -> torch.Tensor:
+def score_no_grad(policy: Scorer, gen: Generation, chunk: int = CHUNK) -> torch.Tensor:
     """Token log-probs [S, C] of `gen`'s completions under `policy`, in eval mode (no dropout), without
     gradients, `chunk` samples at a time; on the policy's device, as wide as `gen`'s completions."""
     width = gen.completion_ids.shape[1]

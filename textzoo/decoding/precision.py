@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from textzoo.models.settings import AUTO
+from textzoo.decoding.settings import AUTO
 
 
 @dataclass(frozen=True)
