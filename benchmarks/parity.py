@@ -542,8 +542,17 @@ def report(a: Args, compare: str) -> dict[str, Any] | None:
     return {"gains": gains, "holds": holds}
 
 
+SMOOTH = 5
+"""Steps in the moving average of the bold curves (one step is B x G episodes: a handful)."""
+
+
+def moving_average(values: list[float], window: int) -> list[float]:
+    """The mean of each value and the up to `window` - 1 values before it."""
+    return [sum(values[max(0, k - window + 1) : k + 1]) / (k + 1 - max(0, k - window + 1)) for k in range(len(values))]
+
+
 def plot_curves(runs: dict[str, list[dict]], names: dict[str, str], compare: str, out: Path) -> None:
-    """Each side's training reward per step: every seed thin, the mean over seeds bold."""
+    """Each side's training reward per step: every seed thin, the mean over seeds (moving average) bold."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -555,12 +564,13 @@ def plot_curves(runs: dict[str, list[dict]], names: dict[str, str], compare: str
         steps = min(len(c) for c in curves)
         for c in curves:
             ax.plot(range(1, len(c) + 1), c, color=color, alpha=0.25, linewidth=0.8)
-        mean = [sum(c[k] for c in curves) / len(curves) for k in range(steps)]
-        ax.plot(range(1, steps + 1), mean, color=color, linewidth=2, label=f"{names[side]} (mean of {len(curves)})")
+        mean = moving_average([sum(c[k] for c in curves) / len(curves) for k in range(steps)], SMOOTH)
+        label = f"{names[side]}: mean of {len(curves)} seed(s), {SMOOTH}-step moving average"
+        ax.plot(range(1, steps + 1), mean, color=color, linewidth=2, label=label)
     ax.set_xlabel("step")
     ax.set_ylabel("training reward (mean over the step's episodes)")
     ax.set_title(f"parity: textzoo vs {names[compare]}")
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

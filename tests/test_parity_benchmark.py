@@ -75,6 +75,11 @@ def test_train_items_are_textzoos_batches_in_order():
     assert sorted(items[:7]) == list(range(7))  # a shuffled pass over the items, then the next pass
 
 
+def test_moving_average_by_hand():
+    assert bench.moving_average([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    assert bench.moving_average([2.0, 4.0, 9.0], 5) == [2.0, 3.0, 5.0]
+
+
 def _result(path, compare, side, seed, after, curve=(0.1, 0.2)):
     out = {"compare": compare, "side": side, "seed": seed, "heldout": {"reward": after, "items": 5}}
     out["curve"] = [{"reward": r, "seconds": 2.0} for r in curve]
