@@ -16,7 +16,7 @@ total (critics, when a family has them, are built like the actors). Columns:
 - parse fail: share of joint completions with no section for any role (0 by construction when
   decentralized); tokens: completion tokens generated in training.
 
-Tasks: Writing-v0 with its pure length-ratio reward, `--writing-tokens` per agent (the joint budget
+Tasks: Writing-v0 with its pure length-ratio reward, `--max-new-tokens` per agent (the joint budget
 is N x that); Relay-v0 with messages and answers restricted to one symbol token (A-D); one role acts
 per turn there, so the joint budget is one token too.
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,12 +41,18 @@ from textzoo.errors import TextzooError
 from textzoo.models.policy import Policy
 from textzoo.runners.trainer import Trainer
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
 MODES = ("decentralized", "centralized")
 
 
 @dataclass
-class Args:
-    """Centralized-vs-decentralized benchmark settings."""
+@harness.defaults(batch_prompts=4, max_new_tokens=24)
+class Args(harness.Rollouts, harness.TinyGPT2):
+    """Centralized-vs-decentralized benchmark settings (`max_new_tokens`: each agent's budget on Writing-v0,
+    the joint actor's N times that; `n_layer`: each decentralized agent's, the joint model's depth is matched
+    to the team's parameters)."""
 
     out: str = "runs/centralized_vs_decentralized"
     """Output folder (table, JSON, PNG, run logs); runs/ is git-ignored."""
@@ -53,22 +60,12 @@ class Args:
     """Algorithms to compare; empty = the first algorithm of every family in ALGORITHMS."""
     envs: tuple[str, ...] = ("textzoo/Writing-v0", "textzoo/Relay-v0")
     """Tasks (Writing-v0 and Relay-v0 have tuned settings below; others use the Writing ones)."""
-    seeds: tuple[int, ...] = (0,)
-    """Seeds; every (algo, env, mode) runs each."""
+    seeds: tuple[int, ...] = (0, 1, 2)
+    """Seeds; every (algo, env, mode) runs each, the two modes alternating seed by seed (the rounds)."""
     writing_steps: int = 15
     """Training steps on Writing-v0."""
     relay_steps: int = 30
     """Training steps on Relay-v0."""
-    batch_prompts: int = 4
-    """Prompts per step."""
-    group_size: int = 4
-    """Samples per prompt."""
-    n_layer: int = 2
-    """Layers of each decentralized agent (the joint model's depth is matched to the team's parameters)."""
-    n_embd: int = 64
-    """Width of every model."""
-    writing_tokens: int = 24
-    """Per-agent completion budget on Writing-v0."""
     lr: float = 1e-3
     """Learning rate of every model."""
     eval_prompts: int = 8
@@ -96,12 +93,12 @@ def task_settings(env: str, args: Args) -> dict:
             "joint_max_new_tokens": 1,
             "agent": {"max_new_tokens": 1, "allowed_outputs": ("A", "B", "C", "D")},
         }
-    return {"steps": args.writing_steps, "agent": {"max_new_tokens": args.writing_tokens}}
+    return {"steps": args.writing_steps, "agent": {"max_new_tokens": args.max_new_tokens}}
 
 
 def run_one(algo: str, env: str, mode: str, seed: int, args: Args, n_layer: int, run_dir: Path) -> dict:
     task = task_settings(env, args)
-    agent = AgentConfig(n_layer=n_layer, n_embd=args.n_embd, lr=args.lr, **task.pop("agent"))
+    agent = AgentConfig(**{**args.tiny(), "n_layer": n_layer}, lr=args.lr, **task.pop("agent"))
     cfg = TrainConfig(
         env=env,
         algo=algo,
@@ -149,6 +146,32 @@ def run_one(algo: str, env: str, mode: str, seed: int, args: Args, n_layer: int,
         "curve": smooth,
         "curve_s": [sum(seconds[: i + 1]) for i in range(len(seconds))],
     }
+
+
+def alternate_modes(algo: str, env: str, args: Args, layers: dict[str, int]) -> harness.Alternation:
+    """Both modes of ``algo`` on ``env``, seed after seed (decentralized, centralized, decentralized, ...): each
+    round's figures are ``{"run": run_one's dict or {"error": ...}, "train_s": ...}``."""
+    seeds = {mode: iter(args.seeds) for mode in MODES}
+
+    def side(mode: str):
+        def run() -> dict:
+            seed = next(seeds[mode])
+            run_dir = Path(args.out) / "runs" / f"{algo}-{env.split('/')[-1]}-{mode}-s{seed}"
+            try:
+                r = run_one(algo, env, mode, seed, args, layers[mode], run_dir)
+            except TextzooError as e:  # a family that refuses this setting: report it, go on
+                print(f"  {algo:8s} {mode:13s} seed {seed}: not run: {e}", flush=True)
+                return {"run": {"error": str(e)}, "train_s": float("nan")}
+            print(
+                f"  {algo:8s} {mode:13s} seed {seed}: final {r['final']:.3f} best {r['best']:.3f} "
+                f"parse fail {r['parse_fail']:.2f} ({r['wall_s']:.0f} s)",
+                flush=True,
+            )
+            return {"run": r, "train_s": r["train_s"]}
+
+        return run
+
+    return harness.alternate({mode: side(mode) for mode in MODES}, len(args.seeds))
 
 
 def mean_over_seeds(runs: list[dict]) -> dict:
@@ -208,13 +231,8 @@ def plot(rows: list[dict], path: Path) -> None:
                         xs = range(1, len(r["curve"]) + 1) if xkey == "step" else r["curve_s"]
                         ax.plot(list(xs), r["curve"], label=r["mode"])
                 ax.set_title(f"{env.split('/')[-1]} / {algo}", fontsize=9)
-                ax.set_xlabel(xkey)
-                ax.set_ylabel("train reward (3-step MA)")
-                ax.grid(alpha=0.3)
-                ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+                harness.label(ax, xkey, "train reward (3-step MA)")
+    harness.save(fig, path, dpi=110)
 
 
 def main(args: Args) -> None:
@@ -225,7 +243,7 @@ def main(args: Args) -> None:
     for name, algorithm in ALGORITHMS.items():
         families.setdefault(algorithm.family, name)
     algos = list(args.algos) or list(families.values())
-    rows = []
+    rows, notes = [], []
     for env in args.envs:
         from textzoo.envs import make
 
@@ -238,29 +256,21 @@ def main(args: Args) -> None:
             f"joint {depth} layers = {joint_params:,} params"
         )
         for algo in algos:
+            alt = alternate_modes(algo, env, args, {"decentralized": args.n_layer, "centralized": depth})
             for mode in MODES:
-                n_layer = depth if mode == "centralized" else args.n_layer
-                runs = []
-                for seed in args.seeds:
-                    run_dir = out / "runs" / f"{algo}-{env.split('/')[-1]}-{mode}-s{seed}"
-                    try:
-                        runs.append(run_one(algo, env, mode, seed, args, n_layer, run_dir))
-                    except TextzooError as e:  # a family that refuses this setting: report it, go on
-                        print(f"  {algo:8s} {mode:13s} seed {seed}: not run: {e}", flush=True)
-                        rows.append({"algo": algo, "env": env, "mode": mode, "error": str(e)})
-                        break
-                    r = runs[-1]
-                    print(
-                        f"  {algo:8s} {mode:13s} seed {seed}: final {r['final']:.3f} best {r['best']:.3f} "
-                        f"parse fail {r['parse_fail']:.2f} ({r['wall_s']:.0f} s)",
-                        flush=True,
-                    )
-                else:
-                    rows.append(mean_over_seeds(runs))
+                runs = alt.values(mode, "run")
+                error = next((r["error"] for r in runs if "error" in r), None)
+                rows.append(
+                    {"algo": algo, "env": env, "mode": mode, "error": error} if error else mean_over_seeds(runs)
+                )
+            if not any("error" in r for mode in MODES for r in alt.values(mode, "run")):
+                ratio = alt.ratio("train_s", "centralized", "decentralized").format("x")
+                notes.append(f"{algo} on {env}: train s centralized / decentralized, seed by seed: {ratio}")
     md = table(rows)
     note = (
-        f"\n\nSeeds {list(args.seeds)}; B={args.batch_prompts} prompts x G={args.group_size} samples per step; "
-        f"width {args.n_embd}; decentralized agents {args.n_layer} layers each; CPU, 1 thread.\n"
+        f"\n\nSeeds {list(args.seeds)}, the two modes alternating seed by seed; B={args.batch_prompts} prompts x "
+        f"G={args.group_size} samples per step; width {args.n_embd}; decentralized agents {args.n_layer} layers "
+        f"each; CPU, 1 thread. Learning figures are means over the seeds.\n" + "".join(f"\n{n}" for n in notes)
     )
     (out / "results.md").write_text(md + note)
     (out / "results.json").write_text(json.dumps(rows, indent=1))

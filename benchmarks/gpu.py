@@ -20,7 +20,9 @@ Per agent and decode mode (`Policy.decode_mode`: "dynamic" = eager steps over a 
 the prompts grouped, "static" = eager steps over the static cache, "graph" = the static cache's steps
 replayed as CUDA graphs, CUDA only):
   decode tokens/s  B x G x new tokens / time of the token loop (after the prefill; EOS disabled, so
-                   every row runs all `new_tokens`)
+                   every row runs all `max_new_tokens`): the median of `--rounds` calls (default 3) that
+                   alternate between the modes after a warm-up call of each, with its min and max;
+                   `vs_<first mode>` is the speed over the first mode, taken round by round
   of HBM bound     that rate / the rate at which one step could just read what it must: every weight
                    once plus the rows' keys/values at the mean length (bytes / copy bandwidth)
   ms per step      the token loop's time / new tokens
@@ -50,10 +52,12 @@ from __future__ import annotations
 import json
 import os
 import resource
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
 
 import torch
 import tyro
@@ -71,46 +75,28 @@ from textzoo.models.tokenizer import byte_tokenizer
 from textzoo.runners.build import build_learner
 from textzoo.runners.update import UpdateConfig, run_job
 
-QWEN2_0_5B = dict(
-    hidden_size=896,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    vocab_size=151936,
-    max_position_embeddings=4096,
-    tie_word_embeddings=True,
-)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+QWEN2_0_5B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=4096,
+                  tie_word_embeddings=True)  # fmt: skip
 """Qwen2.5-0.5B's shape (random weights here)."""
-SMOLLM2_135M = dict(
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    vocab_size=49152,
-    max_position_embeddings=8192,
-    rope_theta=100000.0,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=True,
-)
+SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                    num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
+                    rms_norm_eps=1e-5, tie_word_embeddings=True)  # fmt: skip
 """SmolLM2-135M-Instruct's shape (random weights here)."""
 SHAPES = {"qwen2-0.5b": (Qwen2Config, QWEN2_0_5B), "smollm2-135m": (LlamaConfig, SMOLLM2_135M)}
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=512,
-    max_position_embeddings=1024,
-    tie_word_embeddings=True,
-)
+TINY = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=512, max_position_embeddings=1024, tie_word_embeddings=True)  # fmt: skip
 
 
 @dataclass
-class Args:
-    """GPU engine benchmark settings."""
+@harness.defaults(batch_prompts=16, max_new_tokens=256)
+class Args(harness.Common, harness.Rollouts):
+    """GPU engine benchmark settings (`rounds`: timed decode calls per agent and mode, alternating between the
+    modes after one warm-up call each, and timed update calls per log-prob blocking; medians;
+    `batch_prompts` x `group_size` rows per agent, each decoding `max_new_tokens` with EOS off)."""
 
     tiny: bool = False
     """A tiny model on CPU (checks the script; its figures mean little)."""
@@ -120,20 +106,12 @@ class Args:
     """Agents measured one after the other (each its own random weights)."""
     precision: str = "bf16-weights"
     """The agents' precision (AgentConfig.precision): bf16-weights = random bf16 weights; bf16-mixed; fp32."""
-    batch_prompts: int = 16
-    """Prompts per agent (B)."""
-    group_size: int = 4
-    """Samples per prompt (G); B x G rows per agent."""
-    new_tokens: int = 256
-    """Tokens decoded per row."""
     prompt_tokens: int = 128
     """Prompt budget (Writing-v0 prompts are cut to their last tokens)."""
     micro_batch_size: int = 16
     """Rows per backward in the update."""
     modes: tuple[str, ...] = ()
     """Decode modes to compare (default: dynamic, static, and graph on CUDA)."""
-    repeats: int = 2
-    """Timed decode calls per agent and mode (after one warm-up call); the fastest counts."""
     out: str = ""
     """Also write the figures as JSON here."""
     profile: bool = False
@@ -149,16 +127,18 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def timed(fn, repeats: int) -> float:
-    """The fastest of ``repeats`` timed calls of ``fn`` (seconds)."""
-    best = float("inf")
-    for _ in range(repeats):
-        synchronize()
-        start = time.perf_counter()
+def timed_call(fn) -> float:
+    """Seconds of one call of ``fn``, the device synchronized before and after."""
+    synchronize()
+    with harness.Clock() as clock:
         fn()
         synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best
+    return clock.wall
+
+
+def fastest(fn, repeats: int) -> float:
+    """The fastest of ``repeats`` timed calls of ``fn`` (seconds)."""
+    return min(timed_call(fn) for _ in range(repeats))
 
 
 def copy_bandwidth(device: torch.device, mib: int) -> float:
@@ -166,7 +146,7 @@ def copy_bandwidth(device: torch.device, mib: int) -> float:
     src = torch.empty(mib * 2**20, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    seconds = timed(lambda: dst.copy_(src), 5)
+    seconds = fastest(lambda: dst.copy_(src), 5)
     return 2 * src.numel() / seconds
 
 
@@ -174,7 +154,7 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, n: int) -> float:
     """FLOPs per second of an n x n x n matmul in ``dtype`` on ``device``."""
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     a @ b
-    seconds = timed(lambda: a @ b, 5)
+    seconds = fastest(lambda: a @ b, 5)
     return 2 * n**3 / seconds
 
 
@@ -239,11 +219,9 @@ def profiled(title: str, fn) -> None:
         print(events.table(sort_by=sort, row_limit=15, max_name_column_width=60))
 
 
-def decode_phase(
-    policy, ids, mask, a: Args, mode: str, bandwidth: float, generator_seed: int = 0
-) -> tuple[dict, sampling.Decoded]:
-    """Prefill + token loop of one agent in ``mode``: the loop's tokens/s and its fraction of the HBM bound,
-    and a greedy decoding of `GREEDY_STEPS` tokens to compare across modes."""
+def decoder(policy, ids, mask, mode: str, generator_seed: int = 0):
+    """``run(tokens, greedy) -> (seconds, decoded)``: one prefill and ``tokens`` decode steps of one agent in
+    ``mode``, timing the token loop; and the prompt mask the loop runs with."""
     policy.decode_mode = mode
     cfg = policy.generation
     ids, mask = policy.prepare_prompts(ids, mask)
@@ -251,7 +229,6 @@ def decode_phase(
     rows = ids.shape[0]
 
     def run(tokens: int = cfg.max_new_tokens, greedy: bool = False) -> tuple[float, sampling.Decoded]:
-        """One prefill and ``tokens`` decode steps: the token loop's seconds and what it decoded."""
         run_cfg = replace(cfg, max_new_tokens=min(tokens, cfg.max_new_tokens))
         generator = torch.Generator(ids.device).manual_seed(generator_seed)
         with torch.no_grad(), autocast(ids.device, policy.autocast):
@@ -263,29 +240,64 @@ def decode_phase(
             synchronize()
             return time.perf_counter() - start, out
 
-    run()  # warm-up: kernel choice, graph capture, allocator
-    reset_peak()
-    best = float("inf")
-    for _ in range(a.repeats):
-        seconds, decoded = run()
-        best = min(best, seconds)
-    completions = decoded.completion_ids  # [S, C]
-    tokens = completions.numel()  # EOS disabled: every row samples every token
-    peak_gib = peak_memory_gib()
-    if a.profile:  # a few steps: a profile of every step of a long decode takes minutes to build
-        profiled(f"decode, {mode}, {PROFILED_STEPS} steps", lambda: run(PROFILED_STEPS))
-    model = policy.model
+    return run, mask
+
+
+def hbm_bound(policy, mask: torch.Tensor, bandwidth: float) -> float:
+    """Decode tokens/s if a step only read what it must: every weight once plus the rows' keys/values at the
+    mean length, at the measured copy bandwidth."""
+    model, config = policy.model, policy.model.config
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    config = model.config
     head_dim = config.hidden_size // config.num_attention_heads
     kv_bytes = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 2  # per token, bf16
-    mean_length = int(mask.sum(1).float().mean()) + cfg.max_new_tokens / 2
-    step_bytes = weight_bytes + rows * mean_length * kv_bytes
-    bound = rows * bandwidth / step_bytes  # tokens/s if a step only read what it must
-    rate = tokens / best
-    figures = {"decode_tokens_per_s": rate, "of_hbm_bound": rate / bound, "hbm_bound_tokens_per_s": bound,
-               "ms_per_step": 1e3 * best / completions.shape[1], "decode_peak_memory_gib": peak_gib}  # fmt: skip
-    return figures, run(GREEDY_STEPS, greedy=True)[1]
+    mean_length = int(mask.sum(1).float().mean()) + policy.generation.max_new_tokens / 2
+    return mask.shape[0] * bandwidth / (weight_bytes + mask.shape[0] * mean_length * kv_bytes)
+
+
+def decode_phase(policy, ids, mask, a: Args, modes: tuple[str, ...], bandwidth: float) -> dict:
+    """Every mode's token loop, timed in alternating rounds after one warm-up call each: its tokens/s (median,
+    min, max over the rounds) and the median's fraction of the HBM bound, its speed over the first mode's
+    (round by round), the peak memory of its first timed call, and how far its greedy decoding of
+    `GREEDY_STEPS` tokens is from the first mode's."""
+    runs, masks, memory = {}, {}, {}
+    for mode in modes:
+        runs[mode], masks[mode] = decoder(policy, ids, mask, mode)
+        runs[mode]()  # warm-up: kernel choice, graph capture, allocator
+
+    def timed(mode: str):
+        def call() -> dict:
+            policy.decode_mode = mode
+            first = mode not in memory
+            if first:
+                reset_peak()
+            seconds, decoded = runs[mode]()
+            if first:
+                memory[mode] = peak_memory_gib()
+            completions = decoded.completion_ids  # [S, C]; EOS disabled: every row samples every token
+            return {"tokens_per_s": completions.numel() / seconds, "ms_per_step": 1e3 * seconds / completions.shape[1]}
+
+        return call
+
+    alt = harness.alternate({mode: timed(mode) for mode in modes}, a.rounds)
+    out: dict = {}
+    for mode in modes:
+        policy.decode_mode = mode
+        if a.profile:  # a few steps: a profile of every step of a long decode takes minutes to build
+            profiled(f"decode, {mode}, {PROFILED_STEPS} steps", partial(runs[mode], PROFILED_STEPS))
+        rate, bound = alt.spread(mode, "tokens_per_s"), hbm_bound(policy, masks[mode], bandwidth)
+        speed = alt.ratio("tokens_per_s", mode, modes[0])
+        out.update({f"{mode}/decode_tokens_per_s": rate.median, f"{mode}/decode_tokens_per_s_min": rate.low,
+                    f"{mode}/decode_tokens_per_s_max": rate.high, f"{mode}/of_hbm_bound": rate.median / bound,
+                    f"{mode}/hbm_bound_tokens_per_s": bound, f"{mode}/vs_{modes[0]}": speed.median,
+                    f"{mode}/vs_{modes[0]}_min": speed.low, f"{mode}/vs_{modes[0]}_max": speed.high,
+                    f"{mode}/ms_per_step": alt.spread(mode, "ms_per_step").median,
+                    f"{mode}/decode_peak_memory_gib": memory[mode]})  # fmt: skip
+    greedy = {}
+    for mode in modes:
+        policy.decode_mode = mode
+        greedy[mode] = runs[mode](GREEDY_STEPS, greedy=True)[1]
+        out.update({f"{mode}/{k}": v for k, v in agreement(greedy[mode], greedy[modes[0]]).items()})
+    return out
 
 
 def agreement(greedy: sampling.Decoded, first: sampling.Decoded) -> dict:
@@ -321,36 +333,45 @@ def logp_blocking(spec: str) -> tuple[int, int]:
 
 
 def update_phase(policy, learner, gen: Generation, a: Args, peak_flops: float, params: int) -> dict:
-    """`run_job` of REINFORCE over the agent's rows: tokens/s and MFU, for the default log-prob blocking and
-    each of `Args.logp_blocks` (alternating calls, the fastest of two each)."""
+    """`run_job` of REINFORCE over the agent's rows: tokens/s and MFU (medians over `Args.rounds` timed calls),
+    for the default log-prob blocking and each of `Args.logp_blocks`, alternating round by round."""
     advantages = torch.linspace(-1, 1, len(gen), device=gen.prompt_ids.device)
     job = Job("agent", SampleBatch(gen, advantages), partial(reinforce_loss, policy, ReinforceConfig()),
-              max_new_tokens=a.new_tokens)  # fmt: skip
+              max_new_tokens=a.max_new_tokens)  # fmt: skip
     cfg = UpdateConfig(micro_batch_size=a.micro_batch_size)
     tokens = forwarded_tokens(gen, a.micro_batch_size)
     default = (sampling.TOKEN_LOGP_ROWS, policy.logits_chunk)
-    blockings = [default] + [logp_blocking(x) for x in a.logp_blocks]
-    best = [float("inf")] * len(blockings)
-    memory = 0.0
+    blockings = {"default": default} | {spec: logp_blocking(spec) for spec in a.logp_blocks}
+    memory: list[float] = []
+
+    def timed(blocking: tuple[int, int]):
+        def call() -> dict:
+            sampling.TOKEN_LOGP_ROWS, policy.logits_chunk = blocking
+            if not memory:
+                reset_peak()
+            seconds = timed_call(lambda: run_job(job, learner, cfg))
+            if not memory:
+                memory.append(peak_memory_gib())
+            return {"tokens_per_s": tokens / seconds}
+
+        return call
+
     try:
-        for round_ in range(2 if a.logp_blocks else 1):
-            for i, (rows, chunk) in enumerate(blockings):
-                sampling.TOKEN_LOGP_ROWS, policy.logits_chunk = rows, chunk
-                if round_ == 0:
-                    run_job(job, learner, cfg)  # warm-up
-                    reset_peak()
-                best[i] = min(best[i], timed(lambda: run_job(job, learner, cfg), 1))
-                if round_ == 0 and i == 0:
-                    memory = peak_memory_gib()
+        for blocking in blockings.values():  # warm-up
+            sampling.TOKEN_LOGP_ROWS, policy.logits_chunk = blocking
+            run_job(job, learner, cfg)
+        alt = harness.alternate({name: timed(blocking) for name, blocking in blockings.items()}, a.rounds)
     finally:
         sampling.TOKEN_LOGP_ROWS, policy.logits_chunk = default
     if a.profile:
         profiled("update", lambda: run_job(job, learner, cfg))
-    rate = tokens / best[0]
-    figures = {"update_tokens_per_s": rate, "update_mfu": 6 * params * rate / peak_flops,
-               "update_peak_memory_gib": memory}  # fmt: skip
-    for (rows, chunk), seconds in zip(blockings[1:], best[1:]):
-        figures[f"update_logp_{rows}_{chunk}/tokens_per_s"] = tokens / seconds
+    rate = alt.spread("default", "tokens_per_s")
+    figures = {"update_tokens_per_s": rate.median, "update_tokens_per_s_min": rate.low,
+               "update_tokens_per_s_max": rate.high, "update_mfu": 6 * params * rate.median / peak_flops,
+               "update_peak_memory_gib": memory[0]}  # fmt: skip
+    for spec, (rows, chunk) in list(blockings.items())[1:]:
+        figures[f"update_logp_{rows}_{chunk}/tokens_per_s"] = alt.spread(spec, "tokens_per_s").median
+        figures[f"update_logp_{rows}_{chunk}/vs_default"] = alt.ratio("tokens_per_s", spec, "default").median
     return figures
 
 
@@ -361,15 +382,15 @@ def main(a: Args | None = None) -> dict:
     if not a.tiny and not cuda:
         raise SystemExit("no GPU visible: run with --tiny to check the script on CPU")
     if not cuda:
-        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+        harness.setup(a.threads)
     device = torch.device("cuda" if cuda else "cpu")
     if a.shape not in SHAPES:
         raise SystemExit(f"--shape must be one of {sorted(SHAPES)}, got {a.shape!r}")
     for spec in a.logp_blocks:  # before any model is built
         logp_blocking(spec)
     config_class, shape = (Qwen2Config, TINY) if a.tiny else SHAPES[a.shape]
-    new_tokens = min(a.new_tokens, 16) if a.tiny else a.new_tokens
-    a.new_tokens = new_tokens
+    new_tokens = min(a.max_new_tokens, 16) if a.tiny else a.max_new_tokens
+    a.max_new_tokens = new_tokens
     modes = a.modes or (("dynamic", "static", "graph") if cuda else ("dynamic", "static"))
     compute = torch.float32 if a.precision == "fp32" else torch.bfloat16
     start = time.perf_counter()
@@ -386,13 +407,7 @@ def main(a: Args | None = None) -> dict:
             policy = build_policy(agent, seed=i, device=device)
             params = sum(p.numel() for p in policy.model.parameters())
             ids, mask = prompts(policy, a)
-            row: dict = {}
-            first = None
-            for mode in modes:
-                figures, greedy = decode_phase(policy, ids, mask, a, mode, bandwidth)
-                first = greedy if first is None else first
-                figures.update(agreement(greedy, first))
-                row.update({f"{mode}/{k}": v for k, v in figures.items()})
+            row = decode_phase(policy, ids, mask, a, modes, bandwidth)
             policy.decode_mode = "auto"
             with torch.random.fork_rng(devices=[device] if cuda else []):
                 torch.manual_seed(i)

@@ -28,7 +28,7 @@ work="$(mktemp -d "${TMPDIR:-/tmp}/textzoo-gpu-check.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 deadline=$(( $(date +%s) + ${GPU_CHECK_BUDGET:-420} ))
 failed=0
-if (( cpu )); then bench=(--tiny --new-tokens 8 --batch-prompts 2); steps=2; else bench=(); steps=3; fi
+if (( cpu )); then bench=(--tiny --max-new-tokens 8 --batch-prompts 2); steps=2; else bench=(); steps=3; fi
 
 step() {  # step NAME LIMIT_SECONDS COMMAND...
     local name=$1 limit=$2; shift 2

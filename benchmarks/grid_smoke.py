@@ -27,6 +27,9 @@ import tyro
 from textzoo.config import TrainConfig
 from textzoo.runners.bench import Grid, load_grid, run_grid, write_report
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
 _MODEL_KEYS = (
     "model",
     "precision",
@@ -36,20 +39,21 @@ _MODEL_KEYS = (
 )
 
 
-@dataclass
-class Args:
+@dataclass(kw_only=True)  # the positional grid file after the inherited settings
+@harness.defaults(batch_prompts=2, group_size=2, max_new_tokens=16, n_layer=1, n_embd=32)
+class Args(harness.Rollouts, harness.TinyGPT2):
+    """Every cell's schedule and models (`max_new_tokens`: at most that per turn, a role's smaller budget kept)."""
+
     grid: tyro.conf.Positional[str]
     """The grid TOML file."""
     out_dir: str = "runs/bench/smoke"
     """Where the tiny grid writes its cells and results.md."""
     steps: int = 2
-    batch_prompts: int = 2
-    group_size: int = 2
+    """Training steps of every cell."""
     eval_prompts: int = 2
-    max_new_tokens: int = 16
+    """Held-out prompts of every cell's evaluations."""
     max_prompt_tokens: int = 384
-    n_layer: int = 1
-    n_embd: int = 32
+    """At most that many prompt tokens."""
     workers: int = 1
     """Cells trained at once, each in its own process."""
     one_per_algo: bool = False
@@ -62,9 +66,7 @@ def tiny_config(cfg: TrainConfig, args: Args, run_dir: Path) -> TrainConfig:
     agent = dataclasses.replace(
         cfg.agent,
         model="tiny",
-        n_layer=args.n_layer,
-        n_embd=args.n_embd,
-        n_head=2,
+        **args.tiny(),
         precision="fp32",  # the field itself: a grid's precision (or its migrated legacy dtype) is replaced
         prompt_format="auto",  # a tiny model has no chat template: "chat" would be refused
         lora=dataclasses.replace(cfg.agent.lora, target_modules=()),

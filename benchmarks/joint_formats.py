@@ -12,7 +12,9 @@ role's action. Usage::
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -24,6 +26,9 @@ from textzoo.models.prompting import PromptFormat
 from textzoo.runners.rollout import Collector, prompt_seed
 from textzoo.runners.trainer import rollout_metrics
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -33,13 +38,8 @@ def main() -> None:
     parser.add_argument("--model", default="", help="model folder or .gguf (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    if args.model:
-        source = args.model
-    else:
-        import smollm2
-
-        source = smollm2.folder()
+    harness.setup(args.threads)
+    source = harness.model_folder(args.model)
     roles = ["summary", "elaboration"]
     policy = Policy.from_pretrained(source, generation=GenerationConfig(max_new_tokens=2 * args.tokens))
     fmt = PromptFormat.resolve(policy.tokenizer)

@@ -3,9 +3,10 @@
     OMP_NUM_THREADS=1 python benchmarks/lora_memory.py                          # GPT-2 shape, 6 x 512, N = 1 2 4 8
     OMP_NUM_THREADS=1 python benchmarks/lora_memory.py --n-layer 12 --n-embd 768 --n-head 12 --agents 1 4
 
-Each (mode, N) runs in a fresh process: it builds N agents from an `AgentConfig` (Refine-v0 roles),
-gives each a learner, and runs one training step per agent (generate, score, backward, AdamW step),
-so gradients and optimizer moments exist. Modes:
+Each (mode, N) runs in a fresh process, once per round, the modes of an N alternating (`--rounds`,
+default 3; the table gives medians [min, max] and the ratio to full fine-tuning round by round): it
+builds N agents from an `AgentConfig` (Refine-v0 roles), gives each a learner, and runs one training
+step per agent (generate, score, backward, AdamW step), so gradients and optimizer moments exist. Modes:
 - `full`: every agent its own model, all weights trained (`lora.rank=0`);
 - `lora-separate`: every agent its own copy of the base plus one adapter (no sharing);
 - `lora-shared`: one base shared by all agents, one adapter each (`lora.rank>0`, textzoo's builder).
@@ -16,21 +17,25 @@ minus its resident memory before building (on CUDA, `cuda MiB` = peak allocated 
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
-import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 import torch
 import tyro
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
 MODES = ("full", "lora-separate", "lora-shared")
 
 
 @dataclass
-class Args:
+class Args(harness.Common):
     agents: tuple[int, ...] = (1, 2, 4, 8)
     """Team sizes N (N - 1 refiners + 1 generator)."""
     n_layer: int = 6
@@ -63,7 +68,7 @@ def measure(args: Args, mode: str, n: int) -> dict:
     from textzoo.models.lora import SharedBase
     from textzoo.runners.build import build_actors, build_learner
 
-    torch.set_num_threads(1)
+    harness.setup(args.threads)
     device = torch.device(args.device)
     proc = psutil.Process()
     gc.collect()
@@ -121,49 +126,36 @@ def measure(args: Args, mode: str, n: int) -> dict:
     return out
 
 
+FIGURES = {
+    "params_M": "params (M)",
+    "trained_M": "trained (M)",
+    "weights_MiB": "weights MiB",
+    "train_MiB": "grads+Adam MiB",
+    "rss_MiB": "RSS MiB",
+    "cuda_MiB": "cuda MiB",
+}
+
+
 def main() -> None:
     args = tyro.cli(Args)
     if args.one:
         mode, n = args.one.split(":")
         print(json.dumps(measure(args, mode, int(n))))
         return
-    rows = []
+    figures = dict(FIGURES) if args.device.startswith("cuda") else {k: v for k, v in FIGURES.items() if k != "cuda_MiB"}
+    header, rows, entries = [], [], {}
     for n in args.agents:
-        for mode in MODES:
-            cmd = [
-                sys.executable,
-                __file__,
-                "--one",
-                f"{mode}:{n}",
-                "--n-layer",
-                str(args.n_layer),
-                "--n-embd",
-                str(args.n_embd),
-                "--n-head",
-                str(args.n_head),
-                "--rank",
-                str(args.rank),
-                "--device",
-                args.device,
-            ]
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode:
-                sys.exit(f"{mode} N={n} failed:\n{done.stderr[-2000:]}")
-            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(json.dumps(rows[-1]), file=sys.stderr)
-    cuda = args.device.startswith("cuda")
-    print(f"\nGPT-2 shape {args.n_layer} x {args.n_embd}, LoRA rank {args.rank}, device {args.device}\n")
-    print(
-        "| N | mode | params (M) | trained (M) | weights MiB | grads+Adam MiB | RSS MiB |"
-        + (" cuda MiB |" if cuda else "")
-    )
-    print("|---|---|---|---|---|---|---|" + ("---|" if cuda else ""))
-    for r in rows:
-        line = (
-            f"| {r['N']} | {r['mode']} | {r['params_M']:.2f} | {r['trained_M']:.3f} | {r['weights_MiB']:.0f} | "
-            f"{r['train_MiB']:.1f} | {r['rss_MiB']:.0f} |"
-        )
-        print(line + (f" {r['cuda_MiB']:.0f} |" if cuda else ""))
+        commands = {
+            m: [sys.executable, __file__, *harness.cli_flags(dataclasses.replace(args, one=f"{m}:{n}"))] for m in MODES
+        }
+        sides = {mode: lambda c=command: harness.run_json(c, args.threads) for mode, command in commands.items()}
+        alt = harness.alternate(sides, args.rounds)
+        header, table = harness.compare(alt, figures, reference="full", ratios=("weights_MiB", "train_MiB", "rss_MiB"))
+        rows += [[f"N={n}: {row[0]}", *row[1:]] for row in table]
+        entries[n] = alt.to_json()
+        note = alt.note()
+    title = f"GPT-2 shape {args.n_layer} x {args.n_embd}, LoRA rank {args.rank}, device {args.device}"
+    harness.report(args.results, "lora_memory", title, header, rows, entries, [note])
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@
 
 One update = `run_job` over S samples of P prompt + C completion tokens (random ids, REINFORCE with
 seq_sum aggregation). Each mode runs in a fresh subprocess so that one mode's allocations do not
-hide the other's. Figures per mode:
+hide the other's, once per round, the modes alternating (`--rounds`, default 3): the table gives each
+figure's median [min, max] over the rounds and the ratio to the batched mode, taken round by round.
+Figures per mode:
   saved activations  the most bytes autograd held for backward at one time (saved-tensor hooks;
                      weights it saves are not counted): what per-sample backward is meant to shrink
   peak delta         CPU: peak RSS above the level before the update (sampled every millisecond);
@@ -17,7 +19,8 @@ log-probs (`textzoo.decoding.sampling.selected_log_probs`) with a vocabulary of 
 2-layer Qwen2 model (width 64, so it runs on CPU): the peak of a scoring pass (no gradients) and of a
 forward + backward, each with all [S, C, V] logits at once (naive, `Policy.logits_chunk = 0`) and in
 chunks of positions (`Policy.logits_chunk`, the default), each in a fresh subprocess; then the largest
-log-prob and gradient differences between the two, computed here. Its CPU workers run with glibc's
+log-prob and gradient differences between the two, computed here (the four runs alternate in rounds
+too). Its CPU workers run with glibc's
 `MALLOC_MMAP_THRESHOLD_` fixed at 1 MiB, so that every large tensor is mapped on its own and returned
 to the system when freed: peak RSS then follows the tensors alive (with glibc's adaptive threshold, the
 16 MiB chunks are carved from the heap, which small tensors fragment, and RSS keeps freed chunks).
@@ -27,12 +30,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import threading
 import time
 from functools import partial
+from pathlib import Path
 
 import torch
 
@@ -42,6 +44,9 @@ from textzoo.decoding import sampling
 from textzoo.decoding.generation import Generation
 from textzoo.models.policy import Policy
 from textzoo.runners.update import Learner, UpdateConfig, run_job
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
 
 MODES = ["batched", "per_sample", "per_sample_shared"]
 """batched: micro-batches of all samples; per_sample: one sample per backward, each running its
@@ -194,36 +199,31 @@ def worker(args: argparse.Namespace) -> dict:
     }
 
 
+def flags(args: argparse.Namespace, keys) -> list[str]:
+    """The command-line flags of ``args``'s fields in ``keys`` (and the device), for a worker process."""
+    return [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k in keys or k == "device"]
+
+
 def run_preset(args: argparse.Namespace) -> None:
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k in PRESETS["tiny"] or k == "device"]
-    rows = []
-    for mode in MODES:
-        out = subprocess.run(
-            [sys.executable, __file__, "--worker", mode, *flags],
-            capture_output=True,
-            text=True,
-            check=True,
-            env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
-        )
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    command = [sys.executable, __file__, *flags(args, PRESETS["tiny"])]
+    sides = {mode: lambda mode=mode: harness.run_json([*command, "--worker", mode], args.threads) for mode in MODES}
+    alt = harness.alternate(sides, args.rounds)
     policy, job = build(args, torch.device(args.device))
     grads = {mode: update(policy, job, mode) for mode in MODES}
     scale = max(float(a.abs().max()) for a in grads["batched"])
-    print(
-        f"\n{args.arch} n_layer={args.n_layer} n_embd={args.n_embd}: {rows[0]['params'] / 1e6:.2f}M params, "
-        f"{args.samples} samples (groups of {args.group} sharing a prompt) x ({args.prompt} prompt + "
-        f"{args.tokens} completion) tokens, {args.device}"
+    diffs = [max(float((a - b).abs().max()) for a, b in zip(grads[m], grads["batched"])) for m in MODES]
+    labels = {"saved_mib": "saved activations (MiB)", "peak_mib": "peak delta (MiB)", "seconds": "seconds"}
+    header, rows = harness.compare(alt, labels, reference="batched")
+    rows.append(["max abs grad diff vs batched", *(f"{d:.1e}" for d in diffs), "", ""])
+    params = alt.values("batched", "params")[0]
+    title = (
+        f"{args.arch} n_layer={args.n_layer} n_embd={args.n_embd}: {params / 1e6:.2f}M params, {args.samples} "
+        f"samples (groups of {args.group} sharing a prompt) x ({args.prompt} prompt + {args.tokens} completion) "
+        f"tokens, {args.device}, {args.threads} thread(s)"
     )
-    print("| mode | saved activations (MiB) | peak delta (MiB) | seconds | max abs grad diff vs batched |")
-    print("| --- | --- | --- | --- | --- |")
-    for r in rows:
-        diff = max(float((a - b).abs().max()) for a, b in zip(grads[r["mode"]], grads["batched"]))
-        print(f"| {r['mode']} | {r['saved_mib']:.2f} | {r['peak_mib']:.2f} | {r['seconds']:.2f} | {diff:.1e} |")
-    print(
-        f"saved-activation ratio batched / per-sample: {rows[0]['saved_mib'] / max(rows[1]['saved_mib'], 1e-9):.1f}x; "
-        f"batched / per-sample with shared prompts: {rows[0]['saved_mib'] / max(rows[2]['saved_mib'], 1e-9):.1f}x "
-        f"(largest gradient entry {scale:.3e})"
-    )
+    notes = [alt.note(), f"largest gradient entry {scale:.3e}"]
+    name = f"memory-{args.arch}-{args.n_layer}x{args.n_embd}"
+    harness.report(args.results, name, title, header, rows, alt.to_json(), notes)
 
 
 def build_vocab_case(args: argparse.Namespace, device: torch.device) -> tuple[Policy, Generation, torch.Tensor]:
@@ -279,29 +279,23 @@ def logits_worker(args: argparse.Namespace) -> dict:
 
 
 def run_vocab_case(args: argparse.Namespace) -> None:
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k in QWEN_VOCAB or k == "device"]
-    peaks = {}
-    for run in LOGITS_RUNS:
-        out = subprocess.run(
-            [sys.executable, __file__, "--worker-logits", run, *flags],
-            capture_output=True,
-            text=True,
-            check=True,
-            env={**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MIB)},
-        )
-        peaks[run] = json.loads(out.stdout.strip().splitlines()[-1])
+    command = [sys.executable, __file__, *flags(args, QWEN_VOCAB)]
+    env = {"MALLOC_MMAP_THRESHOLD_": str(MIB)}
+    sides = {
+        run: lambda run=run: harness.run_json([*command, "--worker-logits", run], args.threads, env)
+        for run in LOGITS_RUNS
+    }
+    alt = harness.alternate(sides, args.rounds)
     policy, gen, advantages = build_vocab_case(args, torch.device(args.device))
     S, C, V = args.samples, args.tokens, args.vocab
-    print(
-        f"\nQwen vocabulary: V={V}, qwen2 n_layer={args.n_layer} n_embd={args.n_embd}, {S} samples x ({args.prompt} "
-        f"prompt + {C} completion) tokens, {args.device}, {torch.get_num_threads()} thread(s); all logits in "
-        f"float32: {S * C * V * 4 / MIB:.0f} MiB; chunks of {sampling.LOGITS_CHUNK // V} positions"
+    title = (
+        f"Qwen vocabulary: V={V}, qwen2 n_layer={args.n_layer} n_embd={args.n_embd}, {S} samples x ({args.prompt} "
+        f"prompt + {C} completion) tokens, {args.device}, {args.threads} thread(s); all logits in float32: "
+        f"{S * C * V * 4 / MIB:.0f} MiB; chunks of {sampling.LOGITS_CHUNK // V} positions"
     )
-    print(
-        "| pass | naive peak (MiB) | chunked peak (MiB) | chunked / naive | naive s | chunked s "
-        "| max abs log-prob diff | max abs grad diff (largest grad entry) |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    header = ["pass", "naive peak (MiB)", "chunked peak (MiB)", "chunked / naive", "naive s", "chunked s",
+              "max abs log-prob diff", "max abs grad diff (largest grad entry)"]  # fmt: skip
+    rows = []
     for phase in ("score", "train"):
         naive_logp, naive_grads = logits_pass(policy, gen, advantages, phase, "naive")
         chunked_logp, chunked_grads = logits_pass(policy, gen, advantages, phase, "chunked")
@@ -310,13 +304,15 @@ def run_vocab_case(args: argparse.Namespace) -> None:
         if phase == "train":
             diff = max(float((a - b).abs().max()) for a, b in zip(naive_grads, chunked_grads))
             grads = f"{diff:.1e} ({max(float(g.abs().max()) for g in naive_grads):.2e})"
-        naive, chunked = peaks[f"{phase}:naive"], peaks[f"{phase}:chunked"]
-        name = "scoring (no grad)" if phase == "score" else "forward + backward"
-        print(
-            f"| {name} | {naive['peak_mib']:.1f} | {chunked['peak_mib']:.1f} | "
-            f"{chunked['peak_mib'] / max(naive['peak_mib'], 1e-9):.3f} | {naive['seconds']:.2f} | "
-            f"{chunked['seconds']:.2f} | {logp_diff:.1e} | {grads} |"
-        )
+        naive, chunked = f"{phase}:naive", f"{phase}:chunked"
+        rows.append([
+            "scoring (no grad)" if phase == "score" else "forward + backward",
+            alt.spread(naive, "peak_mib").format(), alt.spread(chunked, "peak_mib").format(),
+            alt.ratio("peak_mib", chunked, naive).format("x"),
+            alt.spread(naive, "seconds").format(), alt.spread(chunked, "seconds").format(),
+            f"{logp_diff:.1e}", grads,
+        ])  # fmt: skip
+    harness.report(args.results, "memory-qwen-vocab", title, header, rows, alt.to_json(), [alt.note()])
 
 
 def main() -> None:
@@ -334,12 +330,18 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, help="completion tokens per sample")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--vocab", type=int, default=QWEN_VOCAB["vocab"], help="vocabulary of the qwen-vocab case")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of each measuring process")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of the modes (median and range)")
+    parser.add_argument("--results", default="", help="also write dated results entries (markdown, JSON) here")
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--worker-logits", choices=LOGITS_RUNS, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if args.rounds < 1:
+        parser.error("--rounds takes 1 or more")
+    harness.setup(args.threads)
     custom = {k: getattr(args, k) for k in PRESETS["tiny"] if k != "arch" and getattr(args, k) is not None}
-    vocab_case = argparse.Namespace(**{**QWEN_VOCAB, **custom, "vocab": args.vocab, "device": args.device})
+    common = {k: getattr(args, k) for k in ("device", "threads", "rounds", "results")}
+    vocab_case = argparse.Namespace(**{**QWEN_VOCAB, **custom, "vocab": args.vocab, **common})
     if args.worker_logits:
         vocab_case.worker_logits = args.worker_logits
         print(json.dumps(logits_worker(vocab_case)))
@@ -356,7 +358,7 @@ def main() -> None:
         preset = {**PRESETS[name], **custom}
         if custom:
             preset["arch"] = args.arch
-        run_preset(argparse.Namespace(**preset, device=args.device))
+        run_preset(argparse.Namespace(**preset, **common))
     if everything:
         run_vocab_case(vocab_case)
 

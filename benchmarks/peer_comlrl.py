@@ -1,7 +1,8 @@
 """Side by side: CoMLRL 1.4.3 and textzoo train the same tiny models, offline, with the same algorithm.
 
     pip install --no-deps comlrl==1.4.3 && pip install datasets wandb   # CoMLRL imports both; torch untouched
-    OMP_NUM_THREADS=1 python benchmarks/peer_comlrl.py                   # MAGRPO (the default --algo magrpo)
+    OMP_NUM_THREADS=1 python benchmarks/peer_comlrl.py                   # MAGRPO (the default --algo magrpo), 3 rounds
+    OMP_NUM_THREADS=1 python benchmarks/peer_comlrl.py --steps 2 --warmup 1 --rounds 3   # the smallest look
     OMP_NUM_THREADS=1 python benchmarks/peer_comlrl.py --max-new-tokens 64 --steps 12
     OMP_NUM_THREADS=1 python benchmarks/peer_comlrl.py --source-words 5    # ~95-token prompts instead of ~245
     OMP_NUM_THREADS=1 python benchmarks/peer_comlrl.py --algo iac        # CoMLRL IACTrainer vs textzoo algo=iac
@@ -58,24 +59,27 @@ Not equal, and not settable from here:
 - Optimizer details (every --algo): CoMLRL's AdamW has torch's default weight decay 0.01 and no
   gradient clipping; textzoo's agents and critics use weight decay 0 and `max_grad_norm=1`.
 
-Each side runs in its own process (so peak RSS is its own) for `warmup` + `steps` prompts; the
-figures are means over the `steps` measured ones. A joint action is one set of completions, one per
-agent (G per prompt). textzoo is measured twice: with CoMLRL's settings (B = 1 prompt per step) and
-with `--batch-prompts` prompts per step in lock-step (its batched design; same per-prompt work).
-CoMLRL's step time covers its whole step: for MAGRPO `_train_step_returns`, for IAC/MAAC `_run_batch`
-(rollouts, rewards, values and the actor and critic updates of one prompt).
+Each side runs in a fresh process of its own (so peak RSS is its own) for `warmup` + `steps` prompts,
+once per round, the sides alternating (CoMLRL, textzoo B=1, textzoo B=N, CoMLRL, ...; `--rounds`, default
+3): a change in the machine's load falls on all of them alike. A side's figures are means over its
+`steps` measured prompts; the table gives each side's median over the rounds with its range, and the
+ratio to CoMLRL taken round by round, then its median and range. A joint action is one set of
+completions, one per agent (G per prompt). textzoo is measured twice: with CoMLRL's settings (B = 1
+prompt per step) and with `--batch-prompts` prompts per step in lock-step (its batched design; same
+per-prompt work). CoMLRL's step time covers its whole step: for MAGRPO `_train_step_returns`, for
+IAC/MAAC `_run_batch` (rollouts, rewards, values and the actor and critic updates of one prompt).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
-import resource
-import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -89,6 +93,9 @@ from textzoo.envs.writing_v0 import GENERATOR_SEED, length_ratio_score
 from textzoo.models.policy import Policy
 from textzoo.runners.build import ItemSampler
 from textzoo.runners.trainer import Trainer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
 
 ENV_KWARGS = {"terms": {"length_ratio": 1.0}}
 
@@ -105,36 +112,26 @@ COMLRL_TRAINERS = {"magrpo": "MAGRPOTrainer", "iac": "IACTrainer", "maac": "MAAC
 
 
 @dataclass
-class Args:
-    """Benchmark settings shared by both libraries."""
+class Args(harness.Common, harness.Rollouts, harness.TinyGPT2):
+    """Benchmark settings shared by both libraries (`group_size`: CoMLRL's num_generations; `batch_prompts`:
+    textzoo's second run, its lock-step batching; `seed`: agent i is built with seed 1000 * seed + i, as
+    textzoo's builder does; `threads` is textzoo's per worker)."""
 
     algo: Literal["magrpo", "iac", "maac"] = "magrpo"
     """Algorithm on both sides: CoMLRL's MAGRPOTrainer / IACTrainer / MAACTrainer vs textzoo's algo of that name."""
-    group_size: int = 4
-    """Samples per prompt (CoMLRL's num_generations)."""
-    max_new_tokens: int = 32
-    """Completion token budget."""
-    n_layer: int = 2
-    """Layers of the tiny GPT-2."""
-    n_embd: int = 64
-    """Width of the tiny GPT-2."""
     lr: float = 1e-3
     """AdamW learning rate (both)."""
     steps: int = 8
     """Measured steps (prompts for CoMLRL)."""
     warmup: int = 2
     """Steps run before measuring."""
-    batch_prompts: int = 32
-    """Prompts per step of the second textzoo run (its lock-step batching)."""
     workers: int = 2
     """textzoo's threads for generating and updating agents in parallel (both cores; 1 = sequential)."""
     micro_batch_size: int = 32
     """textzoo's samples per forward/backward."""
     comlrl_threads: int = 1
-    """CoMLRL's torch threads (its process's OMP_NUM_THREADS too); textzoo runs 1 thread per worker. CoMLRL
+    """CoMLRL's torch threads (its process's OMP_NUM_THREADS too); textzoo runs `threads` per worker. CoMLRL
     runs its agents one after the other, so 2 threads is how it uses both cores, as textzoo's 2 workers do."""
-    seed: int = 0
-    """textzoo's seed: agent i is built with seed 1000 * seed + i, as textzoo's builder does."""
     source_words: int = 0
     """Cut each Writing-v0 source text to its first N words (0 = whole paragraphs, ~190-250-token
     prompts); e.g. 8 gives ~90-token prompts. Both sides read the same cut texts."""
@@ -157,17 +154,12 @@ def formatter_probe(tokenizer) -> str:
 
 def model_folder(a: Args) -> str:
     """The real model's folder ("" for the tiny GPT-2)."""
-    if a.model != "smollm2":
-        return a.model
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import smollm2
-
-    return str(smollm2.folder())
+    return harness.model_folder(a.model) if a.model else ""
 
 
 def textzoo_config(a: Args, batch_prompts: int) -> TrainConfig:
     folder = model_folder(a)
-    model = dict(model=folder, precision=a.precision) if folder else dict(n_layer=a.n_layer, n_embd=a.n_embd, n_head=2)
+    model = dict(model=folder, precision=a.precision) if folder else a.tiny()
     agent = AgentConfig(
         **model,
         lr=a.lr,
@@ -185,7 +177,7 @@ def textzoo_config(a: Args, batch_prompts: int) -> TrainConfig:
         batch_prompts=batch_prompts,
         group_size=a.group_size,
         seed=a.seed,
-        threads=1,
+        threads=a.threads,
         progress=False,
         plot=False,
         run_dir="runs/peer-comlrl-textzoo",
@@ -237,10 +229,7 @@ def run_comlrl(a: Args) -> dict:
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     else:
         gen = GenerationConfig(max_new_tokens=a.max_new_tokens)
-        policies = [
-            Policy.tiny("gpt2", n_layer=a.n_layer, n_embd=a.n_embd, n_head=2, seed=1000 * a.seed + i, generation=gen)
-            for i in range(len(roles))
-        ]
+        policies = [Policy.tiny("gpt2", **a.tiny(), seed=1000 * a.seed + i, generation=gen) for i in range(len(roles))]
         tokenizer, models = policies[0].tokenizer, [p.model for p in policies]
 
         def formatter(item, role):
@@ -299,24 +288,19 @@ def run_comlrl(a: Args) -> dict:
     }
 
 
+def comlrl_settings(a: Args, agents: int) -> dict:
+    """The settings every CoMLRL trainer gets: one epoch, the agents' lr, G samples of `max_new_tokens` at
+    temperature 1 with top-p and top-k off, one turn, no logging or evaluation."""
+    return dict(num_train_epochs=1, agent_learning_rate=a.lr, logging_steps=10**6, num_agents=agents,
+                num_generations=a.group_size, max_new_tokens=a.max_new_tokens, temperature=1.0, top_p=1.0,
+                top_k=0, num_turns=1, eval_interval=0)  # fmt: skip
+
+
 def comlrl_magrpo(a: Args, models: list, common: dict):
     """CoMLRL's MAGRPOTrainer, and its methods that generate, run one step and compute rewards."""
     from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
 
-    config = MAGRPOConfig(
-        num_train_epochs=1,
-        agent_learning_rate=a.lr,
-        logging_steps=10**6,
-        num_agents=len(models),
-        num_generations=a.group_size,
-        max_new_tokens=a.max_new_tokens,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        num_turns=1,
-        eval_interval=0,
-        rollout_buffer_size=1,
-    )
+    config = MAGRPOConfig(**comlrl_settings(a, len(models)), rollout_buffer_size=1)
     trainer = MAGRPOTrainer(agents=models, num_agents=len(models), args=config, **common)
     return trainer, ("_generate_completions", "_train_step_returns", "_compute_rewards")
 
@@ -330,25 +314,15 @@ def comlrl_actor_critic(a: Args, models: list, common: dict):
 
     def critic(seed: int) -> CausalLMWithValueHead:
         # a tiny GPT-2 of the agents' shape (textzoo's critic seed) with a linear value head starting at 0
-        trunk = Policy.tiny("gpt2", n_layer=a.n_layer, n_embd=a.n_embd, n_head=2, seed=seed).model
+        trunk = Policy.tiny("gpt2", **a.tiny(), seed=seed).model
         model = CausalLMWithValueHead(trunk, value_head_hidden_dim=None, attach_value_head=True)
         torch.nn.init.zeros_(model.value_head.value_projection.weight)
         torch.nn.init.zeros_(model.value_head.value_projection.bias)
         return model
 
     settings = dict(
-        num_train_epochs=1,
-        agent_learning_rate=a.lr,
+        **comlrl_settings(a, len(models)),
         critic_learning_rate=a.lr,
-        logging_steps=10**6,
-        num_agents=len(models),
-        num_generations=a.group_size,
-        max_new_tokens=a.max_new_tokens,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        num_turns=1,
-        eval_interval=0,
         rollout_buffer_size=a.group_size,
         train_batch_size=a.group_size,
         critic_type="v",
@@ -365,34 +339,50 @@ def comlrl_actor_critic(a: Args, models: list, common: dict):
     return trainer, ("_generate", "_run_batch", "_collect_rollouts")
 
 
+SIDES = ("comlrl", "textzoo", "textzoo_batched")
+"""The sides, in the order each round runs them: CoMLRL, textzoo at B = 1, textzoo at `batch_prompts`."""
+FIGURES = {
+    "joint_actions_per_s": "joint actions/s",
+    "tokens_per_s": "tokens/s",
+    "s_per_step": "s/step",
+    "peak_rss_mb": "peak RSS MB",
+    "reward_mean": "train reward",
+}
+RATIOS = ("joint_actions_per_s", "tokens_per_s", "peak_rss_mb")
+"""Figures with a ratio column (a batched step plays `batch_prompts` prompts: its s/step is no ratio)."""
+
+
 def side_threads(a: Args, side: str) -> int:
     """Torch threads of one side's process."""
-    return a.comlrl_threads if side == "comlrl" else 1
+    return a.comlrl_threads if side == "comlrl" else a.threads
 
 
 def run_side(a: Args) -> None:
-    torch.set_num_threads(side_threads(a, a.side))
+    harness.setup(side_threads(a, a.side))
     if a.side == "comlrl":
         out = run_comlrl(a)
     else:
         out = run_textzoo(a, 1 if a.side == "textzoo" else a.batch_prompts)
-    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["peak_rss_mb"] = harness.peak_rss_mib()
     print(json.dumps(out))
 
 
-def side_command(a: Args, side: str) -> tuple[list[str], dict[str, str]]:
-    """The flags (``a`` with ``side`` set) and environment of one side's process."""
-    flags = [arg for k, v in asdict(a).items() if k != "side" for arg in (f"--{k.replace('_', '-')}", str(v))]
-    env = {**os.environ, "OMP_NUM_THREADS": str(side_threads(a, side)), "TOKENIZERS_PARALLELISM": "false"}
-    return [*flags, "--side", side], env
+def side_command(a: Args, side: str) -> tuple[list[str], int]:
+    """The command of one side's process (`a` with `side` set) and its thread count."""
+    flags = harness.cli_flags(dataclasses.replace(a, side=side), skip=("results",))
+    return [sys.executable, __file__, *flags], side_threads(a, side)
 
 
-def child(a: Args, side: str) -> dict:
-    flags, env = side_command(a, side)
-    done = subprocess.run([sys.executable, __file__, *flags], capture_output=True, text=True, env=env)
-    if done.returncode:
-        raise SystemExit(f"the {side} run failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def labels(a: Args) -> dict[str, str]:
+    """Each side's name in the table."""
+    return {"comlrl": f"CoMLRL 1.4.3 {a.algo}", "textzoo": f"textzoo {a.algo} B=1",
+            "textzoo_batched": f"textzoo {a.algo} B={a.batch_prompts}"}  # fmt: skip
+
+
+def measure(a: Args, sides: tuple[str, ...] = SIDES) -> harness.Alternation:
+    """``sides`` in alternating rounds, each run a fresh process; figures keyed by `labels`."""
+    names = labels(a)
+    return harness.alternate({names[s]: lambda s=s: harness.run_json(*side_command(a, s)) for s in sides}, a.rounds)
 
 
 def main() -> None:
@@ -407,52 +397,25 @@ def main() -> None:
         raise SystemExit(
             f"CoMLRL is not installed ({e}): pip install --no-deps comlrl==1.4.3 && pip install datasets wandb"
         ) from e
-    results = {
-        "comlrl": child(a, "comlrl"),
-        "textzoo": child(a, "textzoo"),
-        "textzoo_batched": child(a, "textzoo_batched"),
-    }
-    columns = [
-        (f"CoMLRL 1.4.3 {a.algo}", "comlrl"),
-        (f"textzoo {a.algo} B=1", "textzoo"),
-        (f"textzoo {a.algo} B={a.batch_prompts}", "textzoo_batched"),
-    ]
+    names = labels(a)
+    alt = measure(a)
+    header, rows = harness.compare(alt, FIGURES, reference=names["comlrl"], ratios=RATIOS)
     agents = (
         f"{a.model} (CoMLRL float32, textzoo precision {a.precision})"
         if a.model
         else f"tiny GPT-2 ({a.n_layer} layers x {a.n_embd})"
     )
-    print(
-        f"{a.algo}: CoMLRL 1.4.3 {COMLRL_TRAINERS[a.algo]} vs textzoo algo={a.algo}; {agents}, "
-        f"2 agents, lr {a.lr}, G={a.group_size}, {a.max_new_tokens} new tokens, "
-        f"{a.steps} measured steps after {a.warmup}, CoMLRL {a.comlrl_threads} torch thread(s), "
-        f"{'whole source texts' if not a.source_words else f'source texts cut to {a.source_words} words'} "
-        f"(textzoo: {a.workers} generate/update worker(s), 1 torch thread each)\n"
+    sources = "whole source texts" if not a.source_words else f"source texts cut to {a.source_words} words"
+    title = (
+        f"{a.algo}: CoMLRL 1.4.3 {COMLRL_TRAINERS[a.algo]} vs textzoo algo={a.algo}; {agents}, 2 agents, lr {a.lr}, "
+        f"G={a.group_size}, {a.max_new_tokens} new tokens, {a.steps} measured steps after {a.warmup}, "
+        f"CoMLRL {a.comlrl_threads} torch thread(s), textzoo {a.workers} generate/update worker(s) of {a.threads} "
+        f"thread(s), {sources}"
     )
-    print(
-        "| figure | " + " | ".join(name for name, _ in columns) + " | textzoo B=1 / CoMLRL | "
-        f"textzoo B={a.batch_prompts} / CoMLRL |"
-    )
-    print("| --- " * (len(columns) + 3) + "|")
-    for key, label in (
-        ("joint_actions_per_s", "joint actions/s"),
-        ("tokens_per_s", "tokens/s"),
-        ("s_per_step", "s/step"),
-        ("peak_rss_mb", "peak RSS MB"),
-        ("reward_mean", "train reward"),
-    ):
-        values = [results[side][key] for _, side in columns]
-        ratios = [f"{v / values[0]:.2f}x" if values[0] else "n/a" for v in values[1:]]
-        if key == "s_per_step":  # a batched step plays batch_prompts prompts: not comparable per step
-            ratios[1] = "n/a"
-        print(
-            f"| {label} | "
-            + " | ".join(f"{v:.3f}" if key in ("s_per_step", "reward_mean") else f"{v:.1f}" for v in values)
-            + " | "
-            + " | ".join(ratios)
-            + " |"
-        )
-    print("\n" + json.dumps({"args": {k: v for k, v in asdict(a).items() if k != "side"}, **results}))
+    ratio = alt.ratio("joint_actions_per_s", names["textzoo_batched"], names["comlrl"])
+    notes = [alt.note(), f"joint actions/s, textzoo B={a.batch_prompts} / CoMLRL: {ratio.format('x')}"]
+    figures = {"args": harness.cli_flags(a), **alt.to_json()}
+    harness.report(a.results, f"peer_comlrl-{a.algo}", title, header, rows, figures, notes)
 
 
 if __name__ == "__main__":

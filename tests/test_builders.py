@@ -72,23 +72,28 @@ def test_no_builder_sets_an_attribute_of_an_object_it_built(module):
     assert foreign_assignments((ROOT / module).read_text()) == []
 
 
-def test_a_structured_joint_actor_is_built_with_its_budgets(tmp_path):
+@pytest.mark.parametrize("lora_rank", [0, 2])
+def test_a_structured_joint_actor_is_built_with_its_budgets(tmp_path, lora_rank):
     """What the builder used to set after construction (the joint's task budget, the policy's prompt budget)
-    is there when the objects are made, and fits the model: intro + every task + tags + sections <= positions."""
+    is there when the objects are made, and fits the model: intro + every task + tags + sections <= positions.
+    With LoRA too: the budget is sized on the shared base's model before its first adapter exists."""
     from textzoo.config import AgentConfig, TrainConfig
     from textzoo.models.joint import structured_overhead
+    from textzoo.models.settings import LoRAConfig
     from textzoo.runners.build import build_actors
 
     roles = ["a", "b", "c"]
     cfg = TrainConfig(
         collaboration="centralized",
-        agent=AgentConfig(n_layer=1, n_embd=16, n_head=1, max_new_tokens=8, max_prompt_tokens=400),
+        agent=AgentConfig(
+            n_layer=1, n_embd=16, n_head=1, max_new_tokens=8, max_prompt_tokens=400, lora=LoRAConfig(rank=lora_rank)
+        ),
     )
     (joint,) = build_actors(cfg, roles)
     policy = joint.policy
-    tags, intro = structured_overhead(roles, policy.tokenizer, joint.prompt_format.chat)
-    positions = policy.model.config.n_positions
-    assert policy.generation.max_new_tokens == 24 and joint.section_tokens == 8
+    tags, intro = structured_overhead(roles, policy.tokenizer, joint.prompt_format)
+    positions = policy.model.config.n_positions  # a peft model reads through to its base config
+    assert policy.generation.max_new_tokens == 24 and joint.section_tokens == dict.fromkeys(roles, 8)
     assert policy.generation.max_prompt_tokens == positions - 24 - tags - 2 * len(roles)  # the model's limit binds
     assert joint.task_tokens == (policy.generation.max_prompt_tokens - intro) // len(roles) > 0
     assert intro + len(roles) * joint.task_tokens + tags + 24 <= positions

@@ -97,9 +97,33 @@ class BadTerms(EchoEnv):
         return result
 
 
+class AlwaysNan(EchoEnv):
+    """A NaN reward whatever the action: PettingZoo's seed test alone would call it a seeding problem."""
+
+    def _step_task(self, actions, notes):
+        result = super()._step_task(actions, notes)
+        result.rewards = dict.fromkeys(actions, math.nan)
+        return result
+
+
+class MissingReward(EchoEnv):
+    def _step_task(self, actions, notes):
+        result = super()._step_task(actions, notes)
+        result.rewards = {"alice": result.rewards["alice"]}  # bob's would be read as 0.0
+        return result
+
+
+class LongPrompt(EchoEnv):
+    def _reset_task(self, index):
+        return {a: "Repeat the word, slowly and with care: " * 3 + self.WORDS[index] for a in self.possible_agents}
+
+
 @pytest.mark.parametrize(
     "env_cls, message",
     [
+        (AlwaysNan, r"gave 'alice' the reward nan; rewards must be finite numbers"),
+        (MissingReward, r"no reward for 'bob' \(read as 0.0"),
+        (LongPrompt, r"item 0, reset: the prompt of 'alice' is 122 characters, longer than max_prompt_chars=64"),
         (NanReward, "finite"),
         (RaisesOnEmoji, "Any action must be legal"),
         (RandomPrompt, "index alone"),

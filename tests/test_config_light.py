@@ -12,6 +12,7 @@ LIGHT = (
     "textzoo.config",
     "textzoo.config_files",
     "textzoo.typecheck",
+    "textzoo.plugins",
     "textzoo.models.settings",
     "textzoo.decoding.settings",
     "textzoo.algorithms.settings",
@@ -58,7 +59,9 @@ def test_the_name_lists_match_what_they_name():
     from textzoo.decoding import settings as decoding
     from textzoo.models import joint, prompting, settings
 
-    assert learning.AGGREGATION_NAMES == tuple(rlmath.AGGREGATIONS)
+    # every built-in estimator and aggregation names a function of rlmath (loaded when a run computes with it)
+    assert all(learning.load(e.fn).__module__ == rlmath.__name__ for e in learning.ESTIMATORS.values())
+    assert all(learning.load(ref).__module__ == rlmath.__name__ for ref in learning.AGGREGATIONS.values())
     assert decoding.PRECISION_NAMES == (decoding.AUTO, *precision.PRECISIONS)
     assert settings.PROMPT_STYLES == prompting.STYLES and joint.JOINT_FORMATS == settings.JOINT_FORMATS
     assert set(decoding.LEGACY_DTYPES.values()) <= set(decoding.PRECISION_NAMES)

@@ -58,9 +58,23 @@ def test_engine_settings_are_checked_when_the_config_is_built():
         AgentConfig(model="tiny", engine=vllm)
     with pytest.raises(ConfigError, match="agent.lora.dropout=0"):
         AgentConfig(model="some/model", engine=vllm, lora=LoRAConfig(rank=8, dropout=0.1))
-    with pytest.raises(ConfigError, match="num_processes=1"):
-        TrainConfig(agent=AgentConfig(model="some/model", engine=vllm), num_processes=2, batch_prompts=2)
-    with pytest.raises(ConfigError, match="agent.engine.kind must be"):  # an override's table is checked too
+    # data-parallel runs colocate one engine per process
+    TrainConfig(agent=AgentConfig(model="some/model", engine=vllm), num_processes=2, batch_prompts=2)
+    with pytest.raises(ConfigError, match="agent.engine.url to its address"):
+        EngineConfig(kind="vllm-server")
+    with pytest.raises(ConfigError, match="agent.engine.url to its address"):
+        EngineConfig(kind="vllm-server", url="127.0.0.1:8000")  # no scheme
+    with pytest.raises(ConfigError, match="agent.engine.timeout_s"):
+        EngineConfig(kind="vllm-server", url="http://127.0.0.1:8000", timeout_s=0)
+    with pytest.raises(ConfigError, match="agent.engine.kind='vllm-server' serves pretrained models"):
+        AgentConfig(model="tiny", engine=EngineConfig(kind="vllm-server", url="http://127.0.0.1:8000"))
+    lora = {"lora": {"rank": 8}}
+    with pytest.raises(ConfigError, match="LoRA agents share one base.*agent.engine.url"):
+        TrainConfig(
+            agent=AgentConfig(model="some/model", engine=EngineConfig(kind="vllm-server", url="http://a:1")),
+            agent_overrides={"summary": lora, "elaboration": {**lora, "engine": {"url": "http://b:1"}}},
+        )
+    with pytest.raises(ConfigError, match="agent_overrides.summary.engine.kind must be one of"):
         TrainConfig(agent_overrides={"summary": {"engine": {"kind": "sglang"}}})
     assert AgentConfig().engine.kind == "local"
 
@@ -132,9 +146,11 @@ def test_structured_scripts_on_an_engine_write_what_the_local_decoder_writes(pol
 class _Recorder:
     def __init__(self):
         self.loads = []
+        self.versions = []
 
-    def load_weights(self, model, timeout):
+    def load_weights(self, model, timeout, version):
         self.loads.append(timeout)
+        self.versions.append(version)
 
 
 def test_sync_engines_syncs_each_new_version_once_and_logs_it(policy):
@@ -148,7 +164,7 @@ def test_sync_engines_syncs_each_new_version_once_and_logs_it(policy):
     sync_engines(actors, {"a": 3})
     assert len(engine.loads) == 1  # already at version 3
     sync_engines(actors, {"a": 3}, force=True)  # weights loaded from a checkpoint
-    assert len(engine.loads) == 2
+    assert len(engine.loads) == 2 and engine.versions == [3, 3]
 
 
 # ---- truncated importance sampling in the losses ---------------------------------------------------
@@ -218,6 +234,22 @@ def test_the_local_path_loss_is_unchanged_and_engine_samples_are_weighted(policy
         assert torch.allclose(a, p.grad, atol=1e-6)
 
 
+def test_a_server_holds_one_model_and_its_api_key_is_never_written(tmp_path):
+    from textzoo.config_files import load_config, save_config
+    from textzoo.runners.build import build_actors
+
+    server = EngineConfig(kind="vllm-server", url="http://127.0.0.1:8000", api_key="s3cret")
+    cfg = TrainConfig(agent=AgentConfig(model="no/such-model", engine=server))
+    with pytest.raises(ConfigError, match="would serve two models .agent 'a' and agent 'b'"):
+        build_actors(cfg, ["a", "b"])  # before any model is loaded (this one does not exist)
+    save_config(cfg, tmp_path / "config.json")
+    assert "s3cret" not in (tmp_path / "config.json").read_text()
+    assert load_config(tmp_path / "config.json").agent.engine.api_key == ""  # resume: the flag or the variable
+    from textzoo.runners.trainer import RESUME_SAFE
+
+    assert {"agent.engine.api_key", "agent.engine.url"} <= RESUME_SAFE  # a restarted server may get a new port
+
+
 def test_engine_clients_take_the_agents_tis_settings():
     agent = AgentConfig()
     assert agent.engine.tis is True and agent.engine.tis_cap == 2.0
@@ -236,9 +268,10 @@ class _SleepyLLM:
     def wake_up(self):
         self.calls.append(("wake_up",))
 
-    def collective_rpc(self, name, kwargs):
-        self.calls.append((name,))
-        list(kwargs["weights_iterator"])
+    def collective_rpc(self, method, kwargs=None):
+        self.calls.append((getattr(method, "__name__", method),))
+        if kwargs:
+            list(kwargs["weights_iterator"])
 
     def reset_prefix_cache(self):
         pass
@@ -257,8 +290,9 @@ def test_sleep_mode_sleeps_after_the_rollout_and_wakes_before_the_sync(policy):
     sleep_engines(actors)
     assert engine.llm.calls == [("sleep", 1)]  # asleep already
     row = sync_engines(actors, {"a": 1})  # after the update: awake, then the new weights
-    assert engine.llm.calls == [("sleep", 1), ("wake_up",), ("reload_weights",)] and not engine.asleep
+    calls = [("sleep", 1), ("wake_up",), ("reload_weights",), ("retie_worker",)]  # the tied LM head follows
+    assert engine.llm.calls == calls and not engine.asleep
     assert row["engine/a/wake_s"] >= 0 and row["engine/a/weight_version"] == 1.0
     assert "engine/a/wake_s" not in sync_engines(actors, {"a": 1})  # awake: nothing to wake
     engine.sleeps = False  # engine.sleep off (the default): no calls at all
-    assert sleep_engines(actors) == {} and len(engine.llm.calls) == 3
+    assert sleep_engines(actors) == {} and len(engine.llm.calls) == 4

@@ -29,8 +29,8 @@ def test_the_smollm2_shape_is_the_real_models(smollm2):
 def test_the_script_runs_on_cpu_with_its_decode_modes_in_agreement(tmp_path, capsys, monkeypatch):
     bench = _script()
     out = tmp_path / "gpu.json"
-    args = bench.Args(tiny=True, agents=1, precision="fp32", batch_prompts=2, new_tokens=8, profile=True, out=str(out),
-                      logp_blocks=("4:1024",))  # fmt: skip
+    args = bench.Args(tiny=True, agents=1, precision="fp32", batch_prompts=2, max_new_tokens=8, profile=True,
+                      out=str(out), logp_blocks=("4:1024",))  # fmt: skip
     scored, score = [], sampling.selected_log_probs
 
     def spy(*args, chunk, **kwargs):  # the blocking each scoring call ran with
@@ -50,6 +50,10 @@ def test_the_script_runs_on_cpu_with_its_decode_modes_in_agreement(tmp_path, cap
     for mode in ("dynamic", "static"):
         assert agent[f"{mode}/decode_tokens_per_s"] > 0 and 0 < agent[f"{mode}/of_hbm_bound"] < 1
         assert agent[f"{mode}/ms_per_step"] > 0
+        # the median of three alternating rounds, between their slowest and fastest
+        low, high = agent[f"{mode}/decode_tokens_per_s_min"], agent[f"{mode}/decode_tokens_per_s_max"]
+        assert low <= agent[f"{mode}/decode_tokens_per_s"] <= high
+    assert agent["dynamic/vs_dynamic"] == 1.0 and agent["static/vs_dynamic_min"] <= agent["static/vs_dynamic"]
     assert 0 < agent["update_mfu"] < 1 and agent["update_tokens_per_s"] > 0
     assert agent["update_logp_4_1024/tokens_per_s"] > 0  # 2 positions of the 512-token vocabulary per chunk
     printed = capsys.readouterr().out

@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "textzoo"
 
-CORE = {"textzoo", "textzoo.errors", "textzoo.typecheck", "textzoo.jsonl"}
+CORE = {"textzoo", "textzoo.errors", "textzoo.typecheck", "textzoo.jsonl", "textzoo.plugins"}
 """Modules of no layer: every layer may import them, and they import only each other."""
 LAYERS = {
     "textzoo.sandbox": set(),

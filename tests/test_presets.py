@@ -5,17 +5,20 @@ import re
 
 import pytest
 
-from textzoo.config import TrainConfig
+from textzoo.config import AgentConfig, TrainConfig
 from textzoo.envs import make
 from textzoo.envs.debate_v0 import PRESETS as DEBATE
-from textzoo.envs.debate_v0 import one_digit_sums
+from textzoo.envs.debate_v0 import one_digit_sums, sums_and_differences
 from textzoo.envs.planpath_v0 import PRESETS as PLANPATH
 from textzoo.envs.presets import TaskPreset
 from textzoo.envs.reasoning_gym_v0 import PRESETS as REASONING_GYM
+from textzoo.envs.refine_v0 import PRESETS as REFINE
 from textzoo.envs.sudoku_v0 import PRESETS as SUDOKU
+from textzoo.errors import ConfigError, EnvError
 
 ALL = [
     ("textzoo/Debate-v0", DEBATE),
+    ("textzoo/Refine-v0", REFINE),
     ("textzoo/PlanPath-v0", PLANPATH),
     ("textzoo/Sudoku-v0", SUDOKU),
     pytest.param(
@@ -27,12 +30,25 @@ ALL = [
 
 
 def test_train_fields_by_hand():
-    preset = TaskPreset({"size": 4}, {"tool": 160, "plan": 32})
+    preset = TaskPreset({"size": 4}, {"tool": 160, "plan": 32}, temperature=0.5)
     assert preset.train_fields() == {
         "env_kwargs": {"size": 4},
         "agent_overrides": {"tool": {"max_new_tokens": 160}, "plan": {"max_new_tokens": 32}},
     }
-    assert preset.train_fields("centralized") == {"env_kwargs": {"size": 4}, "joint_max_new_tokens": 192}
+    assert preset.train_fields("centralized") == {
+        "env_kwargs": {"size": 4},
+        "joint_max_new_tokens": 192,
+        "joint_section_tokens": {"tool": 160, "plan": 32},
+    }
+    agent = AgentConfig(model="tiny", lr=1e-3)
+    fields = preset.train_fields("centralized", agent=agent)
+    assert fields["agent"] == AgentConfig(model="tiny", lr=1e-3, temperature=0.5) and agent.temperature == 1.0
+    cfg = TrainConfig(env="textzoo/PlanPath-v0", collaboration="centralized", **fields)
+    assert cfg.agent.temperature == 0.5 and cfg.joint_section_tokens == {"tool": 160, "plan": 32}
+    with pytest.raises(EnvError, match="temperature must be > 0"):
+        TaskPreset({}, temperature=0)
+    with pytest.raises(ConfigError, match="joint_section_tokens"):
+        TrainConfig(env="textzoo/PlanPath-v0", collaboration="centralized", joint_section_tokens={"tool": 0})
 
 
 @pytest.mark.parametrize("env_id,presets", ALL)
@@ -76,3 +92,31 @@ def test_the_reasoning_gym_presets_ask_two_small_terms_never_trained_on():
                 questions[split].add(question)
             env.close()
         assert questions["eval"] and not questions["eval"] & questions["train"], name
+
+
+def test_sums_and_differences_are_every_small_question_once_with_its_answer():
+    rows = sums_and_differences(30)
+    assert len(rows) == 30 * 30 + 30 * 31 // 2 == 1365 and len({r["question"] for r in rows}) == 1365
+    for r in rows:
+        a, op, b = r["question"].removeprefix("What is ").removesuffix("?").split(" ")
+        a, b = int(a), int(b)
+        assert 0 <= a < 30 and 0 <= b < 30 and r["answer"] == (a + b if op == "+" else a - b) >= 0
+    assert sums_and_differences(30) == rows  # a fixed order
+
+
+@pytest.mark.parametrize(
+    "env_id,preset", [("textzoo/Debate-v0", DEBATE["sums-30"]), ("textzoo/Refine-v0", REFINE["two-keywords"])]
+)
+def test_the_chosen_presets_hold_out_at_least_200_items_never_trained_on(env_id, preset):
+    held, train = (make(env_id, split=split, **preset.env_kwargs) for split in ("eval", "train"))
+    assert held.num_items() >= 200
+
+    def tasks(env):
+        seen = set()
+        for k in range(env.num_items()):
+            obs, _ = env.reset(seed=0, options={"index": k})
+            seen.add(tuple(sorted(obs.items())))
+        return seen
+
+    if env_id == "textzoo/Debate-v0":  # a question is never both trained on and held out
+        assert not tasks(held) & tasks(train)

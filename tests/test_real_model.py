@@ -121,7 +121,7 @@ def test_bf16_mixed_gradients_on_the_real_weights_stay_near_fp32(policy, observa
     """The default precision's update path on the real model (fused bf16 weight copies, weight gradients
     straight into float32, row-wise embedding gradients) gives float32's log-probs and gradients to
     bf16 accuracy (measured here: log-prob gap 0.02 on average, gradient error 0.03;
-    `benchmarks/bf16_fidelity.py`: 0.02-0.03 and 0.03-0.05; a wrong or missing gradient is O(1) off)."""
+    docs/results/retired-bf16_fidelity.md: 0.02-0.03 and 0.03-0.05; a wrong or missing gradient is O(1) off)."""
     prompts = [p for p in observations[:2] for _ in range(2)]
     gen = policy.generate(prompts, generator=torch.Generator().manual_seed(0))
     weights = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None] * gen.completion_mask  # group-centred advantages

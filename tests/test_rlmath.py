@@ -13,9 +13,9 @@ import torch
 torch.set_num_threads(1)
 
 from textzoo.algorithms.rlmath import (  # noqa: E402
-    AGGREGATIONS,
     BatchNorm,
     advantages,
+    aggregation_of,
     average_ranks,
     bradley_terry_loss,
     credited_rewards,
@@ -331,10 +331,10 @@ def test_aggregations_by_hand():
     token_loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
     norm = BatchNorm(2, 4, 8)
-    assert torch.allclose(AGGREGATIONS["seq_sum"](token_loss, mask, norm), torch.tensor([3.0, 2.0]))
-    assert torch.allclose(AGGREGATIONS["seq_mean"](token_loss, mask, norm), torch.tensor([1.0, 2.0]))
-    assert torch.allclose(AGGREGATIONS["token_mean"](token_loss, mask, norm), torch.tensor([1.5, 1.0]))
-    assert torch.allclose(AGGREGATIONS["constant"](token_loss, mask, norm), torch.tensor([6 / 16, 4 / 16]))
+    assert torch.allclose(aggregation_of("seq_sum")(token_loss, mask, norm), torch.tensor([3.0, 2.0]))
+    assert torch.allclose(aggregation_of("seq_mean")(token_loss, mask, norm), torch.tensor([1.0, 2.0]))
+    assert torch.allclose(aggregation_of("token_mean")(token_loss, mask, norm), torch.tensor([1.5, 1.0]))
+    assert torch.allclose(aggregation_of("constant")(token_loss, mask, norm), torch.tensor([6 / 16, 4 / 16]))
 
 
 def test_policy_gradient_matches_analytic_reinforce_gradient():

@@ -104,6 +104,35 @@ def test_a_section_ends_at_eos_or_on_a_stop_string_and_the_next_forced_tokens_fo
     assert len(seen) > 1  # both endings happened
 
 
+@pytest.mark.parametrize("engine", [False, True])
+def test_an_eos_is_stop_section_that_ends_at_eos_picks_the_after_stop_tokens(engine):
+    # every sampled token is "x" or EOS: a section ends at EOS (after_stop follows) or at its budget of 3
+    pol = policy(allowed_tokens=ids("x"))
+    script = [
+        Segment(budget=3, eos_is_stop=True),
+        Segment(forced=ids("|full|"), after_stop=ids("|")),
+        Segment(budget=3),
+        Segment(forced=ids("!"), after_stop=ids("?")),
+    ]
+    prompt_ids, prompt_mask = pol.encode([f"p{i}" for i in range(16)])
+    if engine:  # the engine path (`run_scripts`) follows the same rule
+        from textzoo.decoding.engine import EngineClient, LocalEngine
+
+        pol.engine = EngineClient(LocalEngine(pol, torch.Generator().manual_seed(4)))
+    torch.manual_seed(4)
+    gen, _ = pol.generate_script(prompt_ids, prompt_mask, [script] * 16)
+    seen = set()
+    for row in range(16):
+        tokens = [t for t in gen.completion_ids[row].tolist() if t != pol.pad_id]
+        first = tokens[: tokens.index(EOS_ID) + 1] if EOS_ID in tokens[:3] else tokens[:3]
+        at_eos = first[-1] == EOS_ID
+        forced = ids("|") if at_eos else ids("|full|")
+        assert tokens[len(first) : len(first) + len(forced)] == list(forced)
+        assert tokens[-1:] == list(ids("!"))  # the last section never counts an EOS as a stop
+        seen.add(at_eos)
+    assert seen == {True, False}  # both endings happened
+
+
 def test_bad_segments_are_rejected():
     with pytest.raises(ValueError, match="either forced tokens or a sampling budget"):
         Segment()

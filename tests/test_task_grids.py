@@ -108,8 +108,10 @@ def test_the_smoke_replaces_a_grids_precision_and_legacy_dtype(tmp_path):
     ):
         cfg = TrainConfig(agent=agent, agent_overrides={"summary": {"precision": "bf16-mixed", "lr": 1e-4}})
         tiny = smoke.tiny_config(cfg, args, tmp_path)
-        assert tiny.agent.precision == "fp32" and tiny.agent.dtype is None
+        assert tiny.agent.precision == "fp32"
         assert tiny.agent_config("summary").precision == "fp32" and tiny.agent_config("summary").lr == 1e-4
+    legacy = TrainConfig(agent_overrides={"summary": {"dtype": "bfloat16", "lr": 1e-4}})  # an old grid's key
+    assert smoke.tiny_config(legacy, args, tmp_path).agent_config("summary").precision == "fp32"
 
 
 @pytest.mark.parametrize("path", GRIDS, ids=[p.stem for p in GRIDS])

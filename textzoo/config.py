@@ -128,7 +128,8 @@ class AgentConfig(SamplingConfig):
     chat_template_kwargs: JsonDict = field(default_factory=dict)
     """Extra variables of the chat template (JSON), e.g. {"enable_thinking": false}."""
     engine: EngineConfig = field(default_factory=EngineConfig)
-    """Where rollouts are sampled (`engine.kind`: local | vllm) and the vLLM engine's settings (README "Engines")."""
+    """Where rollouts are sampled (`engine.kind`: local | vllm) and the vLLM engine's settings
+    (docs/concepts/engines.md)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -141,14 +142,15 @@ class AgentConfig(SamplingConfig):
             )
         if not isinstance(self.chat_template_kwargs, dict):
             raise ConfigError(f"agent.chat_template_kwargs must be a JSON object, got {self.chat_template_kwargs!r}")
-        if self.engine.kind == "vllm" and self.model in TINY_MODELS:
+        kind = self.engine.kind
+        if kind != "local" and self.model in TINY_MODELS:
             raise ConfigError(
-                f"agent.engine.kind='vllm' serves pretrained models (a hub id, folder or .gguf file); {self.model!r} "
+                f"agent.engine.kind={kind!r} serves pretrained models (a hub id, folder or .gguf file); {self.model!r} "
                 "is built in memory with a byte-level tokenizer vLLM cannot load: use agent.engine.kind='local'"
             )
-        if self.engine.kind == "vllm" and self.lora.rank and self.lora.dropout:
+        if kind != "local" and self.lora.rank and self.lora.dropout:
             raise ConfigError(
-                "agent.engine.kind='vllm' samples with the adapter's weights, never with LoRA dropout: set "
+                f"agent.engine.kind={kind!r} samples with the adapter's weights, never with LoRA dropout: set "
                 "agent.lora.dropout=0 or use agent.engine.kind='local'"
             )
 
@@ -238,25 +240,30 @@ class TrainConfig:
     """Everything a training run needs. `textzoo train` with no arguments runs these defaults."""
 
     env: str = "textzoo/WritingRatio-v0"
-    """Registered env id (see textzoo.envs.registry()); the default is Writing-v0's length-ratio reward."""
+    """A registered task id (`--help` lists them; MODULE:ID, e.g. my_pkg.tasks:me/Echo-v0, imports MODULE
+    first); the default is Writing-v0's length-ratio reward."""
     env_kwargs: JsonDict = field(default_factory=dict)
     """Keyword arguments of the env (JSON on the command line)."""
     eval_env_kwargs: JsonDict = field(default_factory=lambda: {"split": "eval"})
     """Extra env arguments for held-out evaluation (merged over env_kwargs)."""
     algo: str = "magrpo"
-    """magrpo | marloo | maremax | mareinforce | atgrpo | iac | maac | ippo | mappo | madpo | marlhf (ippo/mappo =
-    iac/maac with actor_critic.clip_range 0.2 and epochs 2 unless those are set; marlhf trains
-    `preference.rl_algo` on a reward model's rewards). The algorithm's defaults and rules are applied when
-    the run is built (`textzoo.algorithms.registry.configure`)."""
+    """A registered algorithm (`--help` lists them; MODULE:NAME imports MODULE first). Its defaults and rules
+    are applied when the run is built (`textzoo.algorithms.registry.configure`): e.g. ippo/mappo are iac/maac
+    with actor_critic.clip_range 0.2 and epochs 2 unless those are set; marlhf trains `preference.rl_algo` on
+    a reward model's rewards."""
     collaboration: Literal["decentralized", "centralized"] = "decentralized"
     """decentralized (one model per role) | centralized (one joint actor answers for every role)."""
     joint_max_new_tokens: int = 0
     """Token budget of the joint actor's completion (centralized); 0 = N roles x agent.max_new_tokens. Structured:
     split evenly into the sections' budgets, the forced markers come on top."""
+    joint_section_tokens: dict[str, int] = field(default_factory=dict)
+    """Role -> the token budget of its section of the joint answer (centralized, structured; a role's turn
+    alone too), e.g. a task preset's per-role budgets; a role not named gets the even split."""
     joint_format: JointFormat = "structured"
-    """How the joint actor (centralized) answers: structured (the runner writes each role's tags as forced
-    tokens, the model writes only the sections: no parse failures) | tags | labels | json (free-form answers
-    the runner parses)."""
+    """How the joint actor (centralized) answers: structured (the runner writes everything but the answers as
+    forced tokens: with a chat model one conversation of the roles' observations, else each role's tags;
+    the model writes only the sections: no parse failures) | tags | labels | json (free-form answers the
+    runner parses)."""
     agent: AgentConfig = field(default_factory=AgentConfig)
     """Settings shared by every agent."""
     agent_overrides: JsonDict = field(default_factory=dict)
@@ -345,6 +352,9 @@ class TrainConfig:
                 "joint_max_new_tokens must be >= 0 (0 = N roles x agent.max_new_tokens), "
                 f"got {self.joint_max_new_tokens}"
             )
+        bad = {r: n for r, n in self.joint_section_tokens.items() if not isinstance(n, int) or n < 1}
+        if bad:
+            raise ConfigError(f"joint_section_tokens must map roles to token budgets >= 1, got {bad}")
         if not 0 <= self.gamma <= 1:
             raise ConfigError(f"gamma must be in [0, 1], got {self.gamma}")
         if self.eval_every < 0:
@@ -381,20 +391,16 @@ class TrainConfig:
         self._check_engines()
 
     def _check_engines(self) -> None:
-        """What a vLLM rollout engine does not cover, rejected before any model is built."""
+        """What the rollout engines do not cover, rejected before any model is built: LoRA agents share their
+        base's engine (one kind, one server). Under data parallelism (num_processes > 1, torchrun) each process
+        runs its own in-process engines (colocated); a server serves every process. (That a server holds one
+        model's weights is checked once the roles are known, `textzoo.runners.engines.check_servers`.)"""
         agents = [self.agent, *(self.agent_config(role) for role in self.agent_overrides)]
-        if not any(a.engine.kind == "vllm" for a in agents):
-            return
-        if self.num_processes > 1 or self.sharding == "fsdp":
-            raise ConfigError(
-                "agent.engine.kind='vllm' runs one engine per agent in this process; data-parallel replicas "
-                "(num_processes > 1, sharding='fsdp') would each start their own: use num_processes=1, or "
-                "agent.engine.kind='local'"
-            )
-        lora = {a.engine.kind for a in agents if a.lora.rank}
+        lora = {(a.engine.kind, a.engine.url if a.engine.kind == "vllm-server" else "") for a in agents if a.lora.rank}
         if len(lora) > 1:
             raise ConfigError(
-                "LoRA agents share one base, so they share its engine: give every LoRA agent the same agent.engine.kind"
+                "LoRA agents share one base, so they share its engine: give every LoRA agent the same "
+                "agent.engine.kind (and agent.engine.url)"
             )
 
     def _check_fsdp(self) -> None:

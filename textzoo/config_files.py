@@ -19,10 +19,22 @@ from textzoo.config import AgentConfig, TrainConfig, migrate_agent
 from textzoo.errors import ConfigError
 from textzoo.typecheck import check_mapping
 
+SECRETS = ("api_key",)
+"""Config fields no file records (a run's config.json, a checkpoint, a tracker's config): they are blank there."""
+
 
 def to_dict(config: Any) -> dict[str, Any]:
-    """A JSON-ready dict of a (nested) config dataclass; values JSON cannot hold are described (`_describe`)."""
-    return json.loads(json.dumps(dataclasses.asdict(config), default=_describe))
+    """A JSON-ready dict of a (nested) config dataclass; values JSON cannot hold are described (`_describe`),
+    secrets (`SECRETS`) are blank."""
+    return _blank_secrets(json.loads(json.dumps(dataclasses.asdict(config), default=_describe)))
+
+
+def _blank_secrets(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: "" if k in SECRETS and isinstance(v, str) else _blank_secrets(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_blank_secrets(v) for v in value]
+    return value
 
 
 def _describe(value: Any) -> str:

@@ -17,6 +17,10 @@ class ModelError(TextzooError):
     """A model or tokenizer cannot be loaded or built."""
 
 
+class EngineError(ModelError):
+    """A rollout engine could not start, or failed, timed out or lost its weights (the message names it and the fix)."""
+
+
 class CheckpointError(TextzooError):
     """A checkpoint is missing, corrupt, or does not match the run."""
 

@@ -15,12 +15,12 @@ Observations (at most `max_prompt_chars`)::
 Actions: any string (cleaned by `TextParallelEnv`: too long, non-text or control characters get a
 note in `infos[agent]["notes"]`, never an exception).
 
-Rewards: with n = the number of words (`textzoo.envs.base.words`) and N = the target,
+Rewards: with n = the number of words (`textzoo.envs.words`) and N = the target,
 `count` = max(0, 1 - |n - N| / N); the reward is `count` and `infos["writer"]["reward_terms"]` is
 `{"count": count}`.
 
 Items: the targets `min_words` .. `max_words`; `split="train"|"eval"` keeps items k with
-k % 5 != 4 | k % 5 == 4, `split="all"` every item (`textzoo.envs._sources.split_indices`);
+k % 5 != 4 | k % 5 == 4, `split="all"` every item (`textzoo.envs.split_indices`);
 `options={"index": i}` picks item i of the split.
 
 Version history:
@@ -31,9 +31,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from textzoo.envs._sources import split_indices
-from textzoo.envs.base import StepResult, TextParallelEnv, words
-from textzoo.envs.declare import SPLIT, entry_points, integer, task, text_args
+from textzoo.envs import (
+    SPLIT,
+    StepResult,
+    TextParallelEnv,
+    entry_points,
+    integer,
+    split_indices,
+    task,
+    text_args,
+    words,
+)
 from textzoo.errors import EnvError
 
 PROMPT = "Write exactly {target} words:"

@@ -15,7 +15,7 @@ from textzoo.errors import ConfigError
 
 if TYPE_CHECKING:
     from textzoo.algorithms.family import Family
-    from textzoo.algorithms.hooks import RolloutHook
+    from textzoo.algorithms.hooks import RolloutHook, Run
     from textzoo.config import TrainConfig
     from textzoo.models.team import Actor
 
@@ -28,7 +28,7 @@ def _no_team_check(cfg: TrainConfig, roles: list[str]) -> None:
     pass
 
 
-def _no_hooks(cfg: TrainConfig) -> list[RolloutHook]:
+def _no_hooks(cfg: TrainConfig, run: Run) -> list[RolloutHook]:
     return []
 
 
@@ -47,8 +47,9 @@ class Algorithm:
     """Rules across fields, run when the run is built (after the defaults), before any model is built."""
     check_team: Callable[[TrainConfig, list[str]], None] = _no_team_check
     """Rules on the env's agents, run by the trainer before any model is built."""
-    hooks: Callable[[TrainConfig], list[RolloutHook]] = _no_hooks
-    """Stages the trainer runs between collection and `family.jobs` (the preference pipeline)."""
+    hooks: Callable[[TrainConfig, Run], list[RolloutHook]] = _no_hooks
+    """Stages the trainer runs between collection and `family.jobs` (the preference pipeline), built with the
+    run they work in (each builds what it needs next to the run's models when it is constructed)."""
     trains_with: Callable[[TrainConfig], str] | None = None
     """The name of the online algorithm whose family learns for this one (marlhf: `preference.rl_algo`); the
     registry configures, checks and builds that one as well."""

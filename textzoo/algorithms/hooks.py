@@ -77,10 +77,6 @@ class Run(Protocol):
 class RolloutHook(Protocol):
     """A stage between collection and the family: it may replace the rollout and adds statistics."""
 
-    def attach(self, run: Run) -> None:
-        """Build what the hook needs next to the run's models (once, before the first step)."""
-        ...
-
     def before_jobs(
         self, run: Run, rollout: Rollout, items: list[int], seeds: list[int]
     ) -> tuple[Rollout, dict[str, float]]:

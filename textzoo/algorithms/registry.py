@@ -11,15 +11,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from textzoo import plugins
 from textzoo.algorithms.actor_critic.entries import ENTRIES as ACTOR_CRITIC
 from textzoo.algorithms.algorithm import Algorithm
 from textzoo.algorithms.preference.entries import ENTRIES as PREFERENCE
 from textzoo.algorithms.reinforce.entries import ENTRIES as REINFORCE
 from textzoo.errors import ConfigError
+from textzoo.plugins import load_entry_points, split_module
 
 if TYPE_CHECKING:
     from textzoo.algorithms.family import Family
-    from textzoo.algorithms.hooks import RolloutHook
+    from textzoo.algorithms.hooks import RolloutHook, Run
     from textzoo.config import TrainConfig
     from textzoo.models.team import Actor
 
@@ -36,13 +38,24 @@ def register_algorithm(name: str, algorithm: Algorithm) -> None:
 
 
 def resolve_algorithm(name: str) -> Algorithm:
-    """The registered algorithm called `name` (case-insensitive; the "ma" prefix may be left out)."""
-    key = name.lower()
-    if key not in ALGORITHMS and f"ma{key}" in ALGORITHMS:
-        key = f"ma{key}"
-    if key not in ALGORITHMS:
-        raise ConfigError(f"unknown algo {name!r}; choose one of {', '.join(sorted(ALGORITHMS))}")
-    return ALGORITHMS[key]
+    """The registered algorithm called `name` (case-insensitive; the "ma" prefix may be left out).
+
+    ``my_pkg.algos:myalgo`` imports ``my_pkg.algos`` first (its `register_algorithm` calls run); a name not
+    found loads the packages that register algorithms through entry points (`textzoo.plugins`) and looks again.
+    """
+    key = split_module(name, ConfigError, "algo").lower()
+    found = ALGORITHMS.get(key) or ALGORITHMS.get(f"ma{key}")
+    if found is None and load_entry_points(plugins.ALGORITHMS, ConfigError):
+        found = ALGORITHMS.get(key) or ALGORITHMS.get(f"ma{key}")
+    if found is None:
+        raise ConfigError(f"unknown algo {name!r}; choose one of {', '.join(algorithm_names())}")
+    return found
+
+
+def algorithm_names() -> list[str]:
+    """Every registered algorithm's name, sorted (the packages that register through entry points loaded)."""
+    load_entry_points(plugins.ALGORITHMS, ConfigError)
+    return sorted(ALGORITHMS)
 
 
 def learner_of(cfg: TrainConfig) -> Algorithm:
@@ -83,6 +96,6 @@ def build_family(cfg: TrainConfig, actors: list[Actor]) -> Family:
     return learner_of(cfg).build(cfg, actors)
 
 
-def build_hooks(cfg: TrainConfig) -> list[RolloutHook]:
-    """The stages `cfg.algo` runs between collection and its family's jobs."""
-    return resolve_algorithm(cfg.algo).hooks(cfg)
+def build_hooks(cfg: TrainConfig, run: Run) -> list[RolloutHook]:
+    """The stages `cfg.algo` runs between collection and its family's jobs, built next to `run`'s models."""
+    return resolve_algorithm(cfg.algo).hooks(cfg, run)

@@ -2,7 +2,7 @@
 
 Families only route a rollout's tensors to these functions; nothing else computes a return, an
 advantage or a loss. Each function names its paper and is checked against hand-computed values in
-`tests/test_rlmath.py` (the README's algorithm table says which function each algorithm uses).
+`tests/test_rlmath.py` (the math table of docs/concepts/algorithms.md says which function each algorithm uses).
 
 Notation: E = B·G env copies (B prompts x G samples, e = b·G + g), R roles, A actors, T turns;
 S samples (or pairs) of one learner, C completion tokens; ℓ_k a token's log-prob.
@@ -20,9 +20,7 @@ from collections.abc import Callable, Hashable, Sequence
 import torch
 import torch.nn.functional as F
 
-from textzoo.algorithms.settings import CREDITS, GROUP_ESTIMATORS
-
-"""Estimators whose baseline comes from the other samples of the group (they need G >= 2)."""
+from textzoo.algorithms.settings import AGGREGATIONS, CREDITS, ESTIMATORS, load
 
 
 # ---- credit and returns -----------------------------------------------------------------------
@@ -194,6 +192,28 @@ def group_baseline(returns: torch.Tensor, mask: torch.Tensor, estimator: str) ->
     raise ValueError(f"no group baseline for {estimator!r}")
 
 
+def grpo_advantages(returns, mask, greedy_returns=None, running_mean=None) -> torch.Tensor:
+    """GRPO's R_g − the group mean (`group_baseline`). [B, G, A, T]."""
+    return returns - group_baseline(returns, mask, "grpo")
+
+
+def rloo_advantages(returns, mask, greedy_returns=None, running_mean=None) -> torch.Tensor:
+    """RLOO's R_g − the mean of the group's other samples (`group_baseline`). [B, G, A, T]."""
+    return returns - group_baseline(returns, mask, "rloo")
+
+
+def remax_advantages(returns, mask, greedy_returns=None, running_mean=None) -> torch.Tensor:
+    """ReMax's R_g − R_greedy, the greedy rollout's return of the same prompt (Li et al. 2023). [B, G, A, T]."""
+    if greedy_returns is None:
+        raise ValueError("remax needs the greedy rollout's returns")
+    return returns - greedy_returns.unsqueeze(1)  # greedy_returns [B, A, T]
+
+
+def reinforce_advantages(returns, mask, greedy_returns=None, running_mean=None) -> torch.Tensor:
+    """REINFORCE's R_g, less a running mean of past returns when one is kept. [B, G, A, T]."""
+    return returns if running_mean is None else returns - running_mean
+
+
 def group_std(returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Unbiased std of each group's returns over dim 1 (0 for groups of one). [B, G, ...] -> [B, 1, ...]."""
     n = mask.sum(1, keepdim=True)
@@ -222,22 +242,16 @@ def advantages(
 ) -> torch.Tensor:
     """A_g = R_g − b_g, then `scale` ("std": `std_scale`; "none": unscaled, Dr. GRPO); 0 off the mask.
 
-    Baselines: grpo and rloo `group_baseline`; remax the greedy rollout's return R_greedy (Li et al.
-    2023); reinforce none, or a running mean of past returns (`running_mean_update`).
+    `estimator` names a registered `Estimator` (`textzoo.algorithms.settings.ESTIMATORS`); built in: grpo and
+    rloo (`group_baseline`), remax (the greedy rollout's return R_greedy, Li et al. 2023) and reinforce (none,
+    or a running mean of past returns, `running_mean_update`).
     Shapes: returns, mask [B, G, A, T]; greedy_returns [B, A, T]; running_mean [A, T] (or a baseline per
     sample, [B, G, A, T]: `role_baselines`).
     """
     mask = mask.to(returns.dtype)
-    if estimator in GROUP_ESTIMATORS:
-        adv = returns - group_baseline(returns, mask, estimator)
-    elif estimator == "remax":
-        if greedy_returns is None:
-            raise ValueError("remax needs the greedy rollout's returns")
-        adv = returns - greedy_returns.unsqueeze(1)
-    elif estimator == "reinforce":
-        adv = returns if running_mean is None else returns - running_mean
-    else:
+    if estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}")
+    adv = load(ESTIMATORS[estimator].fn)(returns, mask, greedy_returns, running_mean)
     if scale == "std":
         adv = std_scale(adv, returns, mask, std_floor)
     return adv * mask
@@ -337,33 +351,30 @@ class BatchNorm:
 Aggregation = Callable[[torch.Tensor, torch.Tensor, BatchNorm], torch.Tensor]
 
 
-def _seq_sum(token_loss: torch.Tensor, mask: torch.Tensor, n: BatchNorm) -> torch.Tensor:
+def seq_sum(token_loss: torch.Tensor, mask: torch.Tensor, n: BatchNorm) -> torch.Tensor:
     # sum over tokens, mean over samples (CoMLRL's aggregation)
     return (token_loss * mask).sum(-1) / n.num_samples  # [S]
 
 
-def _seq_mean(token_loss: torch.Tensor, mask: torch.Tensor, n: BatchNorm) -> torch.Tensor:
+def seq_mean(token_loss: torch.Tensor, mask: torch.Tensor, n: BatchNorm) -> torch.Tensor:
     # mean over each sample's tokens, then over samples (GRPO paper)
     return (token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1) / n.num_samples  # [S]
 
 
-def _token_mean(token_loss: torch.Tensor, mask: torch.Tensor, n: BatchNorm) -> torch.Tensor:
+def token_mean(token_loss: torch.Tensor, mask: torch.Tensor, n: BatchNorm) -> torch.Tensor:
     # mean over every token of the batch (DAPO)
     return (token_loss * mask).sum(-1) / n.num_tokens  # [S]
 
 
-def _constant(token_loss: torch.Tensor, mask: torch.Tensor, n: BatchNorm) -> torch.Tensor:
+def constant(token_loss: torch.Tensor, mask: torch.Tensor, n: BatchNorm) -> torch.Tensor:
     # sum over tokens / (token budget x samples): a length-independent constant (Dr. GRPO)
     return (token_loss * mask).sum(-1) / (n.max_new_tokens * n.num_samples)  # [S]
 
 
-AGGREGATIONS: dict[str, Aggregation] = {
-    "seq_sum": _seq_sum,
-    "seq_mean": _seq_mean,
-    "token_mean": _token_mean,
-    "constant": _constant,
-}
-"""`loss_aggregation` name -> per-sample contributions of a [S, C] token loss."""
+def aggregation_of(name: str) -> Aggregation:
+    """The registered loss aggregation `name` (`textzoo.algorithms.settings.AGGREGATIONS`: the four above and any
+    added with `register_aggregation`)."""
+    return load(AGGREGATIONS[name])
 
 
 # ---- policy and value losses --------------------------------------------------------------------
@@ -403,7 +414,7 @@ def policy_gradient_loss(
         clipped = (clipped_obj < unclipped).to(mask.dtype)
     if token_weights is not None:
         token_loss = token_loss * token_weights.detach().to(token_loss.dtype)  # [S, C]
-    contrib = AGGREGATIONS[aggregation](token_loss, mask, norm)  # [S]
+    contrib = aggregation_of(aggregation)(token_loss, mask, norm)  # [S]
     tokens = mask.sum().clamp(min=1)
     stats = {
         "clipfrac": ((clipped * mask).sum() / tokens).detach(),
@@ -418,12 +429,12 @@ def kl_loss(
     """Per-sample contributions of the k3 KL(π‖π_ref) per token, aggregated like the policy loss (the
     loss-side KL of `kl_in="loss"`; multiply by β). Shapes [S, C] -> [S]."""
     mask = mask.to(logprobs.dtype)
-    return AGGREGATIONS[aggregation](k3_per_token(logprobs, ref_logprobs, mask), mask, norm)
+    return aggregation_of(aggregation)(k3_per_token(logprobs, ref_logprobs, mask), mask, norm)
 
 
 def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, norm: BatchNorm, aggregation: str) -> torch.Tensor:
     """Per-sample contributions of −H (to minimise), aggregated like the policy loss. Shapes [S, C] -> [S]."""
-    return AGGREGATIONS[aggregation](-entropy, mask.to(entropy.dtype), norm)
+    return aggregation_of(aggregation)(-entropy, mask.to(entropy.dtype), norm)
 
 
 def critic_loss(

@@ -9,7 +9,7 @@ The matrix products stay outside, so the weight gradients still go straight into
 widths fixed: one compile (~15 s the first time on a machine, a few seconds from inductor's disk cache after)
 serves every micro-batch. SmolLM2-135M, bf16, 1 thread: an 8-row micro-batch's forward and backward 826-863
 vs 897-988 ms; in the trainer (`benchmarks/real_model.py`, B=8, G=4) the update -15%, the step -11%, peak
-RSS ~150 MiB lower (README, Engines).
+RSS ~150 MiB lower (docs/results/2026-12-04-compiled-regions.md).
 
 A pass under a dispatch mode (`torch.utils.flop_counter.FlopCounterMode`, an op timer) runs the regions as
 written: torch.compile skips a frame it meets under such a mode for good, so one counted pass would otherwise

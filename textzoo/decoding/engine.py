@@ -200,6 +200,11 @@ class EngineClient:
         """The trainer weight version (optimizer steps) the engine samples with."""
         self.sync_s = 0.0
         """Seconds the last weight sync took."""
+        self.sync_gap: float | None = None
+        """Mean |Δ log p| per token of the engine's and the trainer's log-probs of a fixed probe after the last
+        verified sync (engines that verify their syncs, a server's; None before one)."""
+        self.restarts = 0
+        """How often the engine was found to have lost its weights (a restarted server) and got them again."""
         self.stats = EngineStats()
 
     @property
@@ -277,18 +282,64 @@ class EngineClient:
         return stats
 
     # ---- weights -----------------------------------------------------------------------------
-    def sync(self, policy: Sampler, version: int, force: bool = False) -> None:
-        """Give the engine ``policy``'s current weights as ``version`` (a no-op when it has them, unless ``force``)."""
+    def attach(self, policy: Sampler, verify: bool = True) -> None:
+        """Give a new engine what it needs before it samples for ``policy``: the agent's adapter on a shared
+        base, or the whole weights to an engine that does not start from a copy of them (a server); then
+        `verify` it (unless ``verify`` is False: a data-parallel run checks once every process has pushed)."""
+        if self.adapter_key is not None or not getattr(self.engine, "starts_with_weights", True):
+            self.sync(policy, self.version, force=True)
+            if verify:
+                self.verify(policy)
+
+    def sync(
+        self, policy: Sampler, version: int, force: bool = False, weights: dict[str, torch.Tensor] | None = None
+    ) -> bool:
+        """Give the engine ``policy``'s current weights as ``version`` (``weights``: its whole state dict where
+        the model is sharded); False when it has them already (unless ``force``)."""
         if version == self.version and not force:
-            return
+            return False
         start = time.perf_counter()
         if self.adapter_key is None:
-            self.engine.load_weights(policy.model, self.sync_timeout)
+            self.engine.load_weights(weights if weights is not None else policy.model, self.sync_timeout, version)
         else:
             self.engine.update_adapter(self.adapter_key, policy.model, version, self.sync_timeout)
         self.version = version
         self.sync_s = time.perf_counter() - start
         logger.info("engine of %s: weights version %d synced in %.2f s", policy.name, version, self.sync_s)
+        return True
+
+    def verify(self, policy: Sampler) -> None:
+        """Check the last sync on an engine that verifies syncs (`VLLMServerEngine.verify`): its log-probs of a
+        fixed probe must be the trainer's within its precision, else `EngineError`."""
+        check = getattr(self.engine, "verify", None)
+        if not callable(check):
+            return
+
+        def trainer(prompt: list[int], completion: list[int]) -> list[float]:
+            ids, mask = (t.to(policy.device) for t in left_padded([prompt], policy.pad_id))
+            n = len(completion)
+            gen = to_generation(ids, mask, [completion], [[0.0] * n], [[1] * n], policy.pad_id)
+            return score_no_grad(policy, gen)[0, :n].tolist()
+
+        adapter = self.engine.adapter(self.adapter_key) if self.adapter_key is not None else None
+        computes = policy.autocast or next(policy.model.parameters()).dtype
+        self.sync_gap = check(trainer, policy.tokenizer, adapter, computes in (torch.bfloat16, torch.float16))
+
+    def lost(self) -> bool:
+        """Whether the engine lost what it was given (a restarted server forgot its adapters and weights)."""
+        stale = getattr(self.engine, "stale", None)
+        return bool(callable(stale) and stale())
+
+    def resend(self, policy: Sampler, weights: dict[str, torch.Tensor] | None = None) -> None:
+        """Give an engine that lost them the current weights or adapter again (then `verify` it)."""
+        self.restarts += 1
+        logger.warning(
+            "the engine of %s lost its weights (the server at %s restarted?): sending version %d again",
+            policy.name,
+            getattr(self.engine, "url", "?"),
+            self.version,
+        )
+        self.sync(policy, self.version, force=True, weights=weights)
 
 
 def prompt_rows(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
@@ -383,6 +434,7 @@ def run_scripts(
                 lps[r] += c.logprobs
                 masks[r] += [1] * len(c.ids)
                 texts[r].append(section_text(policy, c.ids, c.by_stop, stops))
-                after_stop[r] = c.by_stop
+                eos = scripts[r][at[r]].eos_is_stop and bool(c.ids) and c.ids[-1] in policy.eos_ids
+                after_stop[r] = c.by_stop or eos
                 at[r] += 1
     return list(zip(ids, lps, masks)), texts

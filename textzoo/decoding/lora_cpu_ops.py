@@ -6,7 +6,7 @@ ops, which its LoRA layers call for every step, decode included, and which expan
 per-request adapter indices to per-token ones first). Each gathers its adapter's matrix once *per token*
 (``weights[indices]``: a [tokens, out, in] tensor, converted to the output dtype) and multiplies by
 ``einsum("bi,boi->bo")``. On a prefill of ~1000 tokens that is ~100 MB per layer and projection, and
-it made a two-LoRA-agent SmolLM2 rollout 6x slower than the local decoder (README "Engines").
+it made a two-LoRA-agent SmolLM2 rollout 6x slower than the local decoder (docs/results/2026-12-01-vllm-engine.md).
 
 The functions here compute the same products, ``out[t] = x[t] @ weights[indices[t]].T`` in the same
 dtypes and with the same writes into the output, as one matrix product per distinct adapter index in

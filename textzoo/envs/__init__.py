@@ -1,6 +1,10 @@
-"""Text tasks as PettingZoo parallel environments: declared arguments, the registry and the conformance check."""
+"""Text tasks as PettingZoo parallel environments: declared arguments, the registry and the conformance check.
 
-from textzoo.envs.base import TEXT_CHARSET, StepResult, TextParallelEnv, clean_text
+Everything a task author needs is importable from here (`docs/templates/task_v0.py` uses nothing else).
+"""
+
+from textzoo.envs._sources import split_indices
+from textzoo.envs.base import TEXT_CHARSET, StepResult, TextParallelEnv, clean_text, words
 from textzoo.envs.checks import check_env
 from textzoo.envs.declare import (
     RENDER_MODE,
@@ -37,8 +41,10 @@ __all__ = [
     "register",
     "registry",
     "spec",
+    "split_indices",
     "task",
     "text_args",
+    "words",
 ]
 
 register("textzoo/Writing-v0", "textzoo.envs.writing_v0:parallel_env")

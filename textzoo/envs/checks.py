@@ -22,6 +22,7 @@ from typing import Any
 from pettingzoo import ParallelEnv
 from pettingzoo.test import parallel_api_test, parallel_seed_test
 
+from textzoo.envs.base import StepResult, TextParallelEnv
 from textzoo.errors import EnvError
 
 # What a model (or a broken runner) may send; every one must be scored, never raise.
@@ -64,6 +65,7 @@ def check_env(env_fn_or_env: Callable[[], ParallelEnv] | ParallelEnv, num_cycles
             f"got {type(env_fn_or_env).__name__}"
         )
     name = _name(env_fn())
+    _check_task_outputs(env_fn, name)  # first: a NaN reward is named as one, not as a seeding failure
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # it prints "Passed Parallel API test"
             parallel_api_test(env_fn(), num_cycles=num_cycles)
@@ -84,6 +86,62 @@ def check_env(env_fn_or_env: Callable[[], ParallelEnv] | ParallelEnv, num_cycles
     _check_bad_actions(env_fn, name, num_cycles)
     _check_index_option(env_fn, name)
     _check_seeding(env_fn, name)
+
+
+def _check_task_outputs(env_fn: Callable[[], ParallelEnv], name: str, max_items: int = 64) -> None:
+    """For a `TextParallelEnv`: what its `_reset_task` / `_step_task` return, before the base class would hide
+    it: a prompt longer than `max_prompt_chars` (the base cuts it), a reward missing for an agent (the base
+    reads it as 0.0) and a reward that is not a finite number. Plays up to `max_items` items, empty actions."""
+    env = env_fn()
+    if not isinstance(env, TextParallelEnv):
+        return
+    reset_task, step_task = env._reset_task, env._step_task
+    where = ["reset"]
+
+    def check_prompts(prompts: dict[str, Any]) -> None:
+        for agent, prompt in prompts.items():
+            if isinstance(prompt, str) and len(prompt) > env.max_prompt_chars:
+                _fail(
+                    name,
+                    f"{where[0]}: the prompt of {agent!r} is {len(prompt)} characters, longer than "
+                    f"max_prompt_chars={env.max_prompt_chars}: the agent would see only its first "
+                    f"{env.max_prompt_chars}. Raise the task's max_prompt_chars (text_args(max_prompt_chars=...)) "
+                    f"or write shorter prompts",
+                )
+
+    def reset(index: int) -> Any:
+        prompts = reset_task(index)
+        check_prompts(prompts[0] if isinstance(prompts, tuple) else prompts)
+        return prompts
+
+    def step(actions: dict[str, str], notes: dict[str, list[str]]) -> StepResult:
+        result = step_task(actions, notes)
+        for agent in env.agents:
+            if agent not in result.rewards:
+                _fail(
+                    name,
+                    f"{where[0]}: _step_task gave no reward for {agent!r} (read as 0.0 without a word); give "
+                    f"every agent in env.agents its reward each step, 0.0 explicitly when it scored nothing",
+                )
+            if not _is_finite_number(result.rewards[agent]):
+                _fail(
+                    name,
+                    f"{where[0]}: _step_task gave {agent!r} the reward {result.rewards[agent]!r}; rewards must be "
+                    f"finite numbers: score bad text low (e.g. 0.0) instead of nan/inf/None",
+                )
+        check_prompts(result.observations)
+        return result
+
+    env._reset_task, env._step_task = reset, step  # this copy only: the check reads what the task returns
+    for index in range(min(env.num_items(), max_items)):
+        where[0] = f"item {index}, reset"
+        env.reset(seed=0, options={"index": index})
+        turn = 0
+        while env.agents:
+            where[0] = f"item {index}, turn {turn}"
+            env.step(dict.fromkeys(env.agents, ""))
+            turn += 1
+    env.close()
 
 
 def _random_action_hint(e: Exception) -> str:

@@ -39,7 +39,11 @@ path, a `datasets.Dataset` or a list of dicts with a question and an answer (fie
 `answer_field`; the answer a number or a string holding one). `split="train"|"eval"|"all"` keeps
 items k with k % 5 != 4 | k % 5 == 4 | all (`textzoo.envs._sources`).
 
-Presets (`PRESETS`, `textzoo.envs.presets`): `one-digit-sums`, the 100 questions "What is a + b?" for
+Presets (`PRESETS`, `textzoo.envs.presets`; docs/results/presets.md has the zero-shot probe of each):
+
+- `sums-30`: the 1,365 questions "What is a + b?" (0 <= a, b < 30) and "What is a - b?" (0 <= b <= a < 30)
+  (`sums_and_differences`; 273 held out), 2 debaters, 2 turns, 48 tokens each, sampled at temperature 0.5.
+- `one-digit-sums`: the 100 questions "What is a + b?" for
 one-digit a, b (`one_digit_sums`; 20 held out), 2 debaters, 2 turns, 48 tokens each. Measured zero-shot
 (`benchmarks/preset_probe.py`, SmolLM2-135M-Instruct, chat format, 12 held-out items, G = 4 at
 temperature 1): greedy solved 0.667, sampled 0.073, pass@4 0.583; valid 0.88; 53% / 68% of the two
@@ -78,10 +82,24 @@ def one_digit_sums() -> list[dict[str, Any]]:
     return [{"question": f"What is {a} + {b}?", "answer": a + b} for a, b in pairs]
 
 
+def sums_and_differences(limit: int = 30) -> list[dict[str, Any]]:
+    """The questions "What is a + b?" for 0 <= a, b < `limit` and "What is a - b?" for 0 <= b <= a < `limit`
+    (in a fixed shuffled order), with their answers: 1,365 questions for `limit` 30 (273 held out)."""
+    rows = [(f"{a} + {b}", a + b) for a in range(limit) for b in range(limit)]
+    rows += [(f"{a} - {b}", a - b) for a in range(limit) for b in range(a + 1)]
+    random.Random(ITEM_SEED).shuffle(rows)
+    return [{"question": f"What is {q}?", "answer": answer} for q, answer in rows]
+
+
 PRESETS: dict[str, TaskPreset] = {
     "one-digit-sums": TaskPreset(
         {"dataset": one_digit_sums(), "num_agents": 2, "turns": 2, "response_chars": 200},
         {"debater_0": 48, "debater_1": 48},
+    ),
+    "sums-30": TaskPreset(
+        {"dataset": sums_and_differences(30), "num_agents": 2, "turns": 2, "response_chars": 200},
+        {"debater_0": 48, "debater_1": 48},
+        temperature=0.5,
     ),
 }
 """Settings a small model can start from (module docstring, Presets)."""

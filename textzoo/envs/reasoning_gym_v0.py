@@ -49,7 +49,7 @@ Presets (`PRESETS`, `textzoo.envs.presets`): `chain-sum-team` (`chain_sum` with 
 "a + b" or "a - b") and `basic-arithmetic-team` (`basic_arithmetic` with two terms from 0-10, +, - or
 *, no parentheses or negation), each as a two-agent "team" of one turn with 48 tokens per agent, 100
 train items and the held-out items of 100 more seeds that are not among them (57 and 74 held out).
-Measured zero-shot: the README's presets table (`benchmarks/preset_probe.py`).
+Measured zero-shot: docs/results/2026-12-01-real-model-cpu.md, "Presets, zero-shot" (`benchmarks/preset_probe.py`).
 
 Version history:
 - v0: first version.

@@ -34,7 +34,13 @@ roles) trains every agent on the task score and `credit="per_agent"` trains refi
 `infos[a]["reward_terms"]` (every agent, turn 1) = {"team": team, "refiner_i": c_i for each i}.
 
 Split: items follow the shared rule of `textzoo.envs._sources` (every fifth item held out for
-`split="eval"`); `num_items` sets the size of the pool before the split.
+`split="eval"`); `num_items` sets the size of the pool before the split. Items are drawn from 12 topics
+and 12 words per refiner (1,728 combinations), so in a large pool a held-out item can repeat a trained
+combination of topic and words.
+
+Presets (`PRESETS`, `textzoo.envs.presets`; docs/results/presets.md has the zero-shot probe):
+`two-keywords`, 2 refiners (32 tokens each) and the generator (48 tokens), 1,000 items (200 held out),
+sampled at temperature 0.7.
 
 Version history:
 - v0: first version.
@@ -49,6 +55,7 @@ from typing import Any
 from textzoo.envs._sources import split_indices
 from textzoo.envs.base import StepResult, TextParallelEnv, words
 from textzoo.envs.declare import SPLIT, anything, entry_points, integer, task, text_args
+from textzoo.envs.presets import TaskPreset
 from textzoo.errors import EnvError
 
 TOPICS = (
@@ -102,6 +109,12 @@ GENERATOR_FOOTER = "\nAnswer:"
 WAIT_PROMPT = "Wait: the refiners write the prompt this turn."
 DONE_PROMPT = "Done: the generator answers this turn."
 ITEM_SEED = 8
+PRESETS: dict[str, TaskPreset] = {
+    "two-keywords": TaskPreset(
+        {"num_refiners": 2, "num_items": 1000}, {"refiner_0": 32, "refiner_1": 32, "generator": 48}, temperature=0.7
+    ),
+}
+"""Settings a small model can start from (module docstring, Presets)."""
 
 
 def refiner_names(n: int) -> list[str]:

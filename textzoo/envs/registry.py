@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from textzoo.errors import EnvError
+from textzoo.plugins import TASKS, load_entry_points, split_module
 
 
 @dataclass(frozen=True)
@@ -53,22 +54,40 @@ def register(id: str, entry_point: Callable[..., Any] | str, **kwargs: Any) -> N
 
 
 def registry() -> list[str]:
-    """Ids of every registered task, sorted."""
+    """Ids of every registered task, sorted (the packages that register tasks through entry points loaded)."""
+    load_entry_points(TASKS, EnvError)
     return sorted(_REGISTRY)
 
 
 def spec(id: str) -> EnvSpec:
-    """The `EnvSpec` of `id`; an `EnvError` naming close matches when unknown."""
+    """The `EnvSpec` of `id`; an `EnvError` naming close matches when unknown.
+
+    ``my_pkg.tasks:me/Echo-v0`` imports ``my_pkg.tasks`` first (Gymnasium's ``module:id``: its `register`
+    calls run); an id not found loads the packages that register tasks through entry points and looks again.
+    """
+    if isinstance(id, str):
+        id = split_module(id, EnvError, "env id")
     namespace, _, rest = id.partition("/") if isinstance(id, str) else ("", "", "")
     if id not in _REGISTRY and namespace in NAMESPACES and rest:
         entry_point, keyword = NAMESPACES[namespace]
         return EnvSpec(id, entry_point, {keyword: rest})
+    if id not in _REGISTRY:
+        load_entry_points(TASKS, EnvError)
     try:
         return _REGISTRY[id]
     except KeyError:
         close = difflib.get_close_matches(id, list(_REGISTRY), n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
         raise EnvError(f"unknown env id {id!r}.{hint} Registered: {', '.join(registry())}.") from None
+
+
+def takes(id: str, argument: str) -> bool:
+    """Whether the task registered as `id` accepts the keyword `argument` (or any keyword)."""
+    try:
+        params = inspect.signature(spec(id).load()).parameters
+    except (TypeError, ValueError):
+        return True
+    return argument in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def make(id: str, **kwargs: Any):

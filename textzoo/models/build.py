@@ -150,7 +150,7 @@ def lora_policy(
         agent.lora.dropout,
         agent.lora.target_modules,
         trainable=agent.trainable,
-        generation=generation or generation_config(agent, base.tokenizer, base.model),
+        generation=generation or generation_config(agent, base.tokenizer, base.base),
         seed=seed,
         engine=engine,
     )

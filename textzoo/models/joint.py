@@ -8,10 +8,29 @@ the joint completion, and its loss is computed by the same function as a decentr
 
 Joint formats (`joint_format`):
 
-- ``structured`` (the default): the roles answer one after the other in one completion. The prompt
-  is the first role's task; the runner writes everything else that is not an answer itself, as
-  forced tokens (in the context, never sampled or scored): each role's opening tag, its closing tag,
-  and each later role's task before its answer. The model writes only the sections (``{sampled}``)::
+- ``structured`` (the default): the roles answer one after the other in one completion; the runner
+  writes everything that is not an answer as forced tokens (in the context, never sampled or scored),
+  and the model writes only the sections (``{sampled}``), each of at most its role's budget
+  (`section_tokens`). With a chat prompt format the joint completion is one conversation: the prompt
+  is the first role's observation, exactly as its decentralized agent gets it, and each later role's
+  observation comes as the next user turn of the chat template, so every role answers its own
+  observation as an assistant turn, as a decentralized agent does, after the earlier roles' exchanges
+  (ChatML shown; the template writes the markers)::
+
+      <|im_start|>user
+      {observation of summary}<|im_end|>
+      <|im_start|>assistant
+                                                         <- the prompt ends here
+      {sampled}<|im_end|>
+      <|im_start|>user
+      {observation of elaboration}<|im_end|>
+      <|im_start|>assistant
+      {sampled}<|im_end|>
+
+  A section ends at EOS (the end of the assistant turn, which the runner then does not write again)
+  or at its budget. With a raw prompt format the sections are tagged: the prompt is the first role's
+  task, and the runner writes each role's opening tag, its closing tag, and each later role's task
+  before its answer::
 
       <task role="summary">
       {observation of summary}
@@ -22,8 +41,8 @@ Joint formats (`joint_format`):
       </task>
       <elaboration>{sampled}
 
-  Each section ends at EOS, at its budget, or once it writes a role tag (its own closing tag, usually;
-  the runner then skips writing that one). Every role gets its section, so parse failures cannot
+  A tagged section ends at EOS, at its budget, or once it writes a role tag (its own closing tag,
+  usually; the runner then skips writing that one). Every role gets its section, so parse failures cannot
   happen, and the sample and its loss are those of one joint completion over the model's own tokens.
   Each role answers right after its own task, as a decentralized agent does, and sees every earlier
   role's task and answer. (A tiny model trained from scratch has to learn to tell the sections apart:
@@ -62,8 +81,8 @@ occurrence. When no method finds any section, parsing failed: every role gets an
 legal, low-reward outcome that runners count as a parse failure).
 
 A lone role (an env with one agent, or a turn where only one role acts) gets its observation as
-the prompt and the whole completion as its action, so with N = 1 the joint actor *is* the plain
-agent: same prompt, action, loss and gradient.
+the prompt and the whole completion, of at most its section's budget, as its action, so with N = 1
+the joint actor *is* the plain agent: same prompt, action, loss and gradient.
 """
 
 from __future__ import annotations
@@ -71,7 +90,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -111,17 +130,20 @@ def task(role: str, observation: str) -> str:
     return f'<task role="{role}">\n{observation}\n</task>'
 
 
-def joint_prompt(observations: dict[str, str], joint_format: str = "tags", open_first: bool = True) -> str:
+def joint_prompt(
+    observations: dict[str, str], joint_format: str = "tags", open_first: bool = True, chat: bool = False
+) -> str:
     """The joint prompt of ``joint_format`` (module docstring); a lone role's observation unchanged.
 
     ``open_first``: a ``tags`` prompt ends with the first role's opening tag (raw prompts; a chat
-    prompt asks and lets the assistant turn begin). A ``structured`` prompt is the first role's task:
-    the runner writes each later one before its role's section."""
+    prompt asks and lets the assistant turn begin). A ``structured`` prompt is the first role's task
+    (``chat``: its observation, the first user turn of the conversation): the runner writes each later
+    one before its role's section."""
     roles = list(observations)
     if len(roles) == 1:
         return observations[roles[0]]
     if joint_format == "structured":
-        return task(roles[0], observations[roles[0]])
+        return observations[roles[0]] if chat else task(roles[0], observations[roles[0]])
     tasks = "\n".join(task(r, observations[r]) for r in roles)
     tail = f"\n<{roles[0]}>" if joint_format == "tags" and open_first else ""
     return f"You answer for every role of a team: {', '.join(roles)}.\n{tasks}\n{_ASK[joint_format](roles)}{tail}"
@@ -244,37 +266,58 @@ def _fenced_sections(text: str, roles: tuple[str, ...]) -> dict[str, str]:
 
 
 def structured_script(
-    observations: dict[str, str], tokenizer: Any, chat: bool, budget: int, stop_strings: Sequence[str] = ()
+    observations: dict[str, str],
+    tokenizer: Any,
+    prompt_format: PromptFormat,
+    budgets: Sequence[int],
+    stop_strings: Sequence[str] = (),
+    eos_ids: Sequence[int] = (),
 ) -> list[Segment]:
-    """The structured decoding script of one joint completion (module docstring): every role's tags and each
-    later role's task forced, each role's section sampled (up to `budget` tokens, ending at a tag or one of
-    `stop_strings`). `chat`: the prompt is a chat turn (the first tag opens the answer on its own line
-    otherwise)."""
+    """The structured decoding script of one joint completion (module docstring): each role's section sampled
+    (up to its entry of `budgets` tokens, ending at EOS or one of `stop_strings`; tagged sections also at a
+    role tag), everything between them forced: with a chat `prompt_format` the template's next user turn
+    (ending the section's own turn unless it wrote its end, an id of `eos_ids`, itself), else the tags and
+    the next role's task. A lone role's script is one section."""
     roles = list(observations)
-    tags = [tag for r in roles for tag in (f"<{r}>", f"</{r}>")]
-    stops = tuple(dict.fromkeys([*tags, *stop_strings]))
+    stops = tuple(stop_strings)
+    if len(roles) == 1:
+        return [Segment(budget=budgets[0], stop_strings=stops)]
 
     def ids(text: str) -> tuple[int, ...]:
         return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    first = f"<{roles[0]}>" if chat else f"\n<{roles[0]}>"
-    script = [Segment(forced=ids(first))]
-    for prev, role in zip(roles, roles[1:]):
+    if prompt_format.chat:  # one conversation: each later role's observation is the next user turn
+        script = []
+        for budget, role in zip(budgets, roles[1:]):
+            script.append(Segment(budget=budget, stop_strings=stops, eos_is_stop=True))
+            turn = ids(prompt_format.next_turn(tokenizer, observations[role]))
+            ended = turn[1:] if turn[:1] and turn[0] in eos_ids else turn  # the section wrote the end itself
+            script.append(Segment(forced=turn, after_stop=ended))
+        return [*script, Segment(budget=budgets[-1], stop_strings=stops)]
+    tags = [tag for r in roles for tag in (f"<{r}>", f"</{r}>")]
+    stops = tuple(dict.fromkeys([*tags, *stops]))
+    script = [Segment(forced=ids(f"\n<{roles[0]}>"))]
+    for budget, prev, role in zip(budgets, roles, roles[1:]):
         script.append(Segment(budget=budget, stop_strings=stops))
         after = f"\n{task(role, observations[role])}\n<{role}>"
         script.append(Segment(forced=ids(f"</{prev}>{after}"), after_stop=ids(after)))
-    script.append(Segment(budget=budget, stop_strings=stops))
+    script.append(Segment(budget=budgets[-1], stop_strings=stops))
     return script
 
 
-def structured_overhead(roles: Sequence[str], tokenizer: Any, chat: bool) -> tuple[int, int]:
+def structured_overhead(roles: Sequence[str], tokenizer: Any, prompt_format: PromptFormat) -> tuple[int, int]:
     """What a structured joint answer spends besides its sections and the roles' tasks, in tokens of
-    `tokenizer`: (the forced tags of its completion, its prompt's own words), both with every task empty.
-    What a builder subtracts from the model's positions to size the prompt and each task."""
+    `tokenizer`: (the forced part of its completion, its prompt's own words: a chat prompt's template too),
+    both with every task empty. What a builder subtracts from the model's positions to size the prompt and
+    each task."""
     empty = dict.fromkeys(roles, "")
-    tags = sum(len(s) for s in structured_script(empty, tokenizer, chat, 1) if s.forced)
-    intro = len(tokenizer(joint_prompt(empty, "structured", open_first=not chat))["input_ids"])
-    return tags, intro
+    forced = sum(len(s) for s in structured_script(empty, tokenizer, prompt_format, [1] * len(roles)) if s.forced)
+    prompt = joint_prompt(empty, "structured", open_first=not prompt_format.chat, chat=prompt_format.chat)
+    if prompt_format.chat:
+        intro = len(prompt_format.chat_ids(tokenizer, prompt, 1 << 30))
+    else:
+        intro = len(tokenizer(prompt_format.raw_text(prompt))["input_ids"])
+    return forced, intro
 
 
 # ---- the actor ----------------------------------------------------------------------------------
@@ -285,9 +328,10 @@ class JointActor:
     replace a free-form format's prompt and parser (pass both when the format changes, since the
     parser has to read what the builder asks for); a `parser` needs a free-form `joint_format`.
     `prompt_format` (default "auto" for the policy's tokenizer) formats the joint prompt, as it does
-    a decentralized agent's. `section_tokens`: the budget of each structured section (default: the
-    policy's budget split evenly over the roles); `task_tokens` > 0 cuts each observation of a
-    structured prompt to its last that many tokens.
+    a decentralized agent's. `section_tokens`: the budget of each structured section, one for all
+    roles or one per role (role -> tokens; default, and for a role the mapping does not name: the
+    policy's budget split evenly over the roles that answer); `task_tokens` > 0 cuts each observation of
+    a structured prompt to its last that many tokens.
     """
 
     def __init__(
@@ -300,7 +344,7 @@ class JointActor:
         id: str = "joint",
         prompt_format: PromptFormat | None = None,
         joint_format: str = "structured",
-        section_tokens: int = 0,
+        section_tokens: int | Mapping[str, int] = 0,
         task_tokens: int = 0,
     ):
         if not roles or len(set(roles)) != len(roles):
@@ -312,20 +356,25 @@ class JointActor:
                 "a parser reads free-form joint answers, and joint_format='structured' has none to read: "
                 "set joint_format to 'tags', 'labels' or 'json', or drop the parser"
             )
-        if section_tokens < 0 or task_tokens < 0:
+        budgets = section_tokens.values() if isinstance(section_tokens, Mapping) else [section_tokens]
+        if any(not isinstance(b, int) or b < 0 for b in budgets) or task_tokens < 0:
             raise ConfigError(
-                f"section_tokens and task_tokens must be >= 0 (0 = default), got {section_tokens}, {task_tokens}"
+                f"section_tokens and task_tokens must be ints >= 0 (0 = default), got {section_tokens}, {task_tokens}"
             )
+        unknown = sorted(set(section_tokens) - set(roles)) if isinstance(section_tokens, Mapping) else []
+        if unknown:
+            raise ConfigError(f"section_tokens names {unknown}, which are not among the roles {list(roles)}")
         self.id = id
         self.roles = tuple(roles)
         self.policy = policy
         self.trainable = trainable
         self.joint_format = joint_format
-        self.section_tokens = section_tokens
+        self.section_tokens = dict(section_tokens) if isinstance(section_tokens, Mapping) else section_tokens
         self.task_tokens = task_tokens
         self.prompt_format = prompt_format or PromptFormat.resolve(policy.tokenizer)
+        chat = self.prompt_format.chat
         self.prompt_builder = prompt_builder or functools.partial(
-            joint_prompt, joint_format=joint_format, open_first=not self.prompt_format.chat
+            joint_prompt, joint_format=joint_format, open_first=not chat, chat=chat
         )
         self.parser = parser or parse_joint
 
@@ -358,30 +407,33 @@ class JointActor:
     def generate(
         self, prompts: list[str], *, greedy: bool = False, generator: torch.Generator | None = None
     ) -> Generation:
-        roles = [getattr(p, "roles", self.roles) for p in prompts]
-        joint = [i for i, r in enumerate(roles) if len(r) > 1]
-        if not self.structured or not joint:
+        if not self.structured:
             return self.prompt_format.generate(self.policy, prompts, greedy=greedy, generator=generator)
-        if len(joint) < len(prompts):  # lone roles (a turn-taking env) answer plainly, in a call of their own
-            lone = [i for i in range(len(prompts)) if i not in set(joint)]
-            gens = [
-                self.generate([prompts[i] for i in rows], greedy=greedy, generator=generator) for rows in (joint, lone)
-            ]
-            order = torch.argsort(torch.tensor(joint + lone))
-            return Generation.cat(gens, self.policy.pad_id).select(order)
+        roles = [getattr(p, "roles", self.roles) for p in prompts]
         ids, mask = self.prompt_format.encode(self.policy, prompts)
         scripts = [self.script(p.observations) for p in prompts]
         gen, sections = self.policy.generate_script(ids, mask, scripts, greedy=greedy, generator=generator)
-        gen.texts = [structured_text(dict(zip(r, parts))) for r, parts in zip(roles, sections)]
+        gen.texts = [
+            structured_text(dict(zip(r, parts))) if len(r) > 1 else parts[0] for r, parts in zip(roles, sections)
+        ]  # a lone role's whole completion is its action
         return gen
+
+    def budget(self, role: str, answering: int) -> int:
+        """The token budget of ``role``'s section when ``answering`` roles answer in one completion."""
+        even = max(self.policy.generation.max_new_tokens // answering, 1)
+        if isinstance(self.section_tokens, dict):
+            return self.section_tokens.get(role) or even
+        return self.section_tokens or even
 
     def script(self, observations: dict[str, str]) -> list[Segment]:
         """The structured decoding script of one joint completion (`structured_script`), each section's budget
-        `section_tokens` (default: the policy's budget split evenly over the roles)."""
+        `budget` (a lone role's too)."""
         generation = self.policy.generation
-        budget = self.section_tokens or max(generation.max_new_tokens // len(observations), 1)
-        chat = self.prompt_format.chat
-        return structured_script(observations, self.policy.tokenizer, chat, budget, generation.stop_strings)
+        budgets = [self.budget(r, len(observations)) for r in observations]
+        return structured_script(
+            observations, self.policy.tokenizer, self.prompt_format, budgets, generation.stop_strings,
+            self.policy.eos_ids,
+        )  # fmt: skip
 
     def frozen_copy(self) -> JointActor:
         """A copy that answers the same and never trains (its own copy of the model: eval mode, no gradients)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import struct
 from pathlib import Path
 
 import torch
@@ -101,15 +102,67 @@ def is_gguf(source: str | os.PathLike) -> bool:
 
 def gguf_architecture(path: str | os.PathLike) -> str:
     """The `general.architecture` of a GGUF file (e.g. "llama")."""
-    from gguf import GGUFReader
+    arch = gguf_metadata(path).get("general.architecture")
+    if arch is None:
+        raise ModelError(f"{str(path)!r} names no general.architecture; pass a complete .gguf model file")
+    return arch
 
+
+def gguf_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The text fields of a GGUF file's `general.*` metadata (architecture, name, organization, license,
+    source repository, ...), read from its header alone (no tensor is read, no `gguf` package needed)."""
     try:
-        field = GGUFReader(str(path)).fields["general.architecture"]
-        return bytes(field.parts[field.data[0]]).decode()
-    except (KeyError, IndexError, ValueError, OSError) as e:
+        with open(path, "rb") as f:
+            return _gguf_header_strings(f, "general.")
+    except (OSError, ValueError, struct.error, UnicodeDecodeError) as e:
         raise ModelError(
             f"{str(path)!r} is not a readable GGUF file ({type(e).__name__}: {e}); pass a complete .gguf model file"
         ) from e
+
+
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+"""GGUF metadata value types (the format's numbering) -> struct codes; 8 is a string, 9 an array."""
+
+
+def _gguf_header_strings(f, prefix: str) -> dict[str, str]:
+    """The string values of the metadata keys starting with `prefix` in the GGUF header of file `f`."""
+
+    def read(code: str):
+        data = f.read(struct.calcsize("<" + code))
+        return struct.unpack("<" + code, data)[0]
+
+    def text() -> str:
+        return f.read(read("Q")).decode()
+
+    def skip(kind: int) -> None:
+        if kind == 8:
+            f.seek(read("Q"), os.SEEK_CUR)
+        elif kind == 9:
+            item, count = read("I"), read("Q")
+            if item in _GGUF_SCALARS:
+                f.seek(count * struct.calcsize("<" + _GGUF_SCALARS[item]), os.SEEK_CUR)
+            else:
+                for _ in range(count):
+                    skip(item)
+        else:
+            f.seek(struct.calcsize("<" + _GGUF_SCALARS[kind]), os.SEEK_CUR)
+
+    if f.read(4) != b"GGUF":
+        raise ValueError("no GGUF magic number")
+    version = read("I")
+    if version < 2:
+        raise ValueError(f"GGUF version {version} (textzoo reads 2 and later)")
+    read("Q")  # tensor count
+    out = {}
+    for _ in range(read("Q")):
+        key, kind = text(), read("I")
+        if kind == 8 and key.startswith(prefix):
+            out[key] = text()
+        elif kind in _GGUF_SCALARS or kind in (8, 9):
+            skip(kind)
+        else:
+            raise ValueError(f"unknown metadata type {kind} of {key!r}")
+    return out
 
 
 def load_gguf(

@@ -101,6 +101,28 @@ class PromptFormat:
             ids = self._render(tokenizer, text)
         return ids
 
+    def next_turn(self, tokenizer: Any, text: str) -> str:
+        """What the chat template writes after an assistant reply to bring in ``text`` as the next user
+        message and open the assistant's answer to it: the end of the reply's turn, the user turn and the
+        assistant's opening (ChatML: ``<|im_end|>\n<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n``)."""
+        mark = "\ue000textzoo-reply\ue000"  # a private-use marker no template writes itself
+        messages = [*self.messages("x"), {"role": "assistant", "content": mark}, {"role": "user", "content": text}]
+        try:
+            rendered = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs
+            )
+        except Exception as e:
+            raise ConfigError(
+                f"the tokenizer's chat template cannot render a conversation ({type(e).__name__}: {e}); "
+                "use joint_format='tags' or prompt_format='raw' for the joint actor"
+            ) from e
+        if rendered.count(mark) != 1:
+            raise ConfigError(
+                "the tokenizer's chat template drops or repeats an assistant reply, so the joint actor cannot "
+                "answer role after role in one conversation: use joint_format='tags' or prompt_format='raw'"
+            )
+        return rendered.split(mark, 1)[1]
+
     def _render(self, tokenizer: Any, text: str) -> list[int]:
         try:
             out = tokenizer.apply_chat_template(

@@ -356,7 +356,8 @@ def run_grid(grid: Grid, workers: int = 1, log: Callable[[str], None] | None = N
         if summary is None:
             todo.append(cell)
             continue
-        if comparable(summary["config"]) != comparable(to_dict(cell.config)):
+        saved = to_dict(from_dict(TrainConfig, summary["config"]))  # a config of an older layout read as today's
+        if comparable(saved) != comparable(to_dict(cell.config)):
             raise ConfigError(
                 f"{cell.run_dir} finished with a different config than the grid now gives it; "
                 "write the changed grid to a new out_dir (or delete that cell's folder to retrain it)"

@@ -21,6 +21,7 @@ import torch
 from textzoo.decoding.generation import GenerationConfig
 from textzoo.decoding.precision import AUTO
 from textzoo.envs import make as make_env
+from textzoo.envs.registry import takes
 from textzoo.errors import ConfigError, EnvError
 from textzoo.models.build import build_device, generation_config, load_model, lora_policy, prompt_format, shared_base
 from textzoo.models.joint import JointActor, structured_overhead
@@ -28,7 +29,8 @@ from textzoo.models.lora import SharedBase
 from textzoo.models.policy import Policy
 from textzoo.models.prompting import PromptFormat
 from textzoo.models.team import Actor, AgentActor
-from textzoo.runners.engines import TeamEngines
+from textzoo.runners.distributed import DistContext
+from textzoo.runners.engines import TeamEngines, check_servers
 from textzoo.runners.update import Learner
 
 if TYPE_CHECKING:
@@ -42,7 +44,12 @@ def env_factory(cfg: TrainConfig, eval: bool = False):
     """A zero-argument constructor of the configured env (validated once here)."""
     kwargs = dict(cfg.env_kwargs)
     if eval:
-        kwargs.update(cfg.eval_env_kwargs)
+        extra = dict(cfg.eval_env_kwargs)
+        if "split" in extra and not takes(cfg.env, "split"):
+            # a task with one set of items (no `split`): evaluation plays its training items
+            logger.warning("%s takes no `split`: held-out evaluation plays its training items", cfg.env)
+            del extra["split"]
+        kwargs.update(extra)
 
     def build():
         return make_env(cfg.env, **kwargs)
@@ -56,23 +63,25 @@ def env_factory(cfg: TrainConfig, eval: bool = False):
     return build
 
 
-def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
+def build_actors(cfg: TrainConfig, roles: list[str], dist: DistContext | None = None) -> list[Actor]:
     """One actor per role (decentralized) or one joint actor for all roles (centralized), each built with
-    everything it holds (`build_agent_policy`): nothing is set on an actor or a policy after it is built."""
-    unknown = sorted(set(cfg.agent_overrides) - set(roles))
-    if unknown:
-        raise ConfigError(
-            f"agent_overrides names {unknown}, which the env {cfg.env!r} does not have; its agents: {roles}"
-        )
+    everything it holds (`build_agent_policy`): nothing is set on an actor or a policy after it is built.
+    ``dist``: this process's place in a data-parallel run (its engines are colocated, or share a server)."""
+    for name in ("agent_overrides", "joint_section_tokens"):
+        unknown = sorted(set(getattr(cfg, name)) - set(roles))
+        if unknown:
+            raise ConfigError(f"{name} names {unknown}, which the env {cfg.env!r} does not have; its agents: {roles}")
     if cfg.collaboration == "centralized":
         if cfg.agent_overrides:
             raise ConfigError(
                 "agent_overrides set per-role models, but collaboration='centralized' has one joint model: "
                 "put its settings in `agent` and drop agent_overrides"
             )
-        return [build_joint_actor(cfg, roles)]
+        check_servers(["joint"], [cfg.agent])
+        return [build_joint_actor(cfg, roles, dist)]
     agents = [cfg.agent_config(role) for role in roles]
-    engines = team_engines(cfg.seed, agents)
+    check_servers(roles, agents)
+    engines = team_engines(cfg.seed, agents, dist)
     bases: dict[tuple, SharedBase] = {}  # LoRA agents of one model share its base
     actors: list[Actor] = []
     for i, (role, agent) in enumerate(zip(roles, agents)):
@@ -81,7 +90,7 @@ def build_actors(cfg: TrainConfig, roles: list[str]) -> list[Actor]:
     return actors
 
 
-def build_joint_actor(cfg: TrainConfig, roles: list[str]) -> JointActor:
+def build_joint_actor(cfg: TrainConfig, roles: list[str], dist: DistContext | None = None) -> JointActor:
     """The centralized team: one policy answering for every role, with N roles' budgets. A structured joint
     answer also holds forced tags and the later roles' tasks: its prompt budget leaves room for the tags
     (2 tokens per role of slack for re-tokenized cut observations), and each task gets an equal share of it."""
@@ -94,33 +103,35 @@ def build_joint_actor(cfg: TrainConfig, roles: list[str]) -> JointActor:
     def generation(tokenizer: Any, model: torch.nn.Module) -> GenerationConfig:
         if not structured:
             return generation_config(agent, tokenizer, model)
-        tags, _ = structured_overhead(roles, tokenizer, _chat(agent, tokenizer))
+        tags, _ = structured_overhead(roles, tokenizer, _prompt_format(agent, tokenizer))
         room = generation_config(
             dataclasses.replace(agent, max_new_tokens=budget + tags + 2 * len(roles)), tokenizer, model
         )
         return dataclasses.replace(room, max_new_tokens=budget)
 
-    policy = build_agent_policy(agent, "joint", cfg.seed, 0, {}, team_engines(cfg.seed, [agent]), generation)
+    engines = team_engines(cfg.seed, [agent], dist)
+    policy = build_agent_policy(agent, "joint", cfg.seed, 0, {}, engines, generation)
     fmt = prompt_format(agent, policy)
     task_tokens = 0
     if structured:
-        _, intro = structured_overhead(roles, policy.tokenizer, fmt.chat)
+        _, intro = structured_overhead(roles, policy.tokenizer, fmt)
         task_tokens = max((policy.generation.max_prompt_tokens - intro) // len(roles), 1)
+    sections = {r: cfg.joint_section_tokens.get(r, budget // len(roles)) for r in roles}
     return JointActor(
         roles, policy, trainable=agent.trainable, prompt_format=fmt, joint_format=cfg.joint_format,
-        section_tokens=budget // len(roles), task_tokens=task_tokens,
+        section_tokens=sections, task_tokens=task_tokens,
     )  # fmt: skip
 
 
-def _chat(agent: AgentConfig, tokenizer: Any) -> bool:
-    """Whether the agent's prompts are chat turns with this tokenizer."""
-    return PromptFormat.resolve(tokenizer, agent.prompt_format, agent.system_prompt, agent.chat_template_kwargs).chat
+def _prompt_format(agent: AgentConfig, tokenizer: Any) -> PromptFormat:
+    """The agent's prompt format with this tokenizer."""
+    return PromptFormat.resolve(tokenizer, agent.prompt_format, agent.system_prompt, agent.chat_template_kwargs)
 
 
-def team_engines(seed: int, agents: list[AgentConfig]) -> TeamEngines:
+def team_engines(seed: int, agents: list[AgentConfig], dist: DistContext | None = None) -> TeamEngines:
     """The rollout engines of a team of `agents` (its LoRA agents on an engine share their base's)."""
     loras = [a for a in agents if a.lora.rank and a.engine.kind != "local"]
-    return TeamEngines(seed, max_loras=len(loras), lora_rank=max((a.lora.rank for a in loras), default=0))
+    return TeamEngines(seed, len(loras), max((a.lora.rank for a in loras), default=0), dist)
 
 
 def build_agent_policy(
@@ -139,19 +150,20 @@ def build_agent_policy(
     if agent.lora.rank:
         base = shared_base(agent, seed, bases)
         engine = engines.for_adapter(agent.engine, base, agent_id, index)
-        policy = lora_policy(agent, agent_id, seed, base, settings(base.tokenizer, base.model), engine)
-        if engine is not None:
-            engine.sync(policy, 0, force=True)  # the engine has the base: give it this agent's new adapter
-        return policy
-    loaded = load_model(agent, seed, build_device(agent.device))
-    return Policy(
-        loaded.model,
-        loaded.tokenizer,
-        settings(loaded.tokenizer, loaded.model),
-        name=loaded.name,
-        precision=loaded.precision,
-        engine=engines.for_model(agent.engine, loaded, index),
-    )
+        policy = lora_policy(agent, agent_id, seed, base, settings(base.tokenizer, base.base), engine)
+    else:
+        loaded = load_model(agent, seed, build_device(agent.device))
+        policy = Policy(
+            loaded.model,
+            loaded.tokenizer,
+            settings(loaded.tokenizer, loaded.model),
+            name=loaded.name,
+            precision=loaded.precision,
+            engine=engines.for_model(agent.engine, loaded, index),
+        )
+    if policy.engine is not None:  # a shared base's engine gets this agent's adapter, a server the weights
+        policy.engine.attach(policy, verify=not engines.dist.enabled)
+    return policy
 
 
 def resolved_config(cfg: TrainConfig, actors: list[Actor]) -> TrainConfig:

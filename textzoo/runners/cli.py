@@ -1,8 +1,10 @@
-"""`textzoo train | eval | plot | sft | bench`: the command line over the same dataclass configs as the Python API.
+"""`textzoo train | eval | export | plot | sft | bench | serve-engine`: the command line over the Python API's
+dataclass configs.
 
 `textzoo train --config run.toml --steps 200` loads the file, then applies the flags on top.
 `textzoo train` with no arguments trains the embedded default (two tiny GPT-2 agents on
 `textzoo/WritingRatio-v0`, Writing-v0 with its length-ratio reward alone) in a few minutes on a CPU.
+`textzoo export RUN_DIR --out DIR` writes a run's trained models as transformers folders or PEFT adapters.
 `textzoo COMMAND --help` lists a command's flags.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-COMMANDS = ("train", "eval", "plot", "sft", "bench")
+COMMANDS = ("train", "eval", "export", "plot", "sft", "bench", "serve-engine")
 
 
 def main(argv: list[str] | None = None) -> int:

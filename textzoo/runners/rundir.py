@@ -11,7 +11,15 @@ from textzoo.runners.checkpoint import checkpoints_dir, list_checkpoints
 
 logger = logging.getLogger(__name__)
 
-RUN_FILES = ("metrics.jsonl", "samples.jsonl", "config.json", "placement.json", "curve.png", "wandb_id")
+RUN_FILES = (
+    "metrics.jsonl",
+    "samples.jsonl",
+    "config.json",
+    "placement.json",
+    "provenance.jsonl",
+    "curve.png",
+    "wandb_id",
+)
 """Files a run writes at the top of its run dir."""
 RUN_FOLDERS = ("checkpoints", "tensorboard", "wandb")
 """Folders a run writes in its run dir."""

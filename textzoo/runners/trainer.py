@@ -41,9 +41,16 @@ from textzoo.runners.checkpoint import (
 )
 from textzoo.runners.diagnostics import no_signal_streak, signal_metrics
 from textzoo.runners.distributed import DistContext, merge_rows
-from textzoo.runners.engines import engine_metrics, sleep_engines, sync_engines
+from textzoo.runners.engines import (
+    attach_engines,
+    engine_metrics,
+    refresh_engines,
+    sleep_engines,
+    sync_engines,
+)
 from textzoo.runners.placement import format_placement, place_models, team_models, visible_devices
 from textzoo.runners.preemption import GracefulStop, agree
+from textzoo.runners.provenance import record_start
 from textzoo.runners.resources import (
     as_write_error,
     check_run_dir,
@@ -88,6 +95,10 @@ RESUME_SAFE = frozenset(
         "num_processes",
         "sharding",
         "agent.device",
+        "agent.engine.url",
+        "agent.engine.api_key",
+        "agent.engine.timeout_s",
+        "agent.engine.sync_dir",
         "no_signal_steps",
     }
 )
@@ -149,7 +160,9 @@ class Trainer:
         if not num_items:
             raise ConfigError(f"{cfg.env!r} has no num_items(); textzoo runners select prompts by index")
         registry.check_team(cfg, self.roles)
-        self.actors = build_actors(cfg, self.roles)
+        self.actors = build_actors(cfg, self.roles, self.dist)
+        if self.dist.enabled:
+            attach_engines(self.actors, self.dist)  # every process built its engines: check what they were sent
         self.family = registry.build_family(cfg, self.actors)
         cfg = self.cfg = resolved_config(cfg, self.actors)  # precision "auto" as built: config.json records it
         for actor in self.actors:
@@ -188,9 +201,7 @@ class Trainer:
         )
         self.step = 0
         # pipeline stages between collection and the family (preference rounds, reward-model rewards)
-        self.hooks = registry.build_hooks(cfg)
-        for hook in self.hooks:
-            hook.attach(self)
+        self.hooks = registry.build_hooks(cfg, self)
         self._resume_tried = resume == "auto"
         if resume == "auto":
             found = find_resumable(cfg) if self.dist.is_main else None
@@ -247,7 +258,9 @@ class Trainer:
         items = self.sampler.next(cfg.batch_prompts)[share]
         seeds = [prompt_seed(cfg.seed, self.step, b) for b in range(cfg.batch_prompts)][share]
         needs = self.family.needs
+        rank = self.dist.rank if self.dist.enabled else None
         engine_metrics(self.actors)  # an engine's log-prob gap of the training rollout only (not of evaluations)
+        restarts = refresh_engines(self.actors, self._engine_weights, self.dist)  # a restarted server: resend
         with self.full_weights():  # sharded models whole from sampling to the jobs (no collectives inside)
             with self._phase("generate"):
                 rollout = self.collector.collect(items, seeds, cfg.group_size, cross=needs.cross, tree=needs.tree)
@@ -255,7 +268,7 @@ class Trainer:
                 if needs.greedy:
                     rollout.greedy = self.collector.collect(items, seeds, 1, greedy=True)
             t_collect = time.perf_counter()
-            hook_stats: dict[str, float] = engine_metrics(self.actors)
+            hook_stats: dict[str, float] = {**restarts, **engine_metrics(self.actors, rank)}
             with self._phase("score"):
                 for hook in self.hooks:
                     rollout, stats = hook.before_jobs(self, rollout, items, seeds)
@@ -270,7 +283,7 @@ class Trainer:
         t_update = time.perf_counter()
         self.step += 1
         # the engines sample the next rollout with the weights this update made
-        hook_stats.update(sync_engines(self.actors, {k: v.version for k, v in self.learners.items()}))
+        hook_stats.update(self._sync_engines())
         row = {"step": self.step, **rollout_metrics(rollout), **hook_stats, **family_stats}
         budgets = {a.id: a.policy.generation.max_new_tokens for a in self.actors}
         ends = {a.id: a.policy.eos_ids for a in self.actors}
@@ -305,6 +318,29 @@ class Trainer:
             self.dist.broadcast_module(model)
             sharding.shard(model, next(model.parameters()).device, self.dist.world_size)
         return models
+
+    def _engine_weights(self, actor: Any) -> dict[str, torch.Tensor] | None:
+        """The whole weights of an engine-backed actor's sharded model, for its engine (a collective); None
+        when the model is not sharded (the engine reads the model itself)."""
+        model = actor.policy.model
+        return sharding.full_weights(model, everywhere=True) if any(model is m for m in self.sharded) else None
+
+    def _sync_engines(self, force: bool = False) -> dict[str, float]:
+        """Give every engine the weights its learner moved on to (`sync_engines`), sharded ones gathered first."""
+        versions = {k: v.version for k, v in self.learners.items()}
+        weights = {}
+        for actor in self.actors:
+            client = actor.policy.engine
+            if (
+                client is not None
+                and client.open
+                and actor.id in versions
+                and (force or versions[actor.id] != client.version)
+            ):
+                if (state := self._engine_weights(actor)) is not None:
+                    weights[actor.id] = state
+        with self.full_weights():  # a server's sync is verified with a trainer forward
+            return sync_engines(self.actors, versions, force, weights, self.dist)
 
     def full_weights(self):
         """A context within which the sharded models hold their whole weights (`sharding.gathered`);
@@ -350,6 +386,7 @@ class Trainer:
         if main:
             check_run_dir(self.run_dir, *checkpoint_bytes(self.learners))  # writable, with room for a checkpoint
             save_config(cfg, self.run_dir / "config.json")
+            record_start(self.run_dir, self.step)  # the command and source commit, for an export's card
             (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=2) + "\n")
             logger.info(format_placement(self.placement))
         trackers = build_trackers(cfg.report_to, self.run_dir, to_dict(cfg), self.step) if main else []
@@ -522,7 +559,7 @@ class Trainer:
         for hook, hook_state in zip(self.hooks, own.get("hooks", [])):
             hook.load_state_dict(hook_state)
         restore_rng(own["rng"])
-        sync_engines(self.actors, {k: v.version for k, v in self.learners.items()})  # engines get the loaded weights
+        self._sync_engines()  # the engines get the loaded weights
         if self.dist.is_main:
             self._truncate_metrics(state["metrics_rows"], rows)
             self.samples.truncate(self.step)
@@ -553,15 +590,20 @@ class Trainer:
             detail = "; ".join(damage) if damage else "it has no checkpoints"
             raise CheckpointError(f"cannot load final weights from {self.run_dir}: {detail}")
         ck = read_checkpoint(path)
-        unknown = sorted(set(ck.weights) - set(self.learners))
-        if unknown:
-            raise CheckpointError(f"{path} holds weights of {unknown}, which this config does not train")
-        for name, weights in ck.weights.items():
-            check_weights(self._checkpointed(self.learners[name].model), weights, name)
-        for name, weights in ck.weights.items():
-            apply_weights(self._checkpointed(self.learners[name].model), weights)
-        sync_engines(self.actors, {k: v.version for k, v in self.learners.items()}, force=True)
+        self.load_weights(ck.weights, str(path))
         return ck.step
+
+    def load_weights(self, weights: dict[str, dict[str, torch.Tensor]], source: str) -> None:
+        """Copy trained weights (learner name -> tensors, as a checkpoint or an exported adapter holds them)
+        into this run's models, every one checked before any is copied; the engines get them too."""
+        unknown = sorted(set(weights) - set(self.learners))
+        if unknown:
+            raise CheckpointError(f"{source} holds weights of {unknown}, which this config does not train")
+        for name, tensors in weights.items():
+            check_weights(self._checkpointed(self.learners[name].model), tensors, name)
+        for name, tensors in weights.items():
+            apply_weights(self._checkpointed(self.learners[name].model), tensors)
+        self._sync_engines(force=True)
 
 
 def rollout_metrics(rollout: Rollout) -> dict[str, float]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from textzoo.algorithms.settings import Aggregation, check_policy_update
+from textzoo.algorithms.settings import check_aggregation, check_policy_update
 from textzoo.errors import ConfigError
 from textzoo.typecheck import check_fields
 
@@ -36,8 +36,9 @@ class ActorCriticConfig:
     """ε_v of PPO-style value clipping around the old value; None = no clipping."""
     entropy_coef: float = 0.0
     """Weight of the actor's entropy bonus (0 = off)."""
-    loss_aggregation: Aggregation = "seq_sum"
-    """seq_sum | seq_mean | token_mean | constant (`textzoo.algorithms.rlmath.AGGREGATIONS`)."""
+    loss_aggregation: str = "seq_sum"
+    """How token losses make a sample's loss: seq_sum | seq_mean | token_mean | constant, or one added with
+    `register_aggregation` (`textzoo.algorithms.settings.AGGREGATIONS`)."""
     clip_range: float | None = None
     """PPO ratio clip ε of the actor loss; None = on-policy gradient. ippo / mappo default it to 0.2."""
     epochs: int | None = None
@@ -48,6 +49,7 @@ class ActorCriticConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "actor_critic.")
+        check_aggregation(self.loss_aggregation, "actor_critic")
         if self.critic_lr is not None and self.critic_lr <= 0:
             raise ConfigError(f"actor_critic.critic_lr must be > 0 (or None for the agent's lr), got {self.critic_lr}")
         if self.value_head_hidden < 0:

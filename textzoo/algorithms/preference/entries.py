@@ -14,7 +14,7 @@ from textzoo.algorithms.algorithm import Algorithm, check_acting_role, check_no_
 from textzoo.errors import ConfigError
 
 if TYPE_CHECKING:
-    from textzoo.algorithms.hooks import RolloutHook
+    from textzoo.algorithms.hooks import RolloutHook, Run
     from textzoo.algorithms.preference.madpo import MADPOFamily
     from textzoo.config import TrainConfig
     from textzoo.models.team import Actor
@@ -27,18 +27,18 @@ def build_madpo(cfg: TrainConfig, actors: list[Actor]) -> MADPOFamily:
     return MADPOFamily(cfg.preference, actors)
 
 
-def madpo_hooks(cfg: TrainConfig) -> list[RolloutHook]:
+def madpo_hooks(cfg: TrainConfig, run: Run) -> list[RolloutHook]:
     """MADPO's stages: the rounds that sample a comparator beside the team, when there is one."""
     from textzoo.algorithms.preference.rounds import ComparatorRounds
 
-    return [ComparatorRounds(cfg)] if cfg.preference.comparator != "current" else []
+    return [ComparatorRounds(cfg, run)] if cfg.preference.comparator != "current" else []
 
 
-def marlhf_hooks(cfg: TrainConfig) -> list[RolloutHook]:
+def marlhf_hooks(cfg: TrainConfig, run: Run) -> list[RolloutHook]:
     """MARLHF's stage: the rounds that fit the reward model and relabel every rollout with its rewards."""
     from textzoo.algorithms.preference.rounds import RewardModelRounds
 
-    return [RewardModelRounds(cfg)]
+    return [RewardModelRounds(cfg, run)]
 
 
 def _check_rounds(cfg: TrainConfig) -> None:

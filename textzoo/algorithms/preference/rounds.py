@@ -162,7 +162,8 @@ class PreferenceRounds:
     """The rounds of the preference pipeline: the comparator team, its snapshots and the pair store (see
     the module doc). The two hooks below add what their algorithm does each round and each step."""
 
-    def __init__(self, cfg: TrainConfig):
+    def __init__(self, cfg: TrainConfig, run: Run):
+        """The rounds of `run`, with the comparator team (when there is one) built next to its team."""
         self.cfg = cfg
         self.pc = cfg.preference
         self.round_steps = cfg.steps // cfg.preference.iterations
@@ -170,28 +171,30 @@ class PreferenceRounds:
         self.snapshots: dict[int, dict[str, dict[str, torch.Tensor]]] = {}  # round -> actor -> weights
         self.store = PairStore(self.pc.replay_capacity if self.pc.replay_pairs else 0)
         self.round_stats: dict[str, float] = {}
-        self.comparator: list[Actor] | None = None
+        self.comparator = self._comparator(run)
+        if self.comparator is not None:
+            self.collector = run.collector_for(self.comparator)
 
     # ---- building --------------------------------------------------------------------------------
-    def attach(self, run: Run) -> None:
-        """Build the comparator team (when there is one) next to the run's team."""
+    def _comparator(self, run: Run) -> list[Actor] | None:
+        """The comparator team (None when there is none), on the device of the run's team."""
         cfg, pc = self.cfg, self.pc
+        comparator = None
         device = run.actors[0].policy.device
         if pc.comparator == "model":
             agent = dataclasses.replace(cfg.agent, model=pc.comparator_model, trainable=False)
-            self.comparator = run.build_team(dataclasses.replace(cfg, agent=agent, agent_overrides={}))
+            comparator = run.build_team(dataclasses.replace(cfg, agent=agent, agent_overrides={}))
             own = run.actors[0].policy.tokenizer.get_vocab()
-            if any(a.policy.tokenizer.get_vocab() != own for a in self.comparator):
+            if any(a.policy.tokenizer.get_vocab() != own for a in comparator):
                 raise ConfigError(
                     f"preference.comparator_model {pc.comparator_model!r} has a different tokenizer from the agents': "
                     "its samples could not be scored on the tokens it sampled. Pick one of the agents' model family"
                 )
         elif pc.comparator in ("copy", "history"):
-            self.comparator = [actor.frozen_copy() for actor in run.actors]
-        if self.comparator is not None:
-            for twin in self.comparator:
-                twin.policy.model.to(device)
-            self.collector = run.collector_for(self.comparator)
+            comparator = [actor.frozen_copy() for actor in run.actors]
+        for twin in comparator or []:
+            twin.policy.model.to(device)
+        return comparator
 
     # ---- the hook --------------------------------------------------------------------------------
     def before_jobs(
@@ -277,20 +280,14 @@ class RewardModelRounds(PreferenceRounds):
     """MARLHF: each round fits the reward model on pairs of fresh samples; every step relabels the rollout
     with its rewards (so any online family trains on them) and checks that they track the task reward."""
 
-    def __init__(self, cfg: TrainConfig):
-        super().__init__(cfg)
-        self.reward_model: RewardModel | None = None
-        self.rm_learner: Learns | None = None
-        self._run_job: Callable[[Job, Learns], dict[str, float]] | None = None  # the run's, once attached
+    def __init__(self, cfg: TrainConfig, run: Run):
+        """The rounds of `run`: the reward model and its learner, then the comparator (when there is one)."""
+        self.reward_model, settings = build_reward_model(cfg, run.actors, run.actors[0].policy.device)
+        self.rm_learner = run.build_learner(self.reward_model, settings, cfg.preference.iterations)
+        self._run_job = run.run_job
+        super().__init__(cfg, run)
         self.monitor = HackingMonitor(min(self.pc.hacking_window, self.round_steps), self.pc.hacking_threshold)
         self.rm_episodes = 0
-
-    def attach(self, run: Run) -> None:
-        """Build the reward model and its learner, then the comparator (when there is one)."""
-        self.reward_model, settings = build_reward_model(self.cfg, run.actors, run.actors[0].policy.device)
-        self.rm_learner = run.build_learner(self.reward_model, settings, self.pc.iterations)
-        self._run_job = run.run_job
-        super().attach(run)
 
     def step(
         self, run: Run, rollout: Rollout, items: list[int], seeds: list[int], stats: dict[str, float]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from textzoo.algorithms.settings import Aggregation, check_policy_update
+from textzoo.algorithms.settings import check_aggregation, check_policy_update
 from textzoo.errors import ConfigError
 from textzoo.typecheck import check_fields
 
@@ -18,8 +18,9 @@ class ReinforceConfig:
     """"std": divide by the group's std of returns (+1e-6); "none": leave unscaled (Dr. GRPO)."""
     std_floor: float = 0.0
     """Lower bound on the group std when scaling, so near-constant sparse rewards do not blow up."""
-    loss_aggregation: Aggregation = "seq_sum"
-    """seq_sum | seq_mean | token_mean | constant (`textzoo.algorithms.rlmath.AGGREGATIONS`)."""
+    loss_aggregation: str = "seq_sum"
+    """How token losses make a sample's loss: seq_sum | seq_mean | token_mean | constant, or one added with
+    `register_aggregation` (`textzoo.algorithms.settings.AGGREGATIONS`)."""
     clip_range: float | None = None
     """PPO ratio clip ε; None = plain on-policy REINFORCE gradient."""
     epochs: int = 1
@@ -43,6 +44,7 @@ class ReinforceConfig:
     def __post_init__(self) -> None:
         check_fields(self, "reinforce.")
         check_policy_update("reinforce", self.clip_range, self.epochs, self.minibatches)
+        check_aggregation(self.loss_aggregation, "reinforce")
         if self.epochs > 1 and self.clip_range is None:
             raise ConfigError("reinforce.epochs > 1 reuses samples off-policy: set reinforce.clip_range (e.g. 0.2)")
         if self.kl_coef < 0:

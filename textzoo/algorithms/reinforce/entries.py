@@ -10,7 +10,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from textzoo.algorithms.algorithm import Algorithm, check_acting_role, check_no_tree
-from textzoo.algorithms.settings import check_estimator
+from textzoo.algorithms.settings import ESTIMATORS, check_estimator
 from textzoo.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def build_atgrpo(cfg: TrainConfig, actors: list[Actor]) -> ATGRPOFamily:
 
 def check_reinforce(cfg: TrainConfig, estimator: str) -> None:
     check_estimator(estimator, cfg.group_size)
-    if cfg.credit == "acting_role" and (estimator == "remax" or cfg.reinforce.joint_mode == "cross"):
+    if cfg.credit == "acting_role" and (ESTIMATORS[estimator].greedy or cfg.reinforce.joint_mode == "cross"):
         raise ConfigError(
             "credit='acting_role' credits each sample with the return of the role it played; remax's greedy "
             "rollout and joint_mode='cross' credit whole joint actions: use grpo, rloo or reinforce with "
@@ -81,7 +81,8 @@ def check_atgrpo(cfg: TrainConfig) -> None:
         )
 
 
-def _reinforce(estimator: str) -> Algorithm:
+def reinforce_algorithm(estimator: str) -> Algorithm:
+    """The reinforce family with one registered estimator (`textzoo.algorithms.settings.register_estimator`)."""
     return Algorithm(
         "reinforce",
         partial(build_reinforce, estimator=estimator),
@@ -91,9 +92,9 @@ def _reinforce(estimator: str) -> Algorithm:
 
 
 ENTRIES: dict[str, Algorithm] = {
-    "magrpo": _reinforce("grpo"),
-    "marloo": _reinforce("rloo"),
-    "maremax": _reinforce("remax"),
-    "mareinforce": _reinforce("reinforce"),
+    "magrpo": reinforce_algorithm("grpo"),
+    "marloo": reinforce_algorithm("rloo"),
+    "maremax": reinforce_algorithm("remax"),
+    "mareinforce": reinforce_algorithm("reinforce"),
     "atgrpo": Algorithm("reinforce", build_atgrpo, check=check_atgrpo),
 }

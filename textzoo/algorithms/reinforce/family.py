@@ -48,7 +48,7 @@ from textzoo.algorithms.rlmath import (
     role_baselines,
     running_mean_update,
 )
-from textzoo.algorithms.settings import check_estimator
+from textzoo.algorithms.settings import ESTIMATORS, check_estimator
 from textzoo.decoding.inference import score_no_grad
 from textzoo.errors import ConfigError
 from textzoo.models.policy import Policy
@@ -132,7 +132,7 @@ class ReinforceFamily(ReferenceKL):
         self.credit = credit
         self.normalize_per_agent = normalize_per_agent
         self.actors = {a.id: a for a in actors}
-        self.needs = RolloutNeeds(greedy=estimator == "remax", cross=config.joint_mode == "cross")
+        self.needs = RolloutNeeds(greedy=ESTIMATORS[estimator].greedy, cross=config.joint_mode == "cross")
         self.running_mean: torch.Tensor | None = None
         self.role_mean: torch.Tensor | None = None  # [R] RAE baselines (reinforce_baseline="per_role")
         # frozen copies of the initial weights, made before any checkpoint is loaded
@@ -177,7 +177,7 @@ class ReinforceFamily(ReferenceKL):
                 rewards = kl_shaped_rewards(rewards, log_ratio, cfg.kl_coef)
             returns = discounted_returns(rewards, self.gamma).view(B, G, A, T)
         greedy = None
-        if self.estimator == "remax":
+        if self.needs.greedy:
             g = rollout.greedy  # one greedy sample per prompt: E = B
             greedy = discounted_returns(credited_rewards(g.rewards, g.actor_roles, self.credit), self.gamma)  # [B,A,T]
         running = None
