@@ -80,6 +80,23 @@ def importorskip(feature: str, module: str) -> ModuleType:
         missing(feature, f"`import {module}` failed: {e}")
 
 
+def vllm() -> ModuleType:
+    """vLLM, imported, where its engine can start: on CPU, from an environment whose path has no space
+    (`textzoo.decoding.vllm_engine.check_cpu_install_path`); elsewhere the vllm feature is missing."""
+    module = importorskip("vllm", "vllm")
+    import torch
+
+    from textzoo.decoding.vllm_engine import check_cpu_install_path
+    from textzoo.errors import ConfigError
+
+    try:
+        if not torch.cuda.is_available():
+            check_cpu_install_path()
+    except ConfigError as e:
+        missing("vllm", str(e))
+    return module
+
+
 def requires(feature: str, available: bool, why: str) -> pytest.MarkDecorator:
     """A mark: the test runs only where `available` (conftest.py's setup hook calls `need`)."""
     if feature not in FEATURES:

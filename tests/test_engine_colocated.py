@@ -17,7 +17,7 @@ import pytest
 import torch
 from replicas import run_script
 
-features.importorskip("vllm", "vllm")
+features.vllm()
 
 SCRIPT = """
 import json

@@ -21,7 +21,7 @@ import features
 import pytest
 import torch
 
-features.importorskip("vllm", "vllm")
+features.vllm()
 
 from textzoo.config import AgentConfig, TrainConfig  # noqa: E402
 from textzoo.decoding.engine import to_generation  # noqa: E402

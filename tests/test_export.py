@@ -500,7 +500,7 @@ def test_smollm2_adapters_and_merged_folders_complete_like_the_trained_policy(sm
 
 
 def test_vllm_serves_an_exported_adapter_as_a_lora_module_with_the_same_greedy_completion(smollm2_run, tmp_path):
-    features.importorskip("vllm", "vllm")
+    features.vllm()
     out = export_run(smollm2_run, tmp_path / "team")
     example = json.loads((out / "team.json").read_text())["models"]["elaboration"]["example"]
     snippet = _snippets((out / "elaboration" / "README.md").read_text())[1]  # the card's vLLM snippet, as written

@@ -98,3 +98,17 @@ def test_no_line_when_nothing_was_skipped(tmp_path):
     (tmp_path / "test_x.py").write_text("")
     run = run_pytest(tmp_path, installed=True)
     assert "skipped without" not in run.stdout and "3 passed" in run.stdout, run.stdout
+
+
+def test_vllm_on_cpu_from_a_path_with_a_space_is_a_missing_feature_with_its_reason(monkeypatch):
+    import torch
+
+    features.vllm()  # here: imports, and the environment's path has no space
+    monkeypatch.setattr(torch, "__file__", "/home/me/my env/torch/__init__.py")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv(features.ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match=r"needs vllm \(vLLM on CPU cannot run .*'/home/me/my env/torch'"):
+        features.vllm()
+    monkeypatch.setenv(features.ENV, "vllm")
+    with pytest.raises(pytest.fail.Exception, match="vllm is required .* but missing: vLLM on CPU"):
+        features.vllm()
