@@ -53,6 +53,7 @@ import torch
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
 import peer_comlrl  # noqa: E402  (Writing-v0's length-ratio env arguments and CoMLRL's MAGRPO settings)
 import smollm2  # noqa: E402
 
@@ -73,16 +74,16 @@ class Setting:
     reference: str
     """"trl" or "comlrl"."""
     group_size: int
-    batch_prompts: int
-    max_new_tokens: int
-    temperature: float
-    lr: float
-    steps: int
     eval_items: int
     loss_aggregation: str
     """textzoo's `reinforce.loss_aggregation`, set to the reference's."""
     weight_decay: float
     max_grad_norm: float
+    batch_prompts: int = 1
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    lr: float = 2e-4
+    steps: int = 40
     lora_rank: int = 16
     lora_alpha: float = 32.0
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -101,11 +102,6 @@ SETTINGS = {
         env_kwargs=CHAIN_SUM,
         reference="trl",
         group_size=8,
-        batch_prompts=1,
-        max_new_tokens=32,
-        temperature=1.0,
-        lr=2e-4,
-        steps=40,
         eval_items=200,
         loss_aggregation="token_mean",
         weight_decay=0.0,
@@ -118,11 +114,6 @@ SETTINGS = {
         env_kwargs={},  # peer_comlrl.env_kwargs (built when needed: a list of source texts)
         reference="comlrl",
         group_size=4,
-        batch_prompts=1,
-        max_new_tokens=32,
-        temperature=1.0,
-        lr=2e-4,
-        steps=40,
         eval_items=80,
         loss_aggregation="seq_sum",
         weight_decay=0.01,
@@ -567,13 +558,9 @@ def plot_curves(runs: dict[str, list[dict]], names: dict[str, str], compare: str
         mean = moving_average([sum(c[k] for c in curves) / len(curves) for k in range(steps)], SMOOTH)
         label = f"{names[side]}: mean of {len(curves)} seed(s), {SMOOTH}-step moving average"
         ax.plot(range(1, steps + 1), mean, color=color, linewidth=2, label=label)
-    ax.set_xlabel("step")
-    ax.set_ylabel("training reward (mean over the step's episodes)")
     ax.set_title(f"parity: textzoo vs {names[compare]}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    harness.label(ax, "step", "training reward (mean over the step's episodes)", legend_size=8)
+    harness.save(fig, out, dpi=110)
     print(f"wrote {out}")
 
 

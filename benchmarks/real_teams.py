@@ -352,13 +352,9 @@ def plot_curves(task: str, cells: dict[tuple[str, str], list[dict]], out: Path) 
     for cell, r in sorted(runs, key=lambda x: (x[0], x[1]["seed"])):
         steps = [p["step"] for p in r["curve"]]
         ax.plot(steps, [p["solved"] for p in r["curve"]], marker="o", label=f"{cell} s{r['seed']}")
-    ax.set_xlabel("step")
-    ax.set_ylabel("held-out greedy solved")
     ax.set_title(f"{task} ({TASKS[task][2]})")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    harness.label(ax, "step", "held-out greedy solved")
+    harness.save(fig, out, dpi=100)
 
 
 def write_report(args: Args) -> None:
