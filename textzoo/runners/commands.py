@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
@@ -363,6 +364,14 @@ def serve_engine(argv: list[str]) -> None:
         status(f"converting {args.model} to a transformers folder")
         folder = str(Path(tempfile.mkdtemp(prefix="textzoo-serve-")) / "model")
         convert_gguf(args.model, folder)
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # Ctrl-C and SIGTERM stop the server, even where SIGINT came in ignored (a command started with `&` by a
+    # script: its shell ignores SIGINT for it, and Python then installs no handler of its own)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, interrupted)
     server = ServerProcess(args, folder=folder)
     flag = "" if not args.api_key else " (and its API key: --agent.engine.api-key or $TEXTZOO_ENGINE_API_KEY)"
     status(f"starting vLLM for {args.model} on {server.url}: loading the model")
