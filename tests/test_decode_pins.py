@@ -126,6 +126,31 @@ def test_the_greedy_pins_are_the_float64_forwards_argmax_and_log_probs():
         )
 
 
+@pytest.mark.parametrize("case", ["scripted", "joint_structured"])
+def test_runs_of_forced_columns_fed_in_one_pass_sample_what_token_by_token_feeding_does(case, monkeypatch):
+    """The plain backend feeds a run of columns in which no row samples (forced text, padding) in one pass
+    (`PlainDecoding.decode_many`); fed one token at a time instead, every seed samples the same tokens with
+    the same log-probs. The joint case has such runs (the next role's turn after a section), and they are
+    fed in passes of several tokens."""
+    from textzoo.decoding.backends.plain import PlainDecoding
+
+    widths = []
+    many = PlainDecoding.decode_many
+    monkeypatch.setattr(
+        PlainDecoding, "decode_many", lambda self, tokens: widths.append(tokens.shape[1]) or many(self, tokens)
+    )
+    chunked = _record(case)
+    monkeypatch.delattr(PlainDecoding, "decode_many")
+    one_by_one = _record(case)
+    assert chunked["completion_ids"] == one_by_one["completion_ids"] and chunked["texts"] == one_by_one["texts"]
+    assert chunked["completion_mask"] == one_by_one["completion_mask"]
+    torch.testing.assert_close(
+        torch.tensor(chunked["logprobs"]), torch.tensor(one_by_one["logprobs"]), atol=2e-5, rtol=0
+    )
+    if case == "joint_structured":
+        assert widths and max(widths) > 3, widths
+
+
 if __name__ == "__main__":  # regenerate the pins (see the module docstring)
     PINS.parent.mkdir(exist_ok=True)
     PINS.write_text(json.dumps({case: _record(case) for case in CASES}) + "\n")

@@ -150,12 +150,22 @@ def token_choice(
     """The argmax (``greedy``) or a draw per row; a draw takes one uniform for each of the batch's
     ``rows`` rows at every step, so a row's sample does not depend on which other rows are still live."""
     if greedy:
-        return lambda logp, live, step: logp.argmax(-1)
+
+        def argmax(logp: torch.Tensor, live: torch.Tensor, step: int) -> torch.Tensor:
+            return logp.argmax(-1)
+
+        argmax.skip = lambda device: None  # nothing random to keep in step
+        return argmax
 
     def choose(logp: torch.Tensor, live: torch.Tensor, step: int) -> torch.Tensor:
         uniform = torch.rand((rows, 1), dtype=torch.float64, device=logp.device, generator=generator)  # [S, 1]
         return draw(logp, cfg.top_k, cfg.top_p, uniform if len(live) == rows else uniform[live])
 
+    def skip(device: torch.device) -> None:
+        """A step at which no row samples: take its uniforms all the same, so later draws stay the same."""
+        torch.rand((rows, 1), dtype=torch.float64, device=device, generator=generator)
+
+    choose.skip = skip
     return choose
 
 
@@ -337,7 +347,10 @@ def decode(
 
     The script state lives in tensors (each row's `Plan` cell and offset within it). With ``compact``,
     once at most half of the rows the model still runs are live, finished rows are let go
-    (`Decoding.retain`), so they stop costing work; results are the same either way.
+    (`Decoding.retain`), so they stop costing work; results are the same either way. Where the decoding
+    takes several tokens per pass (``decode_many``) and ``choose`` can skip a step (``choose.skip``), a run
+    of columns in which no row samples (every row writes forced text or padding) is fed in one pass: a joint
+    answer's next-role turn costs one forward instead of one per token.
     """
     logits = decoding.logits  # [S, V]
     S, device = logits.shape[0], logits.device
@@ -350,16 +363,23 @@ def decode(
     active = torch.arange(S, device=device)  # [n] the rows the model runs (all S until a compaction)
     # Per-step results go to lists and are stacked once: indexed writes cost more per step.
     tokens, token_logps, cells = [], [], [cell]  # C x [S] each; cells: C + 1
+    many = getattr(decoding, "decode_many", None) if hasattr(choose, "skip") else None
+    pending: list[torch.Tensor] = []  # columns written but not yet fed (a run in which no row samples)
     for t in range(plan.columns):
-        logp = log_probs(logits, temperature=cfg.temperature, bias=bias)  # [n, V]
-        chosen = choose(logp, active, t)  # [n]
-        if len(active) == S:
-            token_logp = logp.gather(1, chosen[:, None]).squeeze(1)  # [S]
-        else:
-            token_logp = logp.new_zeros(S).index_copy_(0, active, logp.gather(1, chosen[:, None]).squeeze(1))
-            chosen = torch.full((S,), pad_id, dtype=chosen.dtype, device=device).index_copy_(0, active, chosen)
         sampled = plan.sampled[cell]  # [S]
-        token = torch.where(sampled, chosen, plan.tokens[cell, offset.clamp(max=last)])  # [S] forced / padding
+        forced = plan.tokens[cell, offset.clamp(max=last)]  # [S] forced / padding
+        if logits is None:  # no row samples in this column: its logits are not needed
+            choose.skip(device)
+            token, token_logp = forced, torch.zeros(S, device=device)  # float32, as `log_probs` gives
+        else:
+            logp = log_probs(logits, temperature=cfg.temperature, bias=bias)  # [n, V]
+            chosen = choose(logp, active, t)  # [n]
+            if len(active) == S:
+                token_logp = logp.gather(1, chosen[:, None]).squeeze(1)  # [S]
+            else:
+                token_logp = logp.new_zeros(S).index_copy_(0, active, logp.gather(1, chosen[:, None]).squeeze(1))
+                chosen = torch.full((S,), pad_id, dtype=chosen.dtype, device=device).index_copy_(0, active, chosen)
+            token = torch.where(sampled, chosen, forced)
         tokens.append(token)
         token_logps.append(token_logp)
         offset = offset + 1
@@ -388,7 +408,14 @@ def decode(
             live = (~done[active]).nonzero().squeeze(1)  # [n'] positions in `active` still running
             if 2 * len(live) <= len(active):
                 active = active[decoding.retain(live)]
-        logits = decoding.decode(token if len(active) == S else token[active])  # [n, V]
+        pending.append(token)
+        if many is not None and not bool(plan.sampled[cell[active]].any()):
+            logits = None  # the next column is forced (or padding) in every row the model runs: feed it later
+            continue
+        fed = torch.stack(pending, 1) if len(pending) > 1 else token[:, None]  # [S, k]
+        fed = fed if len(active) == S else fed[active]
+        logits = decoding.decode(fed[:, 0]) if fed.shape[1] == 1 else many(fed)  # [n, V]
+        pending = []
     if not tokens:
         return Decoded.empty(plan)
     cells = torch.stack(cells, 1)  # [S, C + 1]

@@ -76,6 +76,9 @@ class Decoding(Protocol):
         actually kept (a superset where dropping a row is not cheap), which later calls then take."""
         ...
 
+    # Optional: ``decode_many(tokens [S', k]) -> logits [S', V]`` appends k columns in one pass. `sampling.decode`
+    # then feeds a run of forced columns (a scripted completion's fixed text) at once instead of token by token.
+
 
 class Backend(Protocol):
     """The forward passes of one model that sampling and scoring need."""

@@ -172,6 +172,14 @@ class PlainDecoding:
         self.position = self.position + 1
         return out
 
+    def decode_many(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Append ``tokens`` ([S, k]: k columns, in one pass) and return the logits after the last ([S, V])."""
+        fast, k = self.decoder, tokens.shape[1]
+        position = self.position + torch.arange(k, device=tokens.device)  # [S, k]
+        out = fast.head(fast.extend(tokens, position, self.prefix, self.cache, 1)[:, -1])  # [S, V]
+        self.position = self.position + k
+        return out
+
     def retain(self, rows: torch.Tensor) -> torch.Tensor:
         """Keep every prompt with a row in ``rows`` and all of that prompt's rows (the grouped layout
         holds a prompt's G rows together); the kept rows' prefix and cache entries are copied out."""
