@@ -79,11 +79,12 @@ CELLS = (
 )  # fmt: skip
 """Every cell, in the order they run."""
 QUICK = {
-    "task": "debate-one-digit", "cell": "magrpo:decentralized", "steps": 10, "eval_prompts": 20, "threads": 2,
-    "temperature": 0.5,
+    "task": "debate-one-digit", "cell": "magrpo:decentralized", "steps": 10, "batch_prompts": 2, "eval_prompts": 20,
+    "threads": 2, "temperature": 0.5,
 }  # fmt: skip
-"""The `--quick` cell: Debate-v0 `one-digit-sums` (all 20 held-out items), which learned +0.20 held-out greedy
-solved in 10 MAGRPO steps at temperature 0.5 (issue 49's measurements, seeds 0 and 1)."""
+"""The `--quick` cell: Debate-v0 `one-digit-sums` (all 20 held-out items), 10 MAGRPO steps of 2 prompts x 8
+samples at temperature 0.5, 2 threads. Measured (2026-12-07, Intel Xeon avx512_bf16, 2 cores): held-out greedy
+solved 0.625 -> 0.850 (+0.225) in 823 s in all. At 4 prompts a step it took 127 s a step (21 min for 10)."""
 
 
 @dataclass
@@ -376,7 +377,7 @@ def quick(args: Args, model: str) -> None:
     algo, mode = QUICK["cell"].split(":")
     args = dataclasses.replace(
         args, eval_prompts=QUICK["eval_prompts"], eval_every=0, threads=QUICK["threads"], save_every=0,
-        runs=str(Path(args.runs) / "quick"),
+        batch_prompts=QUICK["batch_prompts"], runs=str(Path(args.runs) / "quick"),
     )  # fmt: skip
     cfg = cell_config(args, model, QUICK["task"], algo, mode, 0, QUICK["steps"], temperature=QUICK["temperature"])
     term = SOLVED.get(QUICK["task"], "solved")

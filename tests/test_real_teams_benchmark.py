@@ -1,0 +1,84 @@
+"""benchmarks/real_teams.py without training: each cell's config, the bootstrap interval against values
+worked out by hand, the report's row from result files, and the skip of a cell whose result is present."""
+
+import json
+
+import pytest
+import tyro
+from helpers import load_benchmark
+
+bench = load_benchmark("real_teams")
+
+
+@pytest.mark.parametrize("cell", bench.CELLS)
+def test_each_cell_config_is_its_algorithm_mode_and_the_presets_settings(cell):
+    args = bench.Args(runs="runs-x", steps=60)
+    algo, mode = cell.split(":")
+    for task in ("debate", "refine"):
+        env, preset = bench.preset_of(task)
+        cfg = bench.cell_config(args, "some-model", task, algo, mode, seed=2, steps=60)
+        assert (cfg.env, cfg.algo, cfg.collaboration, cfg.seed, cfg.steps) == (env, algo, mode, 2, 60)
+        assert cfg.agent.temperature == preset.temperature and cfg.agent.lora.rank == 16
+        assert cfg.reinforce.tree_rollout == (algo == "atgrpo")
+        assert cfg.eval_prompts == 200 and cfg.eval_modes == ("greedy",)
+        if mode == "centralized":  # each role's section keeps its decentralized budget
+            assert cfg.joint_section_tokens == preset.max_new_tokens and cfg.credit == "shared"
+        else:
+            budgets = {role: o["max_new_tokens"] for role, o in cfg.agent_overrides.items()}
+            assert budgets == preset.max_new_tokens
+            assert cfg.credit == ("per_agent" if task == "debate" else "shared")
+        assert cfg.run_dir.endswith(f"{task}/{algo}-{mode}-s2")
+
+
+def test_the_single_agent_row_silences_the_partner():
+    cfg = bench.cell_config(bench.Args(), "m", "debate", "magrpo", "decentralized", 0, 1, label="single")
+    assert cfg.agent_overrides["debater_1"] == {"max_new_tokens": 1, "trainable": False}
+    assert cfg.agent_overrides["debater_0"] == {"max_new_tokens": 48}
+
+
+def test_the_bootstrap_interval_matches_hand_computed_cases():
+    # every item gains exactly 0.25 in every seed: no resample can move the mean
+    assert bench.bootstrap_gain([[0.75, 0.25], [0.75, 0.25]], [0.5, 0.0], 200) == pytest.approx((0.25, 0.25))
+    # one seed, gains 0 and 1: a resample's mean is 0, 0.5 or 1 with probabilities 1/4, 1/2, 1/4, so the
+    # 2.5th and 97.5th percentiles of 4,000 resamples are 0 and 1
+    assert bench.bootstrap_gain([[0.0, 1.0]], [0.0, 0.0], 4000) == pytest.approx((0.0, 1.0))
+    # two seeds, one gaining 0.0 and one 1.0 on both items: the interval spans both
+    lo, hi = bench.bootstrap_gain([[0.0, 0.0], [1.0, 1.0]], [0.0, 0.0], 4000)
+    assert (lo, hi) == pytest.approx((0.0, 1.0))
+
+
+def _cell(task, algo, mode, seed, before, after, items):
+    return {
+        "task": task, "preset": bench.TASKS[task][2], "algo": algo, "mode": mode, "seed": seed, "steps": 60,
+        "episodes": 1920, "wall_s": 100 + seed, "eval_items": len(items), "command": f"cmd {seed}",
+        "before": {"solved": before, "valid": 1.0}, "after": {"solved": after, "valid": 1.0},
+        "curve": [{"step": 0, "solved": before}, {"step": 60, "solved": after}], "items": items,
+    }  # fmt: skip
+
+
+def test_the_report_row_is_the_mean_and_std_of_the_seeds_gains(tmp_path):
+    results = tmp_path / "real-teams"
+    results.mkdir()
+    team = {"solved": 0.5, "valid": 1.0, "items": [0.5, 0.5], "eval_items": 2, "wall_s": 3}
+    ref = {"task": "debate", "preset": "sums-30", "untrained-team": team, "untrained-joint": team}
+    (results / "debate-reference.json").write_text(json.dumps(ref))
+    for seed, after in ((0, 0.7), (1, 0.9)):  # gains 0.2 and 0.4: mean 0.3, std 0.1414
+        cell = _cell("debate", "magrpo", "decentralized", seed, 0.5, after, [after, after])
+        (results / f"debate-magrpo-decentralized-s{seed}.json").write_text(json.dumps(cell))
+    table = bench.report(bench.Args(results=str(results), bootstrap=500))
+    (row,) = [line for line in table.splitlines() if "magrpo decentralized" in line]
+    assert "| 0, 1 | 2 | 0.500 -> 0.800 | +0.300 ± 0.141 | [+0.200, +0.400] | valid 1.00 | 60 | 1920 |" in row
+    assert "| untrained team | - | 2 | 0.500 |" in table
+    assert (results / "curves-debate.png").stat().st_size > 0
+
+
+def test_a_cell_whose_result_is_present_is_skipped(tmp_path, capsys):
+    results = tmp_path / "real-teams"
+    results.mkdir()
+    (results / "debate-magrpo-decentralized-s0.json").write_text("{}")
+    args = tyro.cli(bench.Args, args=["--tasks", "debate", "--cells", "magrpo:decentralized", "--seeds", "0",
+                                      "--no-references", "--results", str(results), "--model", "m"])  # fmt: skip
+    bench.main(args)  # no model is built: the one cell asked for is done
+    assert "done already" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="unknown task"):
+        bench.main(tyro.cli(bench.Args, args=["--tasks", "chess", "--model", "m"]))
