@@ -27,8 +27,8 @@ seeds of the gain (final - untrained, held-out greedy solved), a 95% bootstrap i
     python benchmarks/real_teams.py --report
     OMP_NUM_THREADS=1 python benchmarks/real_teams.py --quick     # one short cell; prints `gain: ...` last
 
-`--quick` trains `QUICK` (one cell, 2 threads) and prints its held-out greedy solved before -> after on
-`QUICK["eval_prompts"]` items and, last, `gain: <after - before>`.
+`--quick` trains `QUICK` (one cell, 2 threads, the first of `--seeds`) and prints its held-out greedy solved
+before -> after on `QUICK["eval_prompts"]` items and, last, `gain: <after - before>`.
 """
 
 from __future__ import annotations
@@ -379,13 +379,17 @@ def quick(args: Args, model: str) -> None:
         args, eval_prompts=QUICK["eval_prompts"], eval_every=0, threads=QUICK["threads"], save_every=0,
         batch_prompts=QUICK["batch_prompts"], runs=str(Path(args.runs) / "quick"),
     )  # fmt: skip
-    cfg = cell_config(args, model, QUICK["task"], algo, mode, 0, QUICK["steps"], temperature=QUICK["temperature"])
+    seed = args.seeds[0]  # the first of --seeds (default 0)
+    cfg = cell_config(args, model, QUICK["task"], algo, mode, seed, QUICK["steps"], temperature=QUICK["temperature"])
     term = SOLVED.get(QUICK["task"], "solved")
     start = time.perf_counter()
     history = Trainer(cfg).train()
     seconds = time.perf_counter() - start
     before, after = history[0][f"eval/greedy/reward/{term}"], history[-1][f"eval/greedy/reward/{term}"]
-    print(f"{QUICK}: held-out greedy {term} {before:.3f} -> {after:.3f} in {seconds:.0f} s ({cfg.run_dir}/config.json)")
+    print(
+        f"{QUICK}, seed {seed}: held-out greedy {term} {before:.3f} -> {after:.3f} in {seconds:.0f} s "
+        f"({cfg.run_dir}/config.json)"
+    )
     print(f"gain: {after - before:+.3f}")
 
 
