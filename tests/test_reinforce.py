@@ -78,7 +78,9 @@ def test_nonfinite_sample_is_skipped_and_counted():
 
     policy = CategoricalPolicy(["a", "b"])
     gen = policy.generate(["x", "y", "z"])
-    batch = SampleBatch(gen, torch.tensor([1.0, float("nan"), -1.0]))
+    # advantages of one sign: the two finite samples' gradients never cancel, whichever tokens the global RNG
+    # drew (with +1 and -1 two equal samples cancel, and `skip_zero_grad_steps` skips the optimizer step)
+    batch = SampleBatch(gen, torch.tensor([1.0, float("nan"), 0.5]))
 
     def loss(b, n):
         lp = policy.score(b.gen.prompt_ids, b.gen.prompt_mask, b.gen.completion_ids, b.gen.completion_mask)
