@@ -130,8 +130,8 @@ def test_the_greedy_pins_are_the_float64_forwards_argmax_and_log_probs():
 def test_runs_of_forced_columns_fed_in_one_pass_sample_what_token_by_token_feeding_does(case, monkeypatch):
     """The plain backend feeds a run of columns in which no row samples (forced text, padding) in one pass
     (`PlainDecoding.decode_many`); fed one token at a time instead, every seed samples the same tokens with
-    the same log-probs. The joint case has such runs (the next role's turn after a section), and they are
-    fed in passes of several tokens."""
+    the same log-probs. Both cases have such runs (the joint case: the next role's turn after a section;
+    the scripted one: forced text while the other rows are done), fed in passes of several tokens."""
     from textzoo.decoding.backends.plain import PlainDecoding
 
     widths = []
@@ -147,8 +147,7 @@ def test_runs_of_forced_columns_fed_in_one_pass_sample_what_token_by_token_feedi
     torch.testing.assert_close(
         torch.tensor(chunked["logprobs"]), torch.tensor(one_by_one["logprobs"]), atol=2e-5, rtol=0
     )
-    if case == "joint_structured":
-        assert widths and max(widths) > 3, widths
+    assert widths and max(widths) > 3, widths  # both cases have such runs: the one-pass path ran
 
 
 if __name__ == "__main__":  # regenerate the pins (see the module docstring)
