@@ -14,7 +14,9 @@ same `--eval-prompts` held-out items, greedy:
 
 Each finished cell and seed writes a small result file, `--results`/<task>-<algo>-<mode>-s<seed>.json (the
 reference rows: <task>-reference.json): the command, steps, episodes, wall time, the curve (held-out solved
-and format terms per evaluation) and the final per-item scores. The script skips a cell whose result file
+and format terms per evaluation) and the final per-item scores. A cell's step 0 is its mode's reference row
+(the untrained team or joint actor on the same items, greedy) where the reference file has one, so no cell
+repeats that evaluation. The script skips a cell whose result file
 is present, and continues an interrupted cell from its newest checkpoint (`save_every` steps; textzoo's
 exact resume, `Trainer(resume="auto")`), so it can be stopped and started again at any point.
 
@@ -72,6 +74,8 @@ ALONE = {
     "arithmetic": "role/agent_0/reward/own_solved",
 }
 """The single-agent row's metric (default: the team's success term)."""
+UNTRAINED = {"decentralized": "untrained-team", "centralized": "untrained-joint"}
+"""A mode's reference row: the untrained models a cell of that mode starts from."""
 FORMAT_TERMS = ("valid", "plan_valid", "tool_valid", "tool_ran", "agreement")
 CELLS = (
     "magrpo:decentralized", "magrpo:centralized", "atgrpo:decentralized", "atgrpo:centralized",
@@ -128,10 +132,20 @@ def preset_of(task: str):
 
 
 def cell_config(
-    args: Args, model: str, task: str, algo: str, mode: str, seed: int, steps: int, label: str = "", temperature=0.0
+    args: Args,
+    model: str,
+    task: str,
+    algo: str,
+    mode: str,
+    seed: int,
+    steps: int,
+    label: str = "",
+    temperature=0.0,
+    eval_at_start: bool = True,
 ):
     """The TrainConfig of one cell (`label` "single": the single-agent reference, evaluated only), sampled at
-    the preset's temperature unless `temperature` is set."""
+    the preset's temperature unless `temperature` is set; without `eval_at_start` its step-0 evaluation is
+    left to the reference row that measured it."""
     from textzoo.algorithms.actor_critic.family import ActorCriticConfig
     from textzoo.algorithms.preference.config import PreferenceConfig
     from textzoo.algorithms.reinforce.family import ReinforceConfig
@@ -163,6 +177,7 @@ def cell_config(
         group_size=args.group_size,
         eval_prompts=args.eval_prompts,
         eval_every=args.eval_every,
+        eval_at_start=eval_at_start,
         eval_modes=("greedy",),
         save_every=args.save_every,
         keep_last=1,
@@ -196,12 +211,25 @@ def command(args: Args, task: str, cell: str, seed: int) -> str:
     )
 
 
+def untrained_row(args: Args, task: str, mode: str) -> dict[str, float] | None:
+    """The untrained team's (decentralized) or joint actor's (centralized) greedy row of the task's reference
+    file, when it measured the cell's held-out items: a cell's step-0 evaluation would repeat it (greedy
+    decoding of the same base model on the same items; a Debate-v0 one costs 11-18 core-minutes)."""
+    path = Path(args.results) / f"{task}-reference.json"
+    ref = json.loads(path.read_text()).get(UNTRAINED[mode]) if path.is_file() else None
+    if not ref or ref["eval_items"] != args.eval_prompts:
+        return None
+    return {"solved": ref["solved"], **{t: ref[t] for t in FORMAT_TERMS if t in ref}}
+
+
 def run_cell(args: Args, model: str, task: str, cell: str, seed: int) -> dict[str, Any]:
-    """Train one cell (continuing its checkpoint when there is one) and return its result."""
+    """Train one cell (continuing its checkpoint when there is one) and return its result; its step-0 point
+    is the reference row's where there is one (`untrained_row`)."""
     from textzoo.runners.trainer import Trainer
 
     algo, mode = cell.split(":")
-    cfg = cell_config(args, model, task, algo, mode, seed, args.steps)
+    untrained = untrained_row(args, task, mode)
+    cfg = cell_config(args, model, task, algo, mode, seed, args.steps, eval_at_start=untrained is None)
     term = SOLVED.get(task, "solved")
     start = time.perf_counter()
     trainer = Trainer(cfg, resume="auto")
@@ -212,6 +240,14 @@ def run_cell(args: Args, model: str, task: str, cell: str, seed: int) -> dict[st
         raise SystemExit(f"{task} {cell} seed {seed} stopped at step {trainer.step} ({trainer.stopped_by})")
     rows = [json.loads(x) for x in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines() if x.strip()]
     curve = [{"step": r["step"], **eval_row(r, term)} for r in rows if f"eval/greedy/reward/{term}" in r]
+    from_run = bool(curve) and curve[0]["step"] == 0
+    if not from_run:  # not evaluated at the start: the reference row measured step 0
+        if untrained is None:
+            raise SystemExit(
+                f"{task} {cell} seed {seed}: the run left its step-0 evaluation to {task}-reference.json, which is "
+                f"gone or measured other items: write it again (run without --no-references)"
+            )
+        curve.insert(0, {"step": 0, **untrained})
     train_curve = [[r["step"], round(r.get(f"reward/{term}", float("nan")), 4)] for r in rows if r["step"]]
     episodes = cfg.steps * cfg.batch_prompts * cfg.group_size
     return {
@@ -219,7 +255,8 @@ def run_cell(args: Args, model: str, task: str, cell: str, seed: int) -> dict[st
         "steps": cfg.steps, "episodes": episodes, "wall_s": round(seconds), "resumed_from_step": resumed,
         "temperature": cfg.agent.temperature, "eval_items": len(trainer.rollouts["eval/greedy"].reward_terms[term]),
         "command": command(args, task, cell, seed), "config": f"{cfg.run_dir}/config.json",
-        "before": curve[0], "after": curve[-1], "curve": curve, "train_curve": train_curve,
+        "before": curve[0], "before_from": "run" if from_run else f"{task}-reference.json",
+        "after": curve[-1], "curve": curve, "train_curve": train_curve,
         "items": item_scores(trainer.rollouts["eval/greedy"], term), "history_rows": len(history),
         "host": harness.host_line(),
     }  # fmt: skip
@@ -317,7 +354,7 @@ def report(args: Args) -> str:
             if not runs:
                 continue
             mode = cell.split(":")[1]
-            base = ref.get("untrained-team" if mode == "decentralized" else "untrained-joint")
+            base = ref.get(UNTRAINED[mode])
             before = base["items"] if base else None
             gains = [r["after"]["solved"] - r["before"]["solved"] for r in runs]
             std = statistics.stdev(gains) if len(gains) > 1 else 0.0

@@ -1,7 +1,9 @@
 """benchmarks/real_teams.py without training: each cell's config, the bootstrap interval against values
 worked out by hand, the report's row from result files, and the skip of a cell whose result is present."""
 
+import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import tyro
@@ -82,3 +84,48 @@ def test_a_cell_whose_result_is_present_is_skipped(tmp_path, capsys):
     assert "done already" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="unknown task"):
         bench.main(tyro.cli(bench.Args, args=["--tasks", "chess", "--model", "m"]))
+
+
+def test_a_cell_starts_from_its_modes_reference_row(tmp_path, monkeypatch):
+    """A cell leaves its step-0 evaluation to the reference row of its mode when that row measured the same
+    number of items, and its result's curve starts there; without one it evaluates at its start."""
+    import torch
+
+    import textzoo.runners.trainer
+
+    results = tmp_path / "real-teams"
+    results.mkdir()
+    team = {"solved": 0.3, "valid": 0.99, "agreement": 0.9, "items": [0.0, 1.0], "eval_items": 2, "wall_s": 3}
+    joint = {**team, "solved": 0.4}
+    ref = {"task": "debate", "preset": "sums-30", "untrained-team": team, "untrained-joint": joint}
+    (results / "debate-reference.json").write_text(json.dumps(ref))
+    args = bench.Args(results=str(results), runs=str(tmp_path / "runs"), eval_prompts=2, steps=2, eval_every=0)
+    assert bench.untrained_row(args, "debate", "decentralized") == {"solved": 0.3, "valid": 0.99, "agreement": 0.9}
+    assert bench.untrained_row(args, "debate", "centralized")["solved"] == 0.4
+    assert bench.untrained_row(bench.Args(results=str(results), eval_prompts=200), "debate", "centralized") is None
+
+    class Run:  # what run_cell reads of a finished Trainer; the trainer's own skip is test_runner's
+        def __init__(self, cfg, resume):
+            self.cfg, self.step, self.resumed_step, self.stopped_by = cfg, 0, None, None
+            self.rollouts = {"eval/greedy": type("R", (), {"reward_terms": {"solved": torch.tensor([[1.0], [1.0]])}})}
+
+        def train(self):
+            rows = [{"step": s, "reward/solved": 0.5} for s in (1, 2)]
+            rows[-1].update({"eval/greedy/reward/solved": 1.0, "eval/greedy/reward/valid": 1.0})
+            if self.cfg.eval_at_start:
+                rows.insert(0, {"step": 0, "eval/greedy/reward/solved": 0.25, "eval/greedy/reward/valid": 1.0})
+            run = Path(self.cfg.run_dir)
+            run.mkdir(parents=True)
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            self.step = self.cfg.steps
+            return rows
+
+    monkeypatch.setattr(textzoo.runners.trainer, "Trainer", Run)
+    out = bench.run_cell(args, "m", "debate", "magrpo:decentralized", 0)
+    assert out["curve"][0] == {"step": 0, "solved": 0.3, "valid": 0.99, "agreement": 0.9} == out["before"]
+    assert out["before_from"] == "debate-reference.json" and [p["step"] for p in out["curve"]] == [0, 2]
+    (results / "debate-reference.json").unlink()  # no reference: the cell measures its own step 0
+    out = bench.run_cell(
+        dataclasses.replace(args, runs=str(tmp_path / "runs2")), "m", "debate", "magrpo:decentralized", 0
+    )
+    assert out["before"] == {"step": 0, "solved": 0.25, "valid": 1.0} and out["before_from"] == "run"

@@ -189,6 +189,21 @@ def test_evaluation_never_changes_training(tmp_path):
     assert all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])
 
 
+def test_eval_at_start_off_skips_the_untrained_row_only(tmp_path):
+    """`eval_at_start=False` drops the step-0 evaluation (a grid measures the untrained row once, apart); the
+    run trains the same and still evaluates at its end."""
+    runs = []
+    for i, at_start in enumerate((True, False)):
+        trainer = Trainer(tiny_config(steps=2, eval_at_start=at_start), run_dir=tmp_path / str(i))
+        history = trainer.train()
+        evals = [r["step"] for r in history if "eval/greedy/reward/mean" in r]
+        rows = [{k: v for k, v in r.items() if not k.startswith(("eval/", "time/"))} for r in history if r["step"] > 0]
+        runs.append((evals, rows, [r["step"] for r in history]))
+    assert runs[0][0] == [0, 2] and runs[1][0] == [2]
+    assert runs[1][2] == [1, 2]  # no step-0 row at all
+    assert runs[0][1] == runs[1][1]
+
+
 def test_prompt_budget_leaves_room_for_the_completion_within_the_models_positions(tmp_path):
     # tiny GPT-2s have 512 learned positions: a 384-token prompt + 200 new tokens would index past them
     cfg = tiny_config(

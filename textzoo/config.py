@@ -294,6 +294,9 @@ class TrainConfig:
     first); without it such a run dir is refused (continue it with --resume auto instead)."""
     eval_every: int = 0
     """Evaluate on held-out items every k steps (0 = only at the start and the end)."""
+    eval_at_start: bool = True
+    """Evaluate the untrained models before step 1 (off: a grid whose untrained row is measured once,
+    apart, skips repeating it in every cell)."""
     eval_prompts: int = 16
     """Held-out prompts per evaluation."""
     eval_modes: tuple[str, ...] = ("greedy", "sampled")

@@ -89,6 +89,7 @@ RESUME_SAFE = frozenset(
         "keep_last",
         "report_to",
         "eval_every",
+        "eval_at_start",
         "eval_prompts",
         "devices",
         "device_map",
@@ -393,7 +394,7 @@ class Trainer:
         progress = _Progress(cfg.steps, self.step, enabled=cfg.progress and main)
         log_file = open(self.metrics_path, "a") if main else contextlib.nullcontext()
         with progress, log_file as log, GracefulStop() as stop:
-            if self.step == 0 and self.resumed_step is None:  # a resumed step-0 checkpoint has its row
+            if cfg.eval_at_start and self.step == 0 and self.resumed_step is None:  # a resumed step 0 has its row
                 with self.full_weights():  # entered by every process; replica 0 evaluates
                     if main:
                         self._write(log, {"step": 0, **self.evaluate()}, trackers)
