@@ -76,7 +76,8 @@ ALONE = {
 """The single-agent row's metric (default: the team's success term)."""
 UNTRAINED = {"decentralized": "untrained-team", "centralized": "untrained-joint"}
 """A mode's reference row: the untrained models a cell of that mode starts from."""
-FORMAT_TERMS = ("valid", "plan_valid", "tool_valid", "tool_ran", "agreement")
+FORMAT_TERMS = ("valid", "plan_valid", "tool_valid", "tool_ran", "agreement", "on_topic")
+"""Terms shown apart from solving: the answer formats, Debate-v0's agreement, Refine-v0's on_topic."""
 CELLS = (
     "magrpo:decentralized", "magrpo:centralized", "atgrpo:decentralized", "atgrpo:centralized",
     "iac:decentralized", "iac:centralized", "marlhf:decentralized", "marlhf:centralized",
@@ -333,7 +334,7 @@ def report(args: Args) -> str:
         cells.setdefault((r["task"], f"{r['algo']}:{r['mode']}"), []).append(r)
     lines = [
         "| task | row | seeds | held-out items | solved: untrained -> trained | gain, mean ± std over seeds | "
-        "95% bootstrap interval | format terms (trained) | steps | episodes | wall s per seed | command |",
+        "95% bootstrap interval | other terms (trained) | steps | episodes | wall s per seed | command |",
         "|" + " --- |" * 12,
     ]
     for task in [t for t in TASKS if t in refs or any(k[0] == t for k in cells)]:

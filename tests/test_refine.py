@@ -36,7 +36,7 @@ def test_two_turns_and_the_pipeline():
     assert all(term.values())
     # refiner_0's constraint holds, refiner_1's does not: each refiner gets its own term, generator the mean
     assert rewards == {"refiner_0": 1.0, "refiner_1": 0.0, "generator": 0.5}
-    assert infos["refiner_1"]["reward_terms"] == {"team": 0.5, "refiner_0": 1.0, "refiner_1": 0.0}
+    assert infos["refiner_1"]["reward_terms"] == {"team": 0.5, "refiner_0": 1.0, "refiner_1": 0.0, "on_topic": 0.0}
     assert sum(rewards.values()) / len(rewards) == 0.5  # the mean over roles is the task score
     assert infos["generator"]["notes"] == ["answer misses the word(s) ['river']"]
 
@@ -98,3 +98,17 @@ def test_splits_are_disjoint():
 def test_bad_arguments_name_the_fix(kwargs, message):
     with pytest.raises(EnvError, match=message):
         make("textzoo/Refine-v0", **kwargs)
+
+
+def test_on_topic_is_shown_apart_from_the_score():
+    """`on_topic` says whether the answer names the topic's noun; no reward reads it."""
+    env = make("textzoo/Refine-v0", num_refiners=1, keywords=[["apple"]])
+    env.reset(seed=0, options={"index": 0})
+    noun = env.topic.split()[-1]
+    env.step({"refiner_0": "use apple"})
+    _, rewards, _, _, infos = env.step({"generator": f"An apple near the {noun.upper()}."})
+    assert infos["generator"]["reward_terms"] == {"team": 1.0, "refiner_0": 1.0, "on_topic": 1.0}
+    env.reset(seed=0, options={"index": 0})
+    env.step({"refiner_0": "use apple"})
+    _, off, _, _, infos = env.step({"generator": 'The writer meets the word "apple".'})
+    assert infos["generator"]["reward_terms"]["on_topic"] == 0.0 and off == rewards  # the rewards ignore it

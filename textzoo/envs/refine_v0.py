@@ -31,7 +31,10 @@ refiner i's keyword is one of words(answer), else c_i = 0. The task score is tea
 Rewards: refiner i gets its own term c_i, the generator gets team; turn 0 rewards 0. The mean of
 all N + 1 rewards is (N·team + team) / (N + 1) = team, so `credit="shared"` (the mean over
 roles) trains every agent on the task score and `credit="per_agent"` trains refiner i on c_i.
-`infos[a]["reward_terms"]` (every agent, turn 1) = {"team": team, "refiner_i": c_i for each i}.
+`infos[a]["reward_terms"]` (every agent, turn 1) = {"team": team, "refiner_i": c_i for each i, "on_topic"},
+where `on_topic` = 1 when words(answer) holds the topic's noun (its last word: "harbor" for "the old
+harbor"). `on_topic` enters no reward: it shows apart whether an answer that scores still writes about
+the topic, or only repeats the keywords.
 
 Split: items follow the shared rule of `textzoo.envs._sources` (every fifth item held out for
 `split="eval"`); `num_items` sets the size of the pool before the split. Items are drawn from 12 topics
@@ -43,7 +46,7 @@ Presets (`PRESETS`, `textzoo.envs.presets`; docs/results/presets.md has the zero
 sampled at temperature 0.7.
 
 Version history:
-- v0: first version.
+- v0: first version; the `on_topic` term (logged, no reward reads it) added 2026-12-07.
 """
 
 from __future__ import annotations
@@ -211,7 +214,7 @@ class RefineEnv(TextParallelEnv):
         if missed:
             extra["generator"] = [f"answer misses the word(s) {missed}"]
         rewards = {**held, "generator": team}
-        terms = {"team": team, **held}
+        terms = {"team": team, **held, "on_topic": float(self.topic.split()[-1] in answer)}
         return StepResult(
             rewards=rewards,
             reward_terms={a: dict(terms) for a in self.possible_agents},
