@@ -29,6 +29,9 @@ seeds of the gain (final - untrained, held-out greedy solved), a 95% bootstrap i
     python benchmarks/real_teams.py --report
     OMP_NUM_THREADS=1 python benchmarks/real_teams.py --quick     # one short cell; prints `gain: ...` last
 
+`--rescore` evaluates the finished cells' final checkpoints and the reference rows of `--tasks` again and adds
+the terms their result files lack (a term logged since they ran); it refuses to write when a score changed.
+
 `--quick` trains `QUICK` (one cell, 2 threads, the first of `--seeds`) and prints its held-out greedy solved
 before -> after on `QUICK["eval_prompts"]` items and, last, `gain: <after - before>`.
 """
@@ -119,6 +122,9 @@ class Args:
     report: bool = False
     """Only write the report from the result files."""
     quick: bool = False
+    rescore: bool = False
+    """Evaluate the finished cells' final checkpoints (and the reference rows) of --tasks/--cells/--seeds again,
+    adding the terms their result files lack (a term logged since); the scores must come out identical."""
     bootstrap: int = 2000
 
 
@@ -296,6 +302,44 @@ def references(args: Args, model: str, task: str) -> dict[str, Any]:
     return out
 
 
+def rescore(args: Args, model: str, task: str) -> None:
+    """`--rescore` for one task: the reference rows, then each finished cell's final checkpoint, evaluated
+    again; a result file gains the terms it lacks and keeps its scores, which must not change."""
+    from textzoo.runners.trainer import Trainer
+
+    term = SOLVED.get(task, "solved")
+    results = Path(args.results)
+    path = results / f"{task}-reference.json"
+    if path.is_file():
+        old, new = json.loads(path.read_text()), references(args, model, task)
+        for label, row in new.items():
+            if isinstance(row, dict) and label in old:
+                _same(old[label]["items"], row["items"], f"{path}: {label}")
+                old[label] = {**row, **{k: old[label][k] for k in ("wall_s",) if k in old[label]}}
+        path.write_text(json.dumps(old, indent=None) + "\n")
+    for cell in args.cells:
+        for seed in args.seeds:
+            algo, mode = cell.split(":")
+            path = results / f"{task}-{algo}-{mode}-s{seed}.json"
+            if not path.is_file():
+                continue
+            result = json.loads(path.read_text())
+            trainer = Trainer(cell_config(args, model, task, algo, mode, seed, result["steps"], eval_at_start=False))
+            if trainer.load_final_weights() != result["steps"]:
+                raise SystemExit(f"{path}: its run's newest checkpoint is not its final step {result['steps']}")
+            after = eval_row(trainer.evaluate(), term)
+            _same(result["items"], item_scores(trainer.rollouts["eval/greedy"], term), str(path))
+            result["after"] = result["curve"][-1] = {**result["curve"][-1], **after}
+            path.write_text(json.dumps(result) + "\n")
+            print(f"{path}: after {fmt_terms(after)}", flush=True)
+
+
+def _same(old: list[float], new: list[float], what: str) -> None:
+    if old != new:
+        changed = sum(a != b for a, b in zip(old, new))
+        raise SystemExit(f"{what}: evaluated again, {changed} of {len(old)} item scores changed: not rescored")
+
+
 # ---- the report --------------------------------------------------------------------------------
 def bootstrap_gain(after: list[list[float]], before: list[float], reps: int, seed: int = 0) -> tuple[float, float]:
     """95% percentile interval of the mean gain, resampling seeds and items (each with replacement)."""
@@ -439,6 +483,10 @@ def main(args: Args) -> None:
     if unknown:
         raise SystemExit(f"unknown task(s) or cell(s) {unknown}; tasks: {list(TASKS)}, cells: {list(CELLS)}")
     model = model_folder(args)
+    if args.rescore:
+        for task in args.tasks:
+            rescore(args, model, task)
+        return
     if args.quick:
         quick(args, model)
         return

@@ -129,3 +129,39 @@ def test_a_cell_starts_from_its_modes_reference_row(tmp_path, monkeypatch):
         dataclasses.replace(args, runs=str(tmp_path / "runs2")), "m", "debate", "magrpo:decentralized", 0
     )
     assert out["before"] == {"step": 0, "solved": 0.25, "valid": 1.0} and out["before_from"] == "run"
+
+
+def test_rescore_adds_the_terms_a_result_lacks_and_refuses_changed_scores(tmp_path, monkeypatch):
+    import torch
+
+    import textzoo.runners.trainer
+
+    results = tmp_path / "real-teams"
+    results.mkdir()
+    cell = _cell("refine", "magrpo", "decentralized", 0, 0.3, 1.0, [1.0, 1.0])
+    cell["after"] = cell["curve"][-1] = {"step": 60, "solved": 1.0}
+    path = results / "refine-magrpo-decentralized-s0.json"
+    path.write_text(json.dumps(cell))
+    scores = {"team": torch.tensor([[1.0], [1.0]])}
+
+    class Run:  # a finished run's final checkpoint, evaluated again
+        def __init__(self, cfg):
+            assert not cfg.eval_at_start
+            self.rollouts = {"eval/greedy": type("R", (), {"reward_terms": scores})}
+
+        def load_final_weights(self):
+            return 60
+
+        def evaluate(self):
+            return {"eval/greedy/reward/team": 1.0, "eval/greedy/reward/on_topic": 0.25}
+
+    monkeypatch.setattr(textzoo.runners.trainer, "Trainer", Run)
+    args = bench.Args(results=str(results), runs=str(tmp_path / "runs"), tasks=["refine"], seeds=[0])
+    bench.rescore(args, "m", "refine")
+    out = json.loads(path.read_text())
+    assert out["after"] == out["curve"][-1] == {"step": 60, "solved": 1.0, "on_topic": 0.25}
+    assert out["items"] == [1.0, 1.0] and out["curve"][0] == cell["curve"][0]
+    scores["team"] = torch.tensor([[1.0], [0.0]])  # evaluated again, one item differs: nothing is written
+    with pytest.raises(SystemExit, match="1 of 2 item scores changed"):
+        bench.rescore(args, "m", "refine")
+    assert json.loads(path.read_text()) == out
