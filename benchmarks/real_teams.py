@@ -231,7 +231,8 @@ def untrained_row(args: Args, task: str, mode: str) -> dict[str, float] | None:
 
 def run_cell(args: Args, model: str, task: str, cell: str, seed: int) -> dict[str, Any]:
     """Train one cell (continuing its checkpoint when there is one) and return its result; its step-0 point
-    is the reference row's where there is one (`untrained_row`)."""
+    is the reference row's where there is one (`untrained_row`). `wall_s` is this call's time, `step_s` the
+    sum of every step's time (evaluations apart) over all the calls that trained the cell."""
     from textzoo.runners.trainer import Trainer
 
     algo, mode = cell.split(":")
@@ -242,6 +243,8 @@ def run_cell(args: Args, model: str, task: str, cell: str, seed: int) -> dict[st
     trainer = Trainer(cfg, resume="auto")
     resumed = trainer.resumed_step or 0
     history = trainer.train()
+    if "eval/greedy" not in trainer.rollouts:  # resumed at its last step: nothing trained, nothing evaluated
+        trainer.evaluate()
     seconds = time.perf_counter() - start
     if trainer.step < cfg.steps:
         raise SystemExit(f"{task} {cell} seed {seed} stopped at step {trainer.step} ({trainer.stopped_by})")
@@ -260,6 +263,7 @@ def run_cell(args: Args, model: str, task: str, cell: str, seed: int) -> dict[st
     return {
         "task": task, "preset": TASKS[task][2], "algo": algo, "mode": mode, "seed": seed,
         "steps": cfg.steps, "episodes": episodes, "wall_s": round(seconds), "resumed_from_step": resumed,
+        "step_s": round(sum(r.get("time/step", 0.0) for r in rows)),
         "temperature": cfg.agent.temperature, "eval_items": len(trainer.rollouts["eval/greedy"].reward_terms[term]),
         "command": command(args, task, cell, seed), "config": f"{cfg.run_dir}/config.json",
         "before": curve[0], "before_from": "run" if from_run else f"{task}-reference.json",
@@ -378,7 +382,8 @@ def report(args: Args) -> str:
         cells.setdefault((r["task"], f"{r['algo']}:{r['mode']}"), []).append(r)
     lines = [
         "| task | row | seeds | held-out items | solved: untrained -> trained | gain, mean ± std over seeds | "
-        "95% bootstrap interval | other terms (trained) | steps | episodes | wall s per seed | command |",
+        "95% bootstrap interval | other terms (trained) | steps | episodes | "
+        "seconds per seed (cell: its steps; reference: its evaluation) | command |",
         "|" + " --- |" * 12,
     ]
     for task in [t for t in TASKS if t in refs or any(k[0] == t for k in cells)]:
@@ -410,7 +415,7 @@ def report(args: Args) -> str:
             after = statistics.mean(r["after"]["solved"] for r in runs)
             first = statistics.mean(r["before"]["solved"] for r in runs)
             terms = {t: statistics.mean(r["after"][t] for r in runs) for t in FORMAT_TERMS if t in runs[0]["after"]}
-            wall = ", ".join(str(r["wall_s"]) for r in runs)
+            wall = ", ".join(str(r.get("step_s", r["wall_s"])) for r in runs)
             lines.append(
                 f"| {task} | {cell.replace(':', ' ')} | {', '.join(str(r['seed']) for r in runs)} | "
                 f"{runs[0]['eval_items']} "

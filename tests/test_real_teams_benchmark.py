@@ -110,7 +110,7 @@ def test_a_cell_starts_from_its_modes_reference_row(tmp_path, monkeypatch):
             self.rollouts = {"eval/greedy": type("R", (), {"reward_terms": {"solved": torch.tensor([[1.0], [1.0]])}})}
 
         def train(self):
-            rows = [{"step": s, "reward/solved": 0.5} for s in (1, 2)]
+            rows = [{"step": s, "reward/solved": 0.5, "time/step": 1.5} for s in (1, 2)]
             rows[-1].update({"eval/greedy/reward/solved": 1.0, "eval/greedy/reward/valid": 1.0})
             if self.cfg.eval_at_start:
                 rows.insert(0, {"step": 0, "eval/greedy/reward/solved": 0.25, "eval/greedy/reward/valid": 1.0})
@@ -124,6 +124,24 @@ def test_a_cell_starts_from_its_modes_reference_row(tmp_path, monkeypatch):
     out = bench.run_cell(args, "m", "debate", "magrpo:decentralized", 0)
     assert out["curve"][0] == {"step": 0, "solved": 0.3, "valid": 0.99, "agreement": 0.9} == out["before"]
     assert out["before_from"] == "debate-reference.json" and [p["step"] for p in out["curve"]] == [0, 2]
+    assert out["step_s"] == 3  # the steps' time/step, summed over every call that trained the cell
+
+    class Finished(Run):  # resumed at its last step: it trains nothing, so run_cell evaluates the weights
+        def __init__(self, cfg, resume):
+            super().__init__(cfg, resume)
+            self.step, self.resumed_step, self.evaluated = cfg.steps, cfg.steps, self.rollouts
+            self.rollouts = {}
+
+        def train(self):
+            return []
+
+        def evaluate(self):
+            self.rollouts.update(self.evaluated)
+
+    monkeypatch.setattr(textzoo.runners.trainer, "Trainer", Finished)
+    again = bench.run_cell(args, "m", "debate", "magrpo:decentralized", 0)
+    assert again["resumed_from_step"] == 2 and again["items"] == out["items"] and again["curve"] == out["curve"]
+    monkeypatch.setattr(textzoo.runners.trainer, "Trainer", Run)
     (results / "debate-reference.json").unlink()  # no reference: the cell measures its own step 0
     out = bench.run_cell(
         dataclasses.replace(args, runs=str(tmp_path / "runs2")), "m", "debate", "magrpo:decentralized", 0
