@@ -243,13 +243,16 @@ def run_cell(args: Args, model: str, task: str, cell: str, seed: int) -> dict[st
     trainer = Trainer(cfg, resume="auto")
     resumed = trainer.resumed_step or 0
     history = trainer.train()
+    again = None
     if "eval/greedy" not in trainer.rollouts:  # resumed at its last step: nothing trained, nothing evaluated
-        trainer.evaluate()
+        again = eval_row(trainer.evaluate(), term)
     seconds = time.perf_counter() - start
     if trainer.step < cfg.steps:
         raise SystemExit(f"{task} {cell} seed {seed} stopped at step {trainer.step} ({trainer.stopped_by})")
     rows = [json.loads(x) for x in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines() if x.strip()]
     curve = [{"step": r["step"], **eval_row(r, term)} for r in rows if f"eval/greedy/reward/{term}" in r]
+    if again is not None:  # the same weights and items: the last row's scores, with any term logged since
+        curve[-1].update(again)
     from_run = bool(curve) and curve[0]["step"] == 0
     if not from_run:  # not evaluated at the start: the reference row measured step 0
         if untrained is None:
