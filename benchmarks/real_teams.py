@@ -29,7 +29,8 @@ seeds of the gain (final - untrained, held-out greedy solved), a 95% bootstrap i
     python benchmarks/real_teams.py --report
     OMP_NUM_THREADS=1 python benchmarks/real_teams.py --quick     # one short cell; prints `gain: ...` last
 
-`--rescore` evaluates the finished cells' final checkpoints and the reference rows of `--tasks` again and adds
+`--rescore` evaluates the finished cells' final checkpoints and (unless `--no-references`) the reference rows
+of `--tasks` again and adds
 the terms their result files lack (a term logged since they ran); it refuses to write when a score changed.
 
 `--quick` trains `QUICK` (one cell, 2 threads, the first of `--seeds`) and prints its held-out greedy solved
@@ -317,7 +318,7 @@ def rescore(args: Args, model: str, task: str) -> None:
     term = SOLVED.get(task, "solved")
     results = Path(args.results)
     path = results / f"{task}-reference.json"
-    if path.is_file():
+    if args.references and path.is_file():  # --no-references: the cells only
         old, new = json.loads(path.read_text()), references(args, model, task)
         for label, row in new.items():
             if isinstance(row, dict) and label in old:
