@@ -57,13 +57,14 @@ import harness  # noqa: E402
 TASKS: dict[str, tuple[str, str, str]] = {  # name -> env id, module, preset
     "debate": ("textzoo/Debate-v0", "textzoo.envs.debate_v0", "sums-30"),
     "refine": ("textzoo/Refine-v0", "textzoo.envs.refine_v0", "two-keywords"),
+    "refine-topic": ("textzoo/Refine-v0", "textzoo.envs.refine_v0", "two-keywords-on-topic"),
     "debate-one-digit": ("textzoo/Debate-v0", "textzoo.envs.debate_v0", "one-digit-sums"),
     "chainsum": ("textzoo/ReasoningGym-v0", "textzoo.envs.reasoning_gym_v0", "chain-sum-team"),
     "arithmetic": ("textzoo/ReasoningGym-v0", "textzoo.envs.reasoning_gym_v0", "basic-arithmetic-team"),
     "planpath": ("textzoo/PlanPath-v0", "textzoo.envs.planpath_v0", "open-4x4"),
     "sudoku": ("textzoo/Sudoku-v0", "textzoo.envs.sudoku_v0", "4x4-2-blanks"),
 }
-SOLVED = {"refine": "team"}
+SOLVED = {"refine": "team", "refine-topic": "team"}
 """Task -> its success term (default `solved`): an episode's score is its mean over roles."""
 PARTNER = {
     "debate": "debater_1", "debate-one-digit": "debater_1", "chainsum": "agent_1", "arithmetic": "agent_1",

@@ -112,3 +112,27 @@ def test_on_topic_is_shown_apart_from_the_score():
     env.step({"refiner_0": "use apple"})
     _, off, _, _, infos = env.step({"generator": 'The writer meets the word "apple".'})
     assert infos["generator"]["reward_terms"]["on_topic"] == 0.0 and off == rewards  # the rewards ignore it
+
+
+def test_require_topic_counts_a_keyword_only_on_topic():
+    env = make("textzoo/Refine-v0", num_refiners=2, keywords=[["apple"], ["river"]], require_topic=True)
+    env.reset(seed=0, options={"index": 0})
+    noun = env.topic.split()[-1]
+    env.step({"refiner_0": "a", "refiner_1": "b"})
+    _, rewards, _, _, infos = env.step({"generator": "The writer meets apple and river."})  # both words, no topic
+    assert rewards == {"refiner_0": 0.0, "refiner_1": 0.0, "generator": 0.0}
+    assert infos["generator"]["reward_terms"] == {"team": 0.0, "refiner_0": 0.0, "refiner_1": 0.0, "on_topic": 0.0}
+    assert infos["generator"]["notes"] == [f"answer does not name the topic ({noun!r}): no keyword counts"]
+    env.reset(seed=0, options={"index": 0})
+    env.step({"refiner_0": "a", "refiner_1": "b"})
+    _, rewards, _, _, infos = env.step({"generator": f"An apple by the {noun}."})  # on topic, one word of two
+    assert rewards == {"refiner_0": 1.0, "refiner_1": 0.0, "generator": 0.5}
+    assert infos["generator"]["notes"] == ["answer misses the word(s) ['river']"]
+
+
+def test_the_on_topic_preset_requires_the_topic():
+    from textzoo.envs.refine_v0 import PRESETS
+
+    preset = PRESETS["two-keywords-on-topic"]
+    assert preset.env_kwargs == {**PRESETS["two-keywords"].env_kwargs, "require_topic": True}
+    assert make("textzoo/Refine-v0", **preset.env_kwargs).require_topic

@@ -27,14 +27,15 @@ Turns:
 Actions: any string (cleaned by `TextParallelEnv`).
 
 Score (turn 1): words(t) = the lower-cased `\\w+` runs of t. Constraint i holds, c_i = 1, when
-refiner i's keyword is one of words(answer), else c_i = 0. The task score is team = mean_i c_i.
+refiner i's keyword is one of words(answer) (with `require_topic`: and the topic's noun is too), else
+c_i = 0. The task score is team = mean_i c_i.
 Rewards: refiner i gets its own term c_i, the generator gets team; turn 0 rewards 0. The mean of
 all N + 1 rewards is (N·team + team) / (N + 1) = team, so `credit="shared"` (the mean over
 roles) trains every agent on the task score and `credit="per_agent"` trains refiner i on c_i.
 `infos[a]["reward_terms"]` (every agent, turn 1) = {"team": team, "refiner_i": c_i for each i, "on_topic"},
 where `on_topic` = 1 when words(answer) holds the topic's noun (its last word: "harbor" for "the old
-harbor"). `on_topic` enters no reward: it shows apart whether an answer that scores still writes about
-the topic, or only repeats the keywords.
+harbor"). Without `require_topic`, `on_topic` enters no reward: it shows apart whether an answer that
+scores still writes about the topic, or only repeats the keywords.
 
 Split: items follow the shared rule of `textzoo.envs._sources` (every fifth item held out for
 `split="eval"`); `num_items` sets the size of the pool before the split. Items are drawn from 12 topics
@@ -43,10 +44,13 @@ combination of topic and words.
 
 Presets (`PRESETS`, `textzoo.envs.presets`; docs/results/presets.md has the zero-shot probe):
 `two-keywords`, 2 refiners (32 tokens each) and the generator (48 tokens), 1,000 items (200 held out),
-sampled at temperature 0.7.
+sampled at temperature 0.7; `two-keywords-on-topic`, the same with `require_topic`: a team trained on
+`two-keywords` learned to repeat the keywords in an answer about nothing (held-out `on_topic` 0.86 ->
+0.01, docs/results/real-teams.md), which this preset scores 0.
 
 Version history:
-- v0: first version; the `on_topic` term (logged, no reward reads it) added 2026-12-07.
+- v0: first version; 2026-12-07: the `on_topic` term (logged; no reward reads it unless `require_topic`,
+  added with the `two-keywords-on-topic` preset).
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ from typing import Any
 
 from textzoo.envs._sources import split_indices
 from textzoo.envs.base import StepResult, TextParallelEnv, words
-from textzoo.envs.declare import SPLIT, anything, entry_points, integer, task, text_args
+from textzoo.envs.declare import SPLIT, anything, entry_points, integer, one_of, task, text_args
 from textzoo.envs.presets import TaskPreset
 from textzoo.errors import EnvError
 
@@ -116,6 +120,11 @@ PRESETS: dict[str, TaskPreset] = {
     "two-keywords": TaskPreset(
         {"num_refiners": 2, "num_items": 1000}, {"refiner_0": 32, "refiner_1": 32, "generator": 48}, temperature=0.7
     ),
+    "two-keywords-on-topic": TaskPreset(
+        {"num_refiners": 2, "num_items": 1000, "require_topic": True},
+        {"refiner_0": 32, "refiner_1": 32, "generator": 48},
+        temperature=0.7,
+    ),
 }
 """Settings a small model can start from (module docstring, Presets)."""
 
@@ -131,18 +140,20 @@ def refiner_names(n: int) -> list[str]:
     num_items=integer(200, low=1),
     split=SPLIT,
     rewrite_chars=integer(160, low=1, doc="the longest rewrite the generator is shown"),
+    require_topic=one_of(False, False, True, doc="a keyword counts only in an answer that names the topic's noun"),
     **text_args(max_prompt_chars=1024),
 )
 class RefineEnv(TextParallelEnv):
     """Refine-v0: N refiners rewrite a prompt, one generator answers it; see the module docstring."""
 
-    def __init__(self, num_refiners, keywords, num_items, split, rewrite_chars, **text: Any):
+    def __init__(self, num_refiners, keywords, num_items, split, rewrite_chars, require_topic, **text: Any):
         self.refiners = refiner_names(num_refiners)
         super().__init__([*self.refiners, "generator"], num_turns=2, **text)
         max_prompt_chars = text["max_prompt_chars"]
         self.split = split
         self.pools = self._pools(keywords, num_refiners)
         self.rewrite_chars = rewrite_chars
+        self.require_topic = require_topic
         longest = len(GENERATOR_HEADER) + num_refiners * (rewrite_chars + 1) + len(GENERATOR_FOOTER)
         if longest > max_prompt_chars:
             raise EnvError(
@@ -208,13 +219,18 @@ class RefineEnv(TextParallelEnv):
                 notes=extra,
             )
         answer = set(words(actions["generator"]))
-        held = {r: float(self.keywords[r] in answer) for r in self.refiners}
+        noun = self.topic.split()[-1]
+        on_topic = float(noun in answer)
+        gate = on_topic if self.require_topic else 1.0
+        held = {r: float(self.keywords[r] in answer) * gate for r in self.refiners}
         team = sum(held.values()) / len(held)
-        missed = [self.keywords[r] for r in self.refiners if not held[r]]
+        missed = [self.keywords[r] for r in self.refiners if self.keywords[r] not in answer]
         if missed:
             extra["generator"] = [f"answer misses the word(s) {missed}"]
+        if self.require_topic and not on_topic:
+            extra.setdefault("generator", []).append(f"answer does not name the topic ({noun!r}): no keyword counts")
         rewards = {**held, "generator": team}
-        terms = {"team": team, **held, "on_topic": float(self.topic.split()[-1] in answer)}
+        terms = {"team": team, **held, "on_topic": on_topic}
         return StepResult(
             rewards=rewards,
             reward_terms={a: dict(terms) for a in self.possible_agents},
