@@ -30,8 +30,8 @@ seeds of the gain (final - untrained, held-out greedy solved), a 95% bootstrap i
     OMP_NUM_THREADS=1 python benchmarks/real_teams.py --quick     # one short cell; prints `gain: ...` last
 
 `--rescore` evaluates the finished cells' final checkpoints and (unless `--no-references`) the reference rows
-of `--tasks` again and adds
-the terms their result files lack (a term logged since they ran); it refuses to write when a score changed.
+of `--tasks` again and adds the terms their result files lack (a term logged since they ran); it refuses to
+write when a score changed.
 
 `--quick` trains `QUICK` (one cell, 2 threads, the first of `--seeds`) and prints its held-out greedy solved
 before -> after on `QUICK["eval_prompts"]` items and, last, `gain: <after - before>`.
@@ -345,7 +345,7 @@ def rescore(args: Args, model: str, task: str) -> None:
 
 def _same(old: list[float], new: list[float], what: str) -> None:
     if old != new:
-        changed = sum(a != b for a, b in zip(old, new))
+        changed = sum(a != b for a, b in zip(old, new)) + abs(len(old) - len(new))
         raise SystemExit(f"{what}: evaluated again, {changed} of {len(old)} item scores changed: not rescored")
 
 
