@@ -81,8 +81,8 @@ ALONE = {
 """The single-agent row's metric (default: the team's success term)."""
 UNTRAINED = {"decentralized": "untrained-team", "centralized": "untrained-joint"}
 """A mode's reference row: the untrained models a cell of that mode starts from."""
-FORMAT_TERMS = ("valid", "plan_valid", "tool_valid", "tool_ran", "agreement", "on_topic")
-"""Terms shown apart from solving: the answer formats, Debate-v0's agreement, Refine-v0's on_topic."""
+FORMAT_TERMS = ("valid", "plan_valid", "tool_valid", "tool_ran", "agreement", "on_topic", "no_loop")
+"""Terms shown apart from solving: the answer formats, Debate-v0's agreement, Refine-v0's on_topic, no_loop."""
 CELLS = (
     "magrpo:decentralized", "magrpo:centralized", "atgrpo:decentralized", "atgrpo:centralized",
     "iac:decentralized", "iac:centralized", "marlhf:decentralized", "marlhf:centralized",

@@ -7,7 +7,7 @@ torch.set_num_threads(1)
 
 from textzoo.envs import check_env, make  # noqa: E402
 from textzoo.envs.base import words  # noqa: E402
-from textzoo.envs.refine_v0 import KEYWORDS  # noqa: E402
+from textzoo.envs.refine_v0 import KEYWORDS, loops  # noqa: E402
 from textzoo.errors import EnvError  # noqa: E402
 
 
@@ -36,7 +36,13 @@ def test_two_turns_and_the_pipeline():
     assert all(term.values())
     # refiner_0's constraint holds, refiner_1's does not: each refiner gets its own term, generator the mean
     assert rewards == {"refiner_0": 1.0, "refiner_1": 0.0, "generator": 0.5}
-    assert infos["refiner_1"]["reward_terms"] == {"team": 0.5, "refiner_0": 1.0, "refiner_1": 0.0, "on_topic": 0.0}
+    assert infos["refiner_1"]["reward_terms"] == {
+        "team": 0.5,
+        "refiner_0": 1.0,
+        "refiner_1": 0.0,
+        "on_topic": 0.0,
+        "no_loop": 1.0,
+    }
     assert sum(rewards.values()) / len(rewards) == 0.5  # the mean over roles is the task score
     assert infos["generator"]["notes"] == ["answer misses the word(s) ['river']"]
 
@@ -107,11 +113,41 @@ def test_on_topic_is_shown_apart_from_the_score():
     noun = env.topic.split()[-1]
     env.step({"refiner_0": "use apple"})
     _, rewards, _, _, infos = env.step({"generator": f"An apple near the {noun.upper()}."})
-    assert infos["generator"]["reward_terms"] == {"team": 1.0, "refiner_0": 1.0, "on_topic": 1.0}
+    assert infos["generator"]["reward_terms"] == {"team": 1.0, "refiner_0": 1.0, "on_topic": 1.0, "no_loop": 1.0}
     env.reset(seed=0, options={"index": 0})
     env.step({"refiner_0": "use apple"})
     _, off, _, _, infos = env.step({"generator": 'The writer meets the word "apple".'})
     assert infos["generator"]["reward_terms"]["on_topic"] == 0.0 and off == rewards  # the rewards ignore it
+
+
+@pytest.mark.parametrize(
+    ("text", "loop"),
+    [
+        ("green green green", True),  # one word three times in a row
+        ("green green", False),  # twice is not a loop
+        ("the green oasis, green and green", False),  # three times, not in a row
+        ("a b c d a b c d a b c d", True),  # four words, three times
+        ("a b c d e a b c d e a b c d e", False),  # five words: longer than LOOP_WORDS
+        ("x y z x y z x y", False),  # the third time is cut short
+        ("", False),
+    ],
+)
+def test_loops_by_hand(text, loop):
+    assert loops(words(text)) is loop
+
+
+def test_no_loop_is_shown_apart_from_the_score():
+    """`no_loop` is 0 for an answer that loops; no reward reads it."""
+    env = make("textzoo/Refine-v0", num_refiners=1, keywords=[["green"]], require_topic=True)
+    env.reset(seed=0, options={"index": 0})
+    noun = env.topic.split()[-1]
+    env.step({"refiner_0": "use green"})
+    _, looped, _, _, infos = env.step({"generator": f"The {noun} was green green green green."})
+    assert infos["generator"]["reward_terms"] == {"team": 1.0, "refiner_0": 1.0, "on_topic": 1.0, "no_loop": 0.0}
+    env.reset(seed=0, options={"index": 0})
+    env.step({"refiner_0": "use green"})
+    _, plain, _, _, infos = env.step({"generator": f"The {noun} was green."})
+    assert infos["generator"]["reward_terms"]["no_loop"] == 1.0 and plain == looped  # the rewards ignore it
 
 
 def test_require_topic_counts_a_keyword_only_on_topic():
@@ -121,7 +157,13 @@ def test_require_topic_counts_a_keyword_only_on_topic():
     env.step({"refiner_0": "a", "refiner_1": "b"})
     _, rewards, _, _, infos = env.step({"generator": "The writer meets apple and river."})  # both words, no topic
     assert rewards == {"refiner_0": 0.0, "refiner_1": 0.0, "generator": 0.0}
-    assert infos["generator"]["reward_terms"] == {"team": 0.0, "refiner_0": 0.0, "refiner_1": 0.0, "on_topic": 0.0}
+    assert infos["generator"]["reward_terms"] == {
+        "team": 0.0,
+        "refiner_0": 0.0,
+        "refiner_1": 0.0,
+        "on_topic": 0.0,
+        "no_loop": 1.0,
+    }
     assert infos["generator"]["notes"] == [f"answer does not name the topic ({noun!r}): no keyword counts"]
     env.reset(seed=0, options={"index": 0})
     env.step({"refiner_0": "a", "refiner_1": "b"})

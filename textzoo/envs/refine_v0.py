@@ -32,10 +32,12 @@ c_i = 0. The task score is team = mean_i c_i.
 Rewards: refiner i gets its own term c_i, the generator gets team; turn 0 rewards 0. The mean of
 all N + 1 rewards is (N·team + team) / (N + 1) = team, so `credit="shared"` (the mean over
 roles) trains every agent on the task score and `credit="per_agent"` trains refiner i on c_i.
-`infos[a]["reward_terms"]` (every agent, turn 1) = {"team": team, "refiner_i": c_i for each i, "on_topic"},
-where `on_topic` = 1 when words(answer) holds the topic's noun (its last word: "harbor" for "the old
-harbor"). Without `require_topic`, `on_topic` enters no reward: it shows apart whether an answer that
-scores still writes about the topic, or only repeats the keywords.
+`infos[a]["reward_terms"]` (every agent, turn 1) = {"team": team, "refiner_i": c_i for each i, "on_topic",
+"no_loop"}, where `on_topic` = 1 when words(answer) holds the topic's noun (its last word: "harbor" for "the
+old harbor") and `no_loop` = 1 when no run of 1 to `LOOP_WORDS` words repeats `LOOP_TIMES` times in a row
+in words(answer) ("green green green" loops). Without `require_topic`, `on_topic` enters no reward, and
+`no_loop` never does: they show apart whether an answer that scores still writes about the topic, and
+whether it writes text or a loop.
 
 Split: items follow the shared rule of `textzoo.envs._sources` (every fifth item held out for
 `split="eval"`); `num_items` sets the size of the pool before the split. Items are drawn from 12 topics
@@ -50,7 +52,7 @@ sampled at temperature 0.7; `two-keywords-on-topic`, the same with `require_topi
 
 Version history:
 - v0: first version; 2026-12-07: the `on_topic` term (logged; no reward reads it unless `require_topic`,
-  added with the `two-keywords-on-topic` preset).
+  added with the `two-keywords-on-topic` preset); the `no_loop` term (logged; no reward reads it).
 """
 
 from __future__ import annotations
@@ -116,6 +118,8 @@ GENERATOR_FOOTER = "\nAnswer:"
 WAIT_PROMPT = "Wait: the refiners write the prompt this turn."
 DONE_PROMPT = "Done: the generator answers this turn."
 ITEM_SEED = 8
+LOOP_WORDS = 4
+LOOP_TIMES = 3
 PRESETS: dict[str, TaskPreset] = {
     "two-keywords": TaskPreset(
         {"num_refiners": 2, "num_items": 1000}, {"refiner_0": 32, "refiner_1": 32, "generator": 48}, temperature=0.7
@@ -127,6 +131,15 @@ PRESETS: dict[str, TaskPreset] = {
     ),
 }
 """Settings a small model can start from (module docstring, Presets)."""
+
+
+def loops(ws: Sequence[str], longest: int = LOOP_WORDS, times: int = LOOP_TIMES) -> bool:
+    """Whether some run of 1 to `longest` words repeats `times` times in a row in `ws`."""
+    return any(
+        list(ws[i : i + n * times]) == list(ws[i : i + n]) * times
+        for n in range(1, longest + 1)
+        for i in range(len(ws) - n * times + 1)
+    )
 
 
 def refiner_names(n: int) -> list[str]:
@@ -218,7 +231,8 @@ class RefineEnv(TextParallelEnv):
                 active={"generator"},
                 notes=extra,
             )
-        answer = set(words(actions["generator"]))
+        said = words(actions["generator"])
+        answer = set(said)
         noun = self.topic.split()[-1]
         on_topic = float(noun in answer)
         gate = on_topic if self.require_topic else 1.0
@@ -230,7 +244,7 @@ class RefineEnv(TextParallelEnv):
         if self.require_topic and not on_topic:
             extra.setdefault("generator", []).append(f"answer does not name the topic ({noun!r}): no keyword counts")
         rewards = {**held, "generator": team}
-        terms = {"team": team, **held, "on_topic": on_topic}
+        terms = {"team": team, **held, "on_topic": on_topic, "no_loop": float(not loops(said))}
         return StepResult(
             rewards=rewards,
             reward_terms={a: dict(terms) for a in self.possible_agents},
