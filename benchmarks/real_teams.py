@@ -412,7 +412,7 @@ def report(args: Args) -> str:
             base = ref.get(UNTRAINED[mode])
             before = base["items"] if base else None
             gains = [r["after"]["solved"] - r["before"]["solved"] for r in runs]
-            std = statistics.stdev(gains) if len(gains) > 1 else 0.0
+            spread = f" ± {statistics.stdev(gains):.3f}" if len(gains) > 1 else " (one seed: no std)"
             interval = ""
             if before is not None and all(len(r["items"]) == len(before) for r in runs):
                 lo, hi = bootstrap_gain([r["items"] for r in runs], before, args.bootstrap)
@@ -424,7 +424,7 @@ def report(args: Args) -> str:
             lines.append(
                 f"| {task} | {cell.replace(':', ' ')} | {', '.join(str(r['seed']) for r in runs)} | "
                 f"{runs[0]['eval_items']} "
-                f"| {first:.3f} -> {after:.3f} | {statistics.mean(gains):+.3f} ± {std:.3f} | {interval} | "
+                f"| {first:.3f} -> {after:.3f} | {statistics.mean(gains):+.3f}{spread} | {interval} | "
                 f"{fmt_terms(terms)} | {runs[0]['steps']} | {runs[0]['episodes']} | {wall} | `{runs[0]['command']}` |"
             )
         plot_curves(task, cells, results / f"curves-{task}.png")

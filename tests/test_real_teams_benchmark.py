@@ -72,6 +72,9 @@ def test_the_report_row_is_the_mean_and_std_of_the_seeds_gains(tmp_path):
     assert "| 0, 1 | 2 | 0.500 -> 0.800 | +0.300 ± 0.141 | [+0.200, +0.400] | valid 1.00 | 60 | 1920 |" in row
     assert "| untrained team | - | 2 | 0.500 |" in table
     assert (results / "curves-debate.png").stat().st_size > 0
+    (results / "debate-magrpo-decentralized-s1.json").unlink()  # one seed has no std: the row says so
+    (row,) = [ln for ln in bench.report(bench.Args(results=str(results))).splitlines() if "magrpo decentralized" in ln]
+    assert "| 0 | 2 | 0.500 -> 0.700 | +0.200 (one seed: no std) |" in row
 
 
 def test_a_cell_whose_result_is_present_is_skipped(tmp_path, capsys):
