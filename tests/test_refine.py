@@ -106,18 +106,23 @@ def test_bad_arguments_name_the_fix(kwargs, message):
         make("textzoo/Refine-v0", **kwargs)
 
 
+def _answer(env, answer: str) -> tuple[dict[str, float], dict]:
+    """Play item 0 with filler rewrites and `answer`; its rewards and the generator's info."""
+    env.reset(seed=0, options={"index": 0})
+    env.step(dict.fromkeys(env.refiners, "a rewrite"))
+    _, rewards, _, _, infos = env.step({"generator": answer})
+    return rewards, infos["generator"]
+
+
 def test_on_topic_is_shown_apart_from_the_score():
     """`on_topic` says whether the answer names the topic's noun; no reward reads it."""
     env = make("textzoo/Refine-v0", num_refiners=1, keywords=[["apple"]])
     env.reset(seed=0, options={"index": 0})
     noun = env.topic.split()[-1]
-    env.step({"refiner_0": "use apple"})
-    _, rewards, _, _, infos = env.step({"generator": f"An apple near the {noun.upper()}."})
-    assert infos["generator"]["reward_terms"] == {"team": 1.0, "refiner_0": 1.0, "on_topic": 1.0, "no_loop": 1.0}
-    env.reset(seed=0, options={"index": 0})
-    env.step({"refiner_0": "use apple"})
-    _, off, _, _, infos = env.step({"generator": 'The writer meets the word "apple".'})
-    assert infos["generator"]["reward_terms"]["on_topic"] == 0.0 and off == rewards  # the rewards ignore it
+    rewards, info = _answer(env, f"An apple near the {noun.upper()}.")
+    assert info["reward_terms"] == {"team": 1.0, "refiner_0": 1.0, "on_topic": 1.0, "no_loop": 1.0}
+    off, info = _answer(env, 'The writer meets the word "apple".')
+    assert info["reward_terms"]["on_topic"] == 0.0 and off == rewards  # the rewards ignore it
 
 
 @pytest.mark.parametrize(
@@ -141,35 +146,29 @@ def test_no_loop_is_shown_apart_from_the_score():
     env = make("textzoo/Refine-v0", num_refiners=1, keywords=[["green"]], require_topic=True)
     env.reset(seed=0, options={"index": 0})
     noun = env.topic.split()[-1]
-    env.step({"refiner_0": "use green"})
-    _, looped, _, _, infos = env.step({"generator": f"The {noun} was green green green green."})
-    assert infos["generator"]["reward_terms"] == {"team": 1.0, "refiner_0": 1.0, "on_topic": 1.0, "no_loop": 0.0}
-    env.reset(seed=0, options={"index": 0})
-    env.step({"refiner_0": "use green"})
-    _, plain, _, _, infos = env.step({"generator": f"The {noun} was green."})
-    assert infos["generator"]["reward_terms"]["no_loop"] == 1.0 and plain == looped  # the rewards ignore it
+    looped, info = _answer(env, f"The {noun} was green green green green.")
+    assert info["reward_terms"] == {"team": 1.0, "refiner_0": 1.0, "on_topic": 1.0, "no_loop": 0.0}
+    plain, info = _answer(env, f"The {noun} was green.")
+    assert info["reward_terms"]["no_loop"] == 1.0 and plain == looped  # the rewards ignore it
 
 
 def test_require_topic_counts_a_keyword_only_on_topic():
     env = make("textzoo/Refine-v0", num_refiners=2, keywords=[["apple"], ["river"]], require_topic=True)
     env.reset(seed=0, options={"index": 0})
     noun = env.topic.split()[-1]
-    env.step({"refiner_0": "a", "refiner_1": "b"})
-    _, rewards, _, _, infos = env.step({"generator": "The writer meets apple and river."})  # both words, no topic
+    rewards, info = _answer(env, "The writer meets apple and river.")  # both words, no topic
     assert rewards == {"refiner_0": 0.0, "refiner_1": 0.0, "generator": 0.0}
-    assert infos["generator"]["reward_terms"] == {
+    assert info["reward_terms"] == {
         "team": 0.0,
         "refiner_0": 0.0,
         "refiner_1": 0.0,
         "on_topic": 0.0,
         "no_loop": 1.0,
     }
-    assert infos["generator"]["notes"] == [f"answer does not name the topic ({noun!r}): no keyword counts"]
-    env.reset(seed=0, options={"index": 0})
-    env.step({"refiner_0": "a", "refiner_1": "b"})
-    _, rewards, _, _, infos = env.step({"generator": f"An apple by the {noun}."})  # on topic, one word of two
+    assert info["notes"] == [f"answer does not name the topic ({noun!r}): no keyword counts"]
+    rewards, info = _answer(env, f"An apple by the {noun}.")  # on topic, one word of two
     assert rewards == {"refiner_0": 1.0, "refiner_1": 0.0, "generator": 0.5}
-    assert infos["generator"]["notes"] == ["answer misses the word(s) ['river']"]
+    assert info["notes"] == ["answer misses the word(s) ['river']"]
 
 
 def test_the_on_topic_preset_requires_the_topic():
