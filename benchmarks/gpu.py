@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import sys
 import tempfile
 import time
@@ -185,7 +184,7 @@ def prompts(policy, a: Args) -> tuple[torch.Tensor, torch.Tensor]:
 def peak_memory_gib() -> float:
     if torch.cuda.is_available():
         return torch.cuda.max_memory_allocated() / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+    return harness.peak_rss_mib() / 1024
 
 
 def reset_peak() -> None:

@@ -244,16 +244,8 @@ class PeakRSS:
     def __init__(self) -> None:
         self.floor = 0.0  # the peak before the last stretch left out
 
-    @staticmethod
-    def _high_water() -> float:
-        try:
-            with open("/proc/self/status") as status:
-                return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
-        except (OSError, StopIteration):
-            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
     def mib(self) -> float:
-        return max(self.floor, self._high_water())
+        return max(self.floor, harness.peak_rss_mib())
 
     @contextlib.contextmanager
     def left_out(self):
