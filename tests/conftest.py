@@ -9,6 +9,7 @@ dequantizes it once into a transformers folder under pytest's cache (`.pytest_ca
 and later sessions load it in well under a second.
 """
 
+import fcntl
 import importlib.metadata
 import os
 import shutil
@@ -66,18 +67,22 @@ def smollm2(request, tmp_path_factory, smollm2_file) -> Path:
     cache = getattr(request.config, "cache", None)  # None under `-p no:cacheprovider`: convert per session
     root = Path(cache.mkdir(name) if cache is not None else tmp_path_factory.mktemp("real") / name)
     root.mkdir(parents=True, exist_ok=True)
-    folder = root / "model"  # appears whole or not at all: parallel workers (pytest -n) may convert at once
-    if not (folder / "complete").is_file():
-        from textzoo.models.loading import convert_gguf
+    folder = root / "model"  # appears whole or not at all (a killed conversion leaves only its staging folder)
+    if (folder / "complete").is_file():
+        return folder
+    # one worker converts (~30 CPU-seconds), the others wait for its folder: in a fresh checkout (CI) the
+    # workers of `pytest -n` reach their first real-model test together, and each converted before
+    with open(root / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when the worker dies
+        if not (folder / "complete").is_file():
+            from textzoo.models.loading import convert_gguf
 
-        staging = root / f"tmp-{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        convert_gguf(gguf, staging)
-        (staging / "complete").write_text(str(gguf) + "\n")
-        try:
-            staging.rename(folder)  # atomic; fails when another worker's folder is already there
-        except OSError:
+            staging = root / f"tmp-{os.getpid()}"
             shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(folder, ignore_errors=True)
+            convert_gguf(gguf, staging)
+            (staging / "complete").write_text(str(gguf) + "\n")
+            staging.rename(folder)
     return folder
 
 
