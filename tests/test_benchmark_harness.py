@@ -5,6 +5,7 @@ entry with the host and the command."""
 import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import tyro
@@ -119,7 +120,7 @@ def test_a_script_gives_inherited_settings_its_own_defaults_and_keeps_their_help
         harness.defaults(nope=1)(type("Bad", (harness.Rollouts,), {}))
 
 
-def test_a_fresh_process_reports_its_own_peak_memory_not_its_parents(tmp_path):
+def test_a_fresh_process_reports_its_own_peak_memory_not_its_parents():
     # a parent holding ~600 MiB starts a small process: getrusage's ru_maxrss would report the parent's peak
     # (it survives fork and exec); peak_rss_mib reports the child's own, well under 200 MiB
     import subprocess
@@ -130,7 +131,7 @@ def test_a_fresh_process_reports_its_own_peak_memory_not_its_parents(tmp_path):
         "import sys; sys.path.insert(0, sys.argv[1]); import harness, resource; "
         "print(harness.peak_rss_mib(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
     )
-    out = subprocess.run([sys.executable, "-c", child, str(harness.__file__).rsplit("/", 1)[0]],
+    out = subprocess.run([sys.executable, "-c", child, str(Path(harness.__file__).parent)],
                          capture_output=True, text=True, check=True).stdout  # fmt: skip
     own, inherited = map(float, out.split())
     assert own < 200 < 600 <= inherited, (own, inherited)  # the child's own peak; the parent's peak it inherits
