@@ -18,11 +18,32 @@ from textzoo.models.tokenizer import byte_tokenizer
 torch.set_num_threads(1)
 
 
-def test_a_gguf_file_is_an_agent_model_with_its_chat_template_and_end_tokens(smollm2, smollm2_file):
-    """`--agent.model path/to/model.gguf`: dequantized float weights (those of the cached folder)."""
+def test_a_gguf_file_is_an_agent_model_with_its_chat_template_and_end_tokens(smollm2, smollm2_file, monkeypatch):
+    """`--agent.model path/to/model.gguf`: dequantized float weights (those of the cached folder), the file
+    parsed once and gguf's tensor-name map built once (transformers asks three times and once per submodule)."""
+    import gguf as gguf_py
+
+    readers, maps = [], []
+    real_reader, real_map = gguf_py.GGUFReader, gguf_py.get_tensor_name_map
+
+    def counted_reader(*args, **kwargs):
+        readers.append(real_reader(*args, **kwargs))
+        return readers[-1]
+
+    def counted_map(*args):
+        maps.append(args)
+        return real_map(*args)
+
+    monkeypatch.setattr(gguf_py, "GGUFReader", counted_reader)
+    monkeypatch.setattr(gguf_py, "get_tensor_name_map", counted_map)
     gguf = smollm2_file
     agent = AgentConfig(model=str(gguf))
     policy = build_policy(agent, seed=0, device=torch.device("cpu"))  # what build_actors does per agent
+    assert len(readers) == 1 and len(maps) == 1, (readers, maps)
+    assert (gguf_py.GGUFReader, gguf_py.get_tensor_name_map) == (counted_reader, counted_map)  # put back
+    embedding = next(t for t in readers[0].tensors if t.name == "token_embd.weight")  # straight from the file
+    want = torch.from_numpy(gguf_py.dequantize(embedding.data, embedding.tensor_type).copy())
+    assert torch.equal(policy.model.get_input_embeddings().weight.detach(), want)
     assert prompt_format(agent, policy).chat and policy.tokenizer.chat_template
     assert all(type(m) is torch.nn.Linear for m in policy.model.model.layers[0].mlp.children() if hasattr(m, "weight"))
     assert getattr(policy.model, "hf_quantizer", None) is None and not policy.model.is_quantized
@@ -82,8 +103,12 @@ def test_a_gguf_of_an_architecture_transformers_cannot_read_names_it(tmp_path):
 
 
 def test_a_truncated_gguf_file_is_a_model_error(tmp_path, smollm2_file):
+    import gguf
+
     source = smollm2_file
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(source.read_bytes()[: 1 << 20])  # the header and the first tensors only
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
     with pytest.raises(ModelError, match="cut.gguf"):
         load_pretrained(cut)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)  # the one-parse patch is undone
