@@ -1,6 +1,8 @@
 """The plain decoder's elementwise regions, compiled for bf16 update passes on CPU (`textzoo.decoding.compiled`)."""
 
 import logging
+import subprocess
+import sys
 
 import features
 import pytest
@@ -25,6 +27,14 @@ def _error(grads, reference) -> float:
 
 def _graphs() -> int:
     return counters["stats"]["unique_graphs"]
+
+
+def test_importing_the_trainer_leaves_inductor_unloaded():
+    """`torch.compile` runs at a region's first compiled call: importing inductor's compiler (~1.2 s) is paid
+    by a process that runs a bf16 update, not by every process that imports a model."""
+    code = "import sys, textzoo.runners.trainer; print('torch._inductor.compile_fx' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False"]
 
 
 @pytest.fixture(autouse=True)

@@ -90,8 +90,10 @@ def _applies(first: torch.Tensor, width: int) -> bool:
 def region(fn: Callable, fixed: tuple[int | None, ...]) -> Callable:
     """``fn`` (a pure function of tensors and constants), compiled when `_applies`. ``fixed[i]``: how many
     trailing dimensions of argument i are the model's (fixed); the ones before them count tokens and are
-    dynamic. None: an argument that is not a token tensor (a weight, a constant)."""
-    compiled = torch.compile(fn, dynamic=None)
+    dynamic. None: an argument that is not a token tensor (a weight, a constant). ``torch.compile`` is called
+    at the first compiled call: calling it imports inductor (1.2 s on a 2-core Xeon), which a process that
+    never runs a bf16 update (sampling, scoring, a tiny model, every test process) should not pay."""
+    compiled: list[Callable] = []  # torch.compile(fn), once made
 
     @functools.wraps(fn)
     def call(*args):
@@ -105,7 +107,9 @@ def region(fn: Callable, fixed: tuple[int | None, ...]) -> Callable:
                         torch._dynamo.mark_dynamic(arg, dim)
         try:
             with _one_at_a_time:
-                return compiled(*args)
+                if not compiled:
+                    compiled.append(torch.compile(fn, dynamic=None))
+                return compiled[0](*args)
         except Exception as error:  # no working toolchain, an unsupported op: run as written from now on
             _failed.append(repr(error))
             log.warning("compiled update regions are off for this process (%s); running them as written", error)
