@@ -211,7 +211,7 @@ def load_gguf(
     return model, tokenizer
 
 
-_GGUF_PATCH = threading.Lock()
+_GGUF_PATCH = threading.Lock()  # gguf's functions are process-wide: one load patches them at a time
 
 
 @contextlib.contextmanager
