@@ -225,15 +225,7 @@ def _one_gguf_parse() -> Iterator[None]:
 
     with _GGUF_PATCH:
         reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-        readers: dict[tuple[str, str], object] = {}
-
-        def one_reader(path, mode="r"):
-            key = (os.fspath(path), mode)
-            if key not in readers:
-                readers[key] = reader(path, mode)
-            return readers[key]
-
-        gguf.GGUFReader, gguf.get_tensor_name_map = one_reader, functools.cache(name_map)
+        gguf.GGUFReader, gguf.get_tensor_name_map = functools.cache(reader), functools.cache(name_map)
         try:
             yield
         finally:
