@@ -95,7 +95,7 @@ PY
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used,temperature.gpu --format=csv 2>/dev/null
 "$python" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-step gpu_qwen "$(( cpu ? 60 : 170 ))" "$python" benchmarks/gpu.py --precision bf16-mixed --agents 1 --profile \
+step gpu_qwen "$(( cpu ? 150 : 170 ))" "$python" benchmarks/gpu.py --precision bf16-mixed --agents 1 --profile \
     --logp-blocks 4096:268435456 --out "$out/gpu_qwen.json" "${bench[@]}"
 (( cpu )) || step gpu_smollm2 120 "$python" benchmarks/gpu.py --shape smollm2-135m --precision bf16-mixed \
     --agents 1 --out "$out/gpu_smollm2.json"
