@@ -2,6 +2,7 @@
 
 import importlib.util
 import re
+from pathlib import Path
 
 import features
 import pytest
@@ -107,7 +108,12 @@ def test_sums_and_differences_are_every_small_question_once_with_its_answer():
 
 
 @pytest.mark.parametrize(
-    "env_id,preset", [("textzoo/Debate-v0", DEBATE["sums-30"]), ("textzoo/Refine-v0", REFINE["two-keywords"])]
+    "env_id,preset",
+    [
+        ("textzoo/Debate-v0", DEBATE["sums-30"]),
+        ("textzoo/Refine-v0", REFINE["two-keywords"]),
+        ("textzoo/Refine-v0", REFINE["two-keywords-on-topic"]),
+    ],
 )
 def test_the_chosen_presets_hold_out_at_least_200_items_never_trained_on(env_id, preset):
     held, train = (make(env_id, split=split, **preset.env_kwargs) for split in ("eval", "train"))
@@ -122,3 +128,26 @@ def test_the_chosen_presets_hold_out_at_least_200_items_never_trained_on(env_id,
 
     if env_id == "textzoo/Debate-v0":  # a question is never both trained on and held out
         assert not tasks(held) & tasks(train)
+
+
+def test_the_docs_table_lists_every_preset_with_its_budgets_and_temperature():
+    """docs/concepts/tasks.md's presets table is every module's `PRESETS`, budgets and temperature as in code."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "concepts" / "tasks.md").read_text()
+    table = text[text.index("| task | preset | setting | budgets (tokens) | temperature |") :].split("\n\n")[0]
+    documented = {}
+    for row in table.splitlines()[2:]:
+        task, name, _, budgets, temperature = (cell.strip() for cell in row.strip("|").split("|"))
+        tokens = dict(budget.split(" ") for budget in budgets.split(", "))
+        documented[(f"textzoo/{task}", name.strip("`"))] = ({k: int(v) for k, v in tokens.items()}, float(temperature))
+    in_code = {
+        (env_id, name): (preset.max_new_tokens, preset.temperature)
+        for env_id, presets in [
+            ("textzoo/Debate-v0", DEBATE),
+            ("textzoo/Refine-v0", REFINE),
+            ("textzoo/PlanPath-v0", PLANPATH),
+            ("textzoo/Sudoku-v0", SUDOKU),
+            ("textzoo/ReasoningGym-v0", REASONING_GYM),
+        ]
+        for name, preset in presets.items()
+    }
+    assert documented == in_code
