@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -421,11 +422,13 @@ def report(args: Args) -> str:
             first = statistics.mean(r["before"]["solved"] for r in runs)
             terms = {t: statistics.mean(r["after"][t] for r in runs) for t in FORMAT_TERMS if t in runs[0]["after"]}
             wall = ", ".join(str(r.get("step_s", r["wall_s"])) for r in runs)
+            seeds = " ".join(str(r["seed"]) for r in runs)  # the seeds' commands differ only in --seeds
+            cmd = re.sub(r"--seeds \d+", f"--seeds {seeds}", runs[0]["command"])
             lines.append(
                 f"| {task} | {cell.replace(':', ' ')} | {', '.join(str(r['seed']) for r in runs)} | "
                 f"{runs[0]['eval_items']} "
                 f"| {first:.3f} -> {after:.3f} | {statistics.mean(gains):+.3f}{spread} | {interval} | "
-                f"{fmt_terms(terms)} | {runs[0]['steps']} | {runs[0]['episodes']} | {wall} | `{runs[0]['command']}` |"
+                f"{fmt_terms(terms)} | {runs[0]['steps']} | {runs[0]['episodes']} | {wall} | `{cmd}` |"
             )
         plot_curves(task, cells, results / f"curves-{task}.png")
     return "\n".join(lines)

@@ -52,7 +52,7 @@ def test_the_bootstrap_interval_matches_hand_computed_cases():
 def _cell(task, algo, mode, seed, before, after, items):
     return {
         "task": task, "preset": bench.TASKS[task][2], "algo": algo, "mode": mode, "seed": seed, "steps": 60,
-        "episodes": 1920, "wall_s": 100 + seed, "eval_items": len(items), "command": f"cmd {seed}",
+        "episodes": 1920, "wall_s": 100 + seed, "eval_items": len(items), "command": f"cmd --seeds {seed} --steps 60",
         "before": {"solved": before, "valid": 1.0}, "after": {"solved": after, "valid": 1.0},
         "curve": [{"step": 0, "solved": before}, {"step": 60, "solved": after}], "items": items,
     }  # fmt: skip
@@ -70,6 +70,7 @@ def test_the_report_row_is_the_mean_and_std_of_the_seeds_gains(tmp_path):
     table = bench.report(bench.Args(results=str(results), bootstrap=500))
     (row,) = [line for line in table.splitlines() if "magrpo decentralized" in line]
     assert "| 0, 1 | 2 | 0.500 -> 0.800 | +0.300 ± 0.141 | [+0.200, +0.400] | valid 1.00 | 60 | 1920 |" in row
+    assert row.endswith("| 100, 101 | `cmd --seeds 0 1 --steps 60` |")  # each seed's seconds, one command
     assert "| untrained team | - | 2 | 0.500 |" in table
     assert (results / "curves-debate.png").stat().st_size > 0
     (results / "debate-magrpo-decentralized-s1.json").unlink()  # one seed has no std: the row says so
