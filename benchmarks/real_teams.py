@@ -435,7 +435,7 @@ def report(args: Args) -> str:
 
 
 def plot_curves(task: str, cells: dict[tuple[str, str], list[dict]], out: Path) -> None:
-    """Held-out greedy solved against steps, one line per cell and seed."""
+    """Held-out greedy solved against steps, one line per cell and seed: a colour per cell, a line style per seed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -445,9 +445,13 @@ def plot_curves(task: str, cells: dict[tuple[str, str], list[dict]], out: Path) 
     if not runs:
         return
     fig, ax = plt.subplots(figsize=(7, 4))
-    for cell, r in sorted(runs, key=lambda x: (x[0], x[1]["seed"])):
+    colour = {cell: f"C{i}" for i, cell in enumerate(c for c in CELLS if any(c == x for x, _ in runs))}
+    for cell, r in sorted(runs, key=lambda x: (CELLS.index(x[0]), x[1]["seed"])):
         steps = [p["step"] for p in r["curve"]]
-        ax.plot(steps, [p["solved"] for p in r["curve"]], marker="o", label=f"{cell} s{r['seed']}")
+        ax.plot(
+            steps, [p["solved"] for p in r["curve"]], color=colour[cell], linestyle=("-", "--", ":")[r["seed"] % 3],
+            marker="osD"[r["seed"] % 3], label=f"{cell} s{r['seed']}",
+        )  # fmt: skip
     ax.set_title(f"{task} ({TASKS[task][2]})")
     harness.label(ax, "step", "held-out greedy solved")
     harness.save(fig, out, dpi=100)
