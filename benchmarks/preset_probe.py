@@ -155,7 +155,18 @@ def line(row: dict) -> str:
     )
 
 
+def merged(rows: list[dict]) -> list[dict]:
+    """One row per preset, mode, item count and G: the temperatures of rows run apart (each row plays the
+    same greedy episodes first) side by side, in the order the rows first appear."""
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["preset"], r["mode"], r["items"], r["samples"])
+        out[key] = {**out[key], **{k: v for k, v in r.items() if k[:2] == "T="}} if key in out else dict(r)
+    return list(out.values())
+
+
 def markdown(rows: list[dict]) -> str:
+    rows = merged(rows)
     temps = sorted({k for r in rows for k in r if k[:2] == "T="})
     g = rows[0]["samples"] if rows else 8
     head = ["preset", "mode", "items", "greedy", *[f"{t} sampled / pass@{g}" for t in temps], "best gap", "format"]
