@@ -422,10 +422,10 @@ def report(args: Args) -> str:
             first = statistics.mean(r["before"]["solved"] for r in runs)
             terms = {t: statistics.mean(r["after"][t] for r in runs) for t in FORMAT_TERMS if t in runs[0]["after"]}
             wall = ", ".join(str(r.get("step_s", r["wall_s"])) for r in runs)
-            seeds = " ".join(str(r["seed"]) for r in runs)  # the seeds' commands differ only in --seeds
-            cmd = re.sub(r"--seeds \d+", f"--seeds {seeds}", runs[0]["command"])
+            seeds = [str(r["seed"]) for r in runs]
+            cmd = re.sub(r"--seeds \d+", f"--seeds {' '.join(seeds)}", runs[0]["command"])  # differ only there
             lines.append(
-                f"| {task} | {cell.replace(':', ' ')} | {', '.join(str(r['seed']) for r in runs)} | "
+                f"| {task} | {cell.replace(':', ' ')} | {', '.join(seeds)} | "
                 f"{runs[0]['eval_items']} "
                 f"| {first:.3f} -> {after:.3f} | {statistics.mean(gains):+.3f}{spread} | {interval} | "
                 f"{fmt_terms(terms)} | {runs[0]['steps']} | {runs[0]['episodes']} | {wall} | `{cmd}` |"
@@ -445,7 +445,7 @@ def plot_curves(task: str, cells: dict[tuple[str, str], list[dict]], out: Path) 
     if not runs:
         return
     fig, ax = plt.subplots(figsize=(7, 4))
-    colour = {cell: f"C{i}" for i, cell in enumerate(c for c in CELLS if any(c == x for x, _ in runs))}
+    colour = {cell: f"C{i}" for i, cell in enumerate(c for c in CELLS if c in {x for x, _ in runs})}
     for cell, r in sorted(runs, key=lambda x: (CELLS.index(x[0]), x[1]["seed"])):
         steps = [p["step"] for p in r["curve"]]
         ax.plot(
