@@ -372,6 +372,11 @@ def fmt_terms(row: dict[str, float]) -> str:
     return ", ".join(f"{t} {row[t]:.2f}" for t in FORMAT_TERMS if t in row) or "-"
 
 
+def machine(host: str) -> str:
+    """A result's host line less its date, commit and load: the machine its seconds were measured on."""
+    return re.sub(r", 1-minute load .*$", "", host.split(", commit ", 1)[-1].split(", ", 1)[-1])
+
+
 def report(args: Args) -> str:
     import statistics
 
@@ -392,6 +397,15 @@ def report(args: Args) -> str:
         "seconds per seed (cell: its steps; reference: its evaluation) | command |",
         "|" + " --- |" * 12,
     ]
+    hosts: list[str] = []  # the machines of the seconds, each named once below the table
+
+    def seconds(secs: Any, host: str | None) -> str:
+        if not host:
+            return str(secs)
+        if machine(host) not in hosts:
+            hosts.append(machine(host))
+        return f"{secs} ({chr(ord('a') + hosts.index(machine(host)))})"
+
     for task in [t for t in TASKS if t in refs or any(k[0] == t for k in cells)]:
         ref = refs.get(task, {})
         for label, name in (
@@ -403,7 +417,7 @@ def report(args: Args) -> str:
                 r = ref[label]
                 lines.append(
                     f"| {task} | {name} | - | {r['eval_items']} | {r['solved']:.3f} | | | {fmt_terms(r)} | 0 | 0 | "
-                    f"{r['wall_s']} | (evaluation only) |"
+                    f"{seconds(r['wall_s'], r.get('host', ref.get('host')))} | (evaluation only) |"
                 )
         for cell in CELLS:
             runs = sorted(cells.get((task, cell), []), key=lambda r: r["seed"])
@@ -421,7 +435,7 @@ def report(args: Args) -> str:
             after = statistics.mean(r["after"]["solved"] for r in runs)
             first = statistics.mean(r["before"]["solved"] for r in runs)
             terms = {t: statistics.mean(r["after"][t] for r in runs) for t in FORMAT_TERMS if t in runs[0]["after"]}
-            wall = ", ".join(str(r.get("step_s", r["wall_s"])) for r in runs)
+            wall = ", ".join(seconds(r.get("step_s", r["wall_s"]), r.get("host")) for r in runs)
             seeds = [str(r["seed"]) for r in runs]
             cmd = re.sub(r"--seeds \d+", f"--seeds {' '.join(seeds)}", runs[0]["command"])  # differ only there
             lines.append(
@@ -431,6 +445,8 @@ def report(args: Args) -> str:
                 f"{fmt_terms(terms)} | {runs[0]['steps']} | {runs[0]['episodes']} | {wall} | `{cmd}` |"
             )
         plot_curves(task, cells, results / f"curves-{task}.png")
+    if hosts:
+        lines += ["", "Seconds measured on: " + "; ".join(f"({chr(ord('a') + i)}) {h}" for i, h in enumerate(hosts))]
     return "\n".join(lines)
 
 

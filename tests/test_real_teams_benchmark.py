@@ -78,6 +78,27 @@ def test_the_report_row_is_the_mean_and_std_of_the_seeds_gains(tmp_path):
     assert "| 0 | 2 | 0.500 -> 0.700 | +0.200 (one seed: no std) |" in row
 
 
+def test_the_report_names_the_machine_of_each_seeds_seconds(tmp_path):
+    results = tmp_path / "real-teams"
+    results.mkdir()
+    amx = "2026-12-07, commit abc1234, Xeon (amx_bf16, avx2), 2 cores, torch 2.13.0+cpu, 1-minute load 0.81"
+    plain = "2026-12-06, commit def5678 + uncommitted changes, Xeon (avx2), 2 cores, torch 2.13.0+cpu, 1-minute load 2"
+    team = {"solved": 0.5, "items": [0.5, 0.5], "eval_items": 2, "wall_s": 3}
+    ref = {"task": "debate", "preset": "sums-30", "host": plain, "untrained-team": team}
+    (results / "debate-reference.json").write_text(json.dumps(ref))
+    for seed, host in ((0, plain), (1, amx), (2, plain)):
+        cell = {**_cell("debate", "magrpo", "decentralized", seed, 0.5, 0.7, [0.7, 0.7]), "host": host}
+        (results / f"debate-magrpo-decentralized-s{seed}.json").write_text(json.dumps(cell))
+    table = bench.report(bench.Args(results=str(results), bootstrap=50))
+    assert "| 0 | 0 | 3 (a) | (evaluation only) |" in table  # the reference row's machine is the file's
+    (row,) = [line for line in table.splitlines() if "magrpo decentralized" in line]
+    assert "| 100 (a), 101 (b), 102 (a) |" in row  # a date, commit or load apart is the same machine
+    assert table.endswith(
+        "Seconds measured on: (a) Xeon (avx2), 2 cores, torch 2.13.0+cpu; (b) Xeon (amx_bf16, avx2), 2 cores, "
+        "torch 2.13.0+cpu"
+    )
+
+
 def test_a_cell_whose_result_is_present_is_skipped(tmp_path, capsys):
     results = tmp_path / "real-teams"
     results.mkdir()
