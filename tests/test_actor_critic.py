@@ -26,7 +26,7 @@ from textzoo.config import AgentConfig, TrainConfig  # noqa: E402
 from textzoo.decoding.generation import GenerationConfig  # noqa: E402
 from textzoo.envs import make  # noqa: E402
 from textzoo.errors import ConfigError  # noqa: E402
-from textzoo.models.critic import Critic  # noqa: E402
+from textzoo.models.critic import Critic, LMTrunk  # noqa: E402
 from textzoo.models.policy import Policy  # noqa: E402
 from textzoo.models.team import AgentActor  # noqa: E402
 from textzoo.runners.rollout import Collector  # noqa: E402
@@ -69,6 +69,17 @@ def test_zero_init_head_starts_at_zero_and_hidden_layer_is_built():
     assert torch.equal(critic(ids, mask), torch.zeros(2))
     assert [type(m).__name__ for m in critic.head] == ["Linear", "Tanh", "Linear"]
     assert critic.head[0].out_features == 16
+
+
+def test_an_lm_read_as_a_trunk_computes_the_last_positions_logits_only():
+    lm = Policy.tiny("llama", n_layer=1, n_embd=32, seed=0).model
+    shapes = []
+    lm.lm_head.register_forward_hook(lambda module, inputs, out: shapes.append(tuple(out.shape)))
+    ids = torch.randint(0, 200, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        hidden = LMTrunk(lm)(input_ids=ids).last_hidden_state  # [2, 7, d]
+        assert shapes == [(2, 1, lm.config.vocab_size)]  # not [2, 7, V]: the trunk's logits go unused
+        assert torch.equal(hidden, lm.model(input_ids=ids).last_hidden_state)
 
 
 def test_critic_regresses_to_known_returns():

@@ -147,6 +147,17 @@ def test_pooling_reads_the_mean_or_the_last_token():
             assert last[i] == pytest.approx(float(values[-1]), abs=1e-5)
 
 
+def test_the_reward_model_reads_its_trunk_at_the_actors_precision():
+    member = Critic.from_policy(Policy.tiny("llama", n_layer=1, n_embd=32, seed=0), max_tokens=64, seed=0)
+    member.autocast = torch.bfloat16  # what an actor's bf16-mixed precision hands its critics
+    dtypes = []
+    linear = next(m for m in member.trunk.modules() if isinstance(m, torch.nn.Linear))
+    linear.register_forward_hook(lambda module, inputs, out: dtypes.append(out.dtype))
+    ids, mask = member.encode(["a joint text"])
+    RewardModel([member], "mean")(ids, mask)
+    assert dtypes == [torch.bfloat16]
+
+
 def fit_once(model: RewardModel, pairs: PairBatch, epochs: int = 1) -> None:
     learner = Learner(model, torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2))
     job = Job("rm", pairs, lambda b, n: reward_model_loss(model, b, n), epochs=epochs, minibatches=2)

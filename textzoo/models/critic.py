@@ -12,6 +12,7 @@ keys/values in one grouped matmul, as `Policy.score` does. Others run the transf
 
 from __future__ import annotations
 
+from inspect import signature
 from types import SimpleNamespace
 
 import torch
@@ -178,11 +179,15 @@ class Critic(torch.nn.Module):
 
 
 class LMTrunk(torch.nn.Module):
-    """A causal LM read as a trunk: its final hidden states (the LM head runs too, unused)."""
+    """A causal LM read as a trunk: its final hidden states (the LM head runs on the last position only, where
+    the model allows: its logits go unused)."""
 
     def __init__(self, lm: torch.nn.Module) -> None:
         super().__init__()
         self.lm = lm
+        base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
+        self._last_logits = {"logits_to_keep": 1} if "logits_to_keep" in signature(base.forward).parameters else {}
+        """The LM head's logits at the last position only, where the model can: the others go unused."""
 
     @property
     def config(self):
@@ -193,5 +198,5 @@ class LMTrunk(torch.nn.Module):
         yield from self.lm.named_parameters(prefix=prefix + "lm.")
 
     def forward(self, **kwargs) -> SimpleNamespace:
-        out = self.lm(**kwargs, output_hidden_states=True)
+        out = self.lm(**kwargs, **self._last_logits, output_hidden_states=True)
         return SimpleNamespace(last_hidden_state=out.hidden_states[-1])  # after the final norm

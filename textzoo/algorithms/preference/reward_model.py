@@ -43,6 +43,7 @@ from textzoo.algorithms.rlmath import (
 from textzoo.decoding.generation import Generation
 from textzoo.decoding.inference import chunks
 from textzoo.decoding.modes import eval_mode
+from textzoo.decoding.precision import autocast
 from textzoo.errors import ConfigError
 from textzoo.models.critic import Critic
 
@@ -89,11 +90,13 @@ class RewardModel(torch.nn.Module):
 
 
 def _hidden_states(member: Critic, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The trunk's final hidden states [S, L, d]; a frozen (shared) trunk runs in eval mode without gradients."""
+    """The trunk's final hidden states [S, L, d], under the member's autocast (the actors' precision); a
+    frozen (shared) trunk runs in eval mode without gradients."""
     device = member.device
     ids, mask = ids.to(device), mask.to(device).long()
     position = (mask.cumsum(1) - 1).clamp(min=0)  # [S, L] explicit for left padding (GPT-2)
     with ExitStack() as stack:
+        stack.enter_context(autocast(device, member.autocast))
         if member.shared_trunk:
             stack.enter_context(eval_mode(member.trunk))
             stack.enter_context(torch.no_grad())
