@@ -8,9 +8,10 @@ same `--eval-prompts` held-out items, greedy:
   `solved`), the **untrained team** (decentralized: one base model per role) and the **untrained joint
   actor** (centralized: one base model answers for every role), each with its per-item scores;
 - cells `algo:mode` (`CELLS`, in priority order: MAGRPO, AT-GRPO with its tree rollout, IAC with value
-  heads on the actors' trunks, MARLHF with a reward model on the actor's trunk; each decentralized and
-  centralized), each trained once per seed (LoRA rank 16 on one shared base, chat format, precision
-  "auto"), evaluated every `--eval-every` steps and at the end.
+  heads on the actors' trunks, MARLHF with a reward model on the actor's trunk that reads a joint text
+  whole, up to `--max-prompt-tokens`; each decentralized and centralized), each trained once per seed
+  (LoRA rank 16 on one shared base, chat format, precision "auto"), evaluated every `--eval-every` steps
+  and at the end.
 
 Each finished cell and seed writes a small result file, `--results`/<task>-<algo>-<mode>-s<seed>.json (the
 reference rows: <task>-reference.json): the command, steps, episodes, wall time, the curve (held-out solved
@@ -180,7 +181,7 @@ def cell_config(
         collaboration=mode,
         reinforce=ReinforceConfig(tree_rollout=algo == "atgrpo"),
         actor_critic=ActorCriticConfig(critic_model="actor"),
-        preference=PreferenceConfig(reward_model="actor", rm_batches=4),
+        preference=PreferenceConfig(reward_model="actor", rm_batches=4, rm_max_tokens=args.max_prompt_tokens),
         credit="per_agent" if per_agent and mode == "decentralized" else "shared",
         steps=steps,
         batch_prompts=args.batch_prompts,

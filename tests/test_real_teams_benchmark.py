@@ -22,6 +22,7 @@ def test_each_cell_config_is_its_algorithm_mode_and_the_presets_settings(cell):
         assert (cfg.env, cfg.algo, cfg.collaboration, cfg.seed, cfg.steps) == (env, algo, mode, 2, 60)
         assert cfg.agent.temperature == preset.temperature and cfg.agent.lora.rank == 16
         assert cfg.reinforce.tree_rollout == (algo == "atgrpo")
+        assert cfg.preference.rm_max_tokens == args.max_prompt_tokens  # a joint text whole: a Refine one is ~350
         assert cfg.eval_prompts == 200 and cfg.eval_modes == ("greedy",)
         if mode == "centralized":  # each role's section keeps its decentralized budget
             assert cfg.joint_section_tokens == preset.max_new_tokens and cfg.credit == "shared"
