@@ -236,13 +236,15 @@ def untrained_row(args: Args, task: str, mode: str) -> dict[str, float] | None:
 def run_cell(args: Args, model: str, task: str, cell: str, seed: int) -> dict[str, Any]:
     """Train one cell (continuing its checkpoint when there is one) and return its result; its step-0 point
     is the reference row's where there is one (`untrained_row`). `wall_s` is this call's time, `step_s` the
-    sum of every step's time (evaluations apart) over all the calls that trained the cell."""
+    sum of every step's time (evaluations apart) over all the calls that trained the cell; `host` the host
+    line as this call started (its commit is the code the cell ran)."""
     from textzoo.runners.trainer import Trainer
 
     algo, mode = cell.split(":")
     untrained = untrained_row(args, task, mode)
     cfg = cell_config(args, model, task, algo, mode, seed, args.steps, eval_at_start=untrained is None)
     term = SOLVED.get(task, "solved")
+    host = harness.host_line()  # the commit the cell runs, not the one checked out when it ends
     start = time.perf_counter()
     trainer = Trainer(cfg, resume="auto")
     resumed = trainer.resumed_step or 0
@@ -275,8 +277,7 @@ def run_cell(args: Args, model: str, task: str, cell: str, seed: int) -> dict[st
         "command": command(args, task, cell, seed), "config": f"{cfg.run_dir}/config.json",
         "before": curve[0], "before_from": "run" if from_run else f"{task}-reference.json",
         "after": curve[-1], "curve": curve, "train_curve": train_curve,
-        "items": item_scores(trainer.rollouts["eval/greedy"], term), "history_rows": len(history),
-        "host": harness.host_line(),
+        "items": item_scores(trainer.rollouts["eval/greedy"], term), "history_rows": len(history), "host": host,
     }  # fmt: skip
 
 

@@ -130,6 +130,9 @@ def test_a_cell_starts_from_its_modes_reference_row(tmp_path, monkeypatch):
     assert bench.untrained_row(args, "debate", "centralized")["solved"] == 0.4
     assert bench.untrained_row(bench.Args(results=str(results), eval_prompts=200), "debate", "centralized") is None
 
+    line = {"now": "2026-12-08, commit aaa1111, Xeon"}  # the host line, which a commit during the run changes
+    monkeypatch.setattr(bench.harness, "host_line", lambda: line["now"])
+
     class Run:  # what run_cell reads of a finished Trainer; the trainer's own skip is test_runner's
         def __init__(self, cfg, resume):
             self.cfg, self.step, self.resumed_step, self.stopped_by = cfg, 0, None, None
@@ -144,6 +147,7 @@ def test_a_cell_starts_from_its_modes_reference_row(tmp_path, monkeypatch):
             run.mkdir(parents=True)
             (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
             self.step = self.cfg.steps
+            line["now"] = "2026-12-08, commit bbb2222, Xeon"
             return rows
 
     monkeypatch.setattr(textzoo.runners.trainer, "Trainer", Run)
@@ -151,6 +155,7 @@ def test_a_cell_starts_from_its_modes_reference_row(tmp_path, monkeypatch):
     assert out["curve"][0] == {"step": 0, "solved": 0.3, "valid": 0.99, "agreement": 0.9} == out["before"]
     assert out["before_from"] == "debate-reference.json" and [p["step"] for p in out["curve"]] == [0, 2]
     assert out["step_s"] == 3  # the steps' time/step, summed over every call that trained the cell
+    assert out["host"] == "2026-12-08, commit aaa1111, Xeon"  # the code the cell ran, not the one at its end
 
     class Finished(Run):  # resumed at its last step: it trains nothing, so run_cell evaluates the weights
         def __init__(self, cfg, resume):
